@@ -1,0 +1,32 @@
+# The two commands: `make demo` (the main job on the shipped defaults) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed explicitly, first: a plain `torch` requirement lets pip pick
+# a multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0+cu130".
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[run,test]"
+	touch $@
+
+demo: install
+	$(VENV)/bin/policy explain GlmMoeDsaForCausalLM --platform rocm --device-arch gfx950
+	$(VENV)/bin/policy explain KimiK3ForConditionalGeneration --platform rocm --device-arch gfx950
+	$(VENV)/bin/policy explain LlamaForCausalLM --platform cuda --device-arch sm_90
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

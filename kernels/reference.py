@@ -1,0 +1,240 @@
+"""Torch reference implementations: the contract of every op, on any device.
+
+Shapes: T tokens, B sequences, H hidden, Hq/Hk query/KV heads, D head size,
+NB cache blocks of BS slots. Numerics follow Hugging Face transformers (norms
+in float32 then cast back, softmax in float32) so the models match it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.registry import REGISTRY
+
+torch_op = REGISTRY.implement  # all ops below: backend "torch", every platform and dtype
+
+
+@torch_op("rms_norm", "torch")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[T, H] -> [T, H]."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@torch_op("fused_add_rms_norm", "torch")
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual)."""
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
+@torch_op("silu_and_mul", "torch")
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] -> [T, I]: silu(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@torch_op("rotary_embedding", "torch")
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
+    """Neox-style rotary embedding applied in place.
+
+    positions [T] int64; q [T, Hq, D]; k [T, Hk, D]; cos_sin_cache
+    [max_positions, D] float32 holding cos in the first D/2 columns and sin in
+    the last D/2.
+    """
+    half = cos_sin_cache.shape[-1] // 2
+    cos_sin = cos_sin_cache[positions]
+    cos = cos_sin[:, None, :half].to(q.dtype)
+    sin = cos_sin[:, None, half:].to(q.dtype)
+    for t in (q, k):
+        x1 = t[..., :half].clone()
+        x2 = t[..., half:]
+        t[..., :half] = x1 * cos - x2 * sin
+        t[..., half:] = x2 * cos + x1 * sin
+
+
+@torch_op("store_kv_cache", "torch")
+def store_kv_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write k, v [T, Hk, D] into caches [NB, BS, Hk, D] at flat slots; slot -1 is padding."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """q [L, Hq, D] at q_positions [L] over keys/values [S, Hk, D] at positions 0..S-1."""
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.einsum("lhd,shd->hls", q.float(), keys.float()) * scale
+    k_pos = torch.arange(keys.shape[0], device=q.device)
+    allowed = k_pos[None, :] <= q_positions[:, None]
+    if sliding_window is not None:
+        allowed &= q_positions[:, None] - k_pos[None, :] < sliding_window
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hls,shd->lhd", probs, values.float()).to(q.dtype)
+
+
+def _gather_sequence(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    block_size = cache.shape[1]
+    n_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:n_blocks].long()].flatten(0, 1)[:length]
+
+
+@torch_op("paged_attention", "torch")
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention for a mixed prefill/decode batch over the paged cache.
+
+    q [T, Hq, D] holds each sequence's new tokens back to back
+    (query_start_loc [B+1]); seq_lens [B] counts cached + new tokens; the new
+    tokens' K/V must already be stored. Query j of sequence b sits at
+    position seq_lens[b] - q_len[b] + j.
+    """
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = starts[b], starts[b + 1]
+        if hi == lo or seq_len == 0:
+            continue
+        keys = _gather_sequence(k_cache, block_tables[b], seq_len)
+        values = _gather_sequence(v_cache, block_tables[b], seq_len)
+        positions = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
+        out[lo:hi] = _attend(q[lo:hi], keys, values, positions, scale, sliding_window)
+    return out
+
+
+@torch_op("paged_decode_attention", "torch")
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """One query per sequence: q [B, Hq, D] -> [B, Hq, D]; seq_len 0 (padding) gives zeros.
+
+    Vectorised over the whole block table (no host sync), so it can be captured
+    in a graph.
+    """
+    batch, n_heads, _ = q.shape
+    keys = k_cache[block_tables.long()].flatten(1, 2)  # [B, S, Hk, D]
+    values = v_cache[block_tables.long()].flatten(1, 2)
+    group = n_heads // keys.shape[2]
+    keys = keys.repeat_interleave(group, dim=2)
+    values = values.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,bshd->bhs", q.float(), keys.float()) * scale
+    k_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+    q_pos = (seq_lens.long() - 1)[:, None]
+    allowed = k_pos <= q_pos
+    if sliding_window is not None:
+        allowed &= q_pos - k_pos < sliding_window
+    scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhs,bshd->bhd", probs, values.float()).to(q.dtype)
+
+
+@torch_op("moe_route", "torch")
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts, top-k, optional renormalisation.
+
+    router_logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64).
+    """
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+@torch_op("moe_experts", "torch")
+def moe_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Routed SwiGLU experts: x [T, H], w13 [E, 2I, H] (gate; up), w2 [E, H, I] -> [T, H].
+
+    Each token's output is the sum over its k experts of
+    weight * w2 @ silu_and_mul(w13 @ x), accumulated expert by expert.
+    """
+    out = torch.zeros_like(x)
+    weights = topk_weights.to(x.dtype)
+    for expert in torch.unique(topk_ids).tolist():
+        token_idx, slot = torch.where(topk_ids == expert)
+        hidden = silu_and_mul(x[token_idx] @ w13[expert].t()) @ w2[expert].t()
+        out.index_add_(0, token_idx, hidden * weights[token_idx, slot, None])
+    return out
+
+
+@torch_op("sample", "torch")
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+) -> torch.Tensor:
+    """Next token per row: logits [B, V] -> int64 [B].
+
+    temperature 0 is greedy argmax. Otherwise Gumbel-max over the
+    temperature-scaled distribution restricted by top_k (0 = off) and top_p
+    (1.0 = off), with noise drawn from a generator seeded by (seed, step), so
+    a request's sample depends only on its own seed and position.
+    """
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    for row in torch.nonzero(temperature > 0).flatten().tolist():
+        scaled = logits[row] / temperature[row]
+        k = int(top_k[row])
+        if 0 < k < scaled.shape[0]:
+            kth = torch.topk(scaled, k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        p = float(top_p[row])
+        if p < 1.0:
+            sorted_logits, order = torch.sort(scaled, descending=True)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            drop = cum - torch.softmax(sorted_logits, dim=-1) >= p
+            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(0, order, drop),
+                                        float("-inf"))
+        gen = torch.Generator(device=logits.device)
+        gen.manual_seed((int(seeds[row]) * 1_000_003 + int(steps[row])) % (2**63))
+        noise = torch.empty_like(scaled).exponential_(generator=gen)
+        tokens[row] = (torch.softmax(scaled, dim=-1) / noise).argmax()
+    return tokens

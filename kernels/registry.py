@@ -1,0 +1,167 @@
+"""One registry of ops; a runner's kernel dispatch is a lookup here.
+
+An op has several implementations, each tagged with a backend (``torch``,
+``triton``, or any name a plugin brings), the platforms and dtypes it serves,
+and an availability check. ``select`` returns the implementation *and* the
+reason it was chosen, so a run can show its kernel choices.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+PLATFORMS = ("cpu", "cuda", "rocm", "xpu")
+GPU_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
+DTYPES = ("float32", "bfloat16", "float16")
+FORCE_ENV = "INTERLOCK_KERNELS"
+
+
+class KernelError(LookupError):
+    """No implementation can serve an op as asked."""
+
+
+@dataclass(frozen=True)
+class KernelImpl:
+    op: str
+    backend: str
+    target: Callable | str  # the function, or a lazy "module:attr" path
+    platforms: frozenset[str]
+    dtypes: frozenset[str]
+    provider: str = "interlock"
+    # Returns why the implementation cannot run on a platform now, or None.
+    unavailable: Callable[[str], str | None] | None = None
+
+    def serves(self, platform: str, dtype: str) -> str | None:
+        """None when this implementation can serve (platform, dtype), else why not."""
+        if platform not in self.platforms:
+            return f"{self.backend} {self.op} does not run on {platform}"
+        if dtype not in self.dtypes:
+            return f"{self.backend} {self.op} does not support {dtype}"
+        if self.unavailable is not None:
+            return self.unavailable(platform)
+        return None
+
+    def load(self) -> Callable:
+        if callable(self.target):
+            return self.target
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    op: str
+    impl: KernelImpl
+    fn: Callable
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.impl.backend} ({self.impl.provider})"
+
+
+@dataclass
+class KernelRegistry:
+    _impls: dict[str, list[KernelImpl]] = field(default_factory=dict)
+
+    def register(self, impl: KernelImpl) -> KernelImpl:
+        for other in self._impls.get(impl.op, []):
+            if other.backend == impl.backend:
+                raise KernelError(
+                    f"op {impl.op!r}: backend {impl.backend!r} registered twice "
+                    f"(by {other.provider} and {impl.provider})"
+                )
+        self._impls.setdefault(impl.op, []).append(impl)
+        return impl
+
+    def implement(
+        self,
+        op: str,
+        backend: str,
+        *,
+        platforms: Iterable[str] = PLATFORMS,
+        dtypes: Iterable[str] = DTYPES,
+        provider: str = "interlock",
+        unavailable: Callable[[str], str | None] | None = None,
+    ) -> Callable[[Callable], Callable]:
+        """Decorator form of ``register``."""
+
+        def wrap(fn: Callable) -> Callable:
+            self.register(
+                KernelImpl(op, backend, fn, frozenset(platforms), frozenset(dtypes), provider,
+                           unavailable)
+            )
+            return fn
+
+        return wrap
+
+    def ops(self) -> list[str]:
+        return sorted(self._impls)
+
+    def implementations(self, op: str) -> list[KernelImpl]:
+        if op not in self._impls:
+            raise KernelError(f"unknown op {op!r}; known ops: {', '.join(self.ops())}")
+        return list(self._impls[op])
+
+    def select(
+        self,
+        op: str,
+        platform: str,
+        dtype: str,
+        preference: Sequence[str] | None = None,
+        force: str | None = None,
+    ) -> KernelChoice:
+        """Pick an implementation of ``op``.
+
+        ``force`` (or ``$INTERLOCK_KERNELS``) names the only acceptable backend:
+        if it cannot serve, that is an error, never a silent fallback.
+        """
+        impls = self.implementations(op)
+        force = force or os.environ.get(FORCE_ENV) or None
+        if force is not None:
+            backends = sorted({i.backend for b in self._impls.values() for i in b})
+            if force not in backends:
+                raise KernelError(
+                    f"{FORCE_ENV}={force!r} is not a kernel backend; known: {', '.join(backends)}"
+                )
+            impl = next((i for i in impls if i.backend == force), None)
+            if impl is None:
+                raise KernelError(
+                    f"backend {force!r} was forced but has no implementation of op {op!r} "
+                    f"(it has: {', '.join(i.backend for i in impls)})"
+                )
+            why_not = impl.serves(platform, dtype)
+            if why_not is not None:
+                raise KernelError(f"backend {force!r} was forced for op {op!r}: {why_not}")
+            return KernelChoice(op, impl, impl.load(), f"forced {force}")
+
+        order = list(preference) if preference is not None else default_preference(platform)
+        rejected: list[str] = []
+        for backend in order:
+            impl = next((i for i in impls if i.backend == backend), None)
+            if impl is None:
+                rejected.append(f"no {backend} implementation")
+                continue
+            why_not = impl.serves(platform, dtype)
+            if why_not is not None:
+                rejected.append(why_not)
+                continue
+            reason = f"preferred {backend} on {platform}"
+            if rejected:
+                reason += " (" + "; ".join(rejected) + ")"
+            return KernelChoice(op, impl, impl.load(), reason)
+        raise KernelError(
+            f"no implementation of op {op!r} serves {platform}/{dtype} with preference "
+            f"{order}: " + "; ".join(rejected)
+        )
+
+
+def default_preference(platform: str) -> list[str]:
+    """Triton where it compiles for the device; torch everywhere."""
+    return ["triton", "torch"] if platform in GPU_PLATFORMS else ["torch"]
+
+
+REGISTRY = KernelRegistry()
