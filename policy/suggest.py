@@ -1,0 +1,49 @@
+"""Suggestions for misspelt names: the closest candidate by edit distance.
+
+Case is ignored when measuring (``GlmMoeDSAForCausalLM`` is as close as can be to
+``GlmMoeDsaForCausalLM``, not two edits away) and used only to break ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions, each costing 1."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``word``, or None when none is plausibly a misspelling.
+
+    Plausible means at most one edit per three characters of ``word`` (at least one),
+    ignoring case. ``word`` itself is never suggested.
+    """
+    budget = max(1, len(word) // 3)
+    lowered = word.lower()
+    best: tuple[int, int, str] | None = None
+    for candidate in candidates:
+        if candidate == word:
+            continue
+        distance = edit_distance(lowered, candidate.lower())
+        if distance > budget:
+            continue
+        key = (distance, edit_distance(word, candidate), candidate)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[2]
+
+
+def hint(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'X'?)"`` for the closest candidate, or an empty string."""
+    match = did_you_mean(word, candidates)
+    return f" (did you mean {match!r}?)" if match else ""
