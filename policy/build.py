@@ -1,0 +1,126 @@
+"""From parsed, validated files to one layered :class:`~policy.model.Policy` (cache misses)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.conditions import build_when
+from policy.errors import PolicyError
+from policy.fields import REQUIRED_FIELDS, check_field
+from policy.index import RuleIndex
+from policy.model import CatalogEntry, EnvBinding, Location, Policy, PolicyFile, Rule, Setting
+from policy.schema import SCHEMA_VERSION, PolicyFileModel, validate_file
+from policy.source import Path_, SourceDoc, parse_yaml
+
+
+@dataclass
+class _Layer:
+    """What one file contributes, with locations."""
+
+    file: PolicyFile
+    catalog: dict[str, CatalogEntry] = field(default_factory=dict)
+    defaults: dict[str, Setting] = field(default_factory=dict)
+    env: dict[str, EnvBinding] = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)
+
+
+def build_policy(sources: list[tuple[str, bytes, str]], revision: str) -> Policy:
+    """Parse, validate and layer ``(display name, content, sha256)`` sources, in order."""
+    layers = []
+    for name, content, sha in sources:
+        doc = parse_yaml(content, name)
+        layers.append(_layer(doc, validate_file(doc), sha))
+    return _merge(layers, revision)
+
+
+def _loc(doc: SourceDoc, path: Path_, *, key: bool = False) -> Location:
+    m = doc.mark(path, key=key)
+    return Location(doc.name, m.line, m.col)
+
+
+def _settings(doc: SourceDoc, fields: Any, path: Path_) -> dict[str, Setting]:
+    return {
+        name: Setting(check_field(name, getattr(fields, name)), _loc(doc, (*path, name)))
+        for name in type(fields).model_fields
+        if name in fields.model_fields_set
+    }
+
+
+def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
+    layer = _Layer(PolicyFile(doc.name, model.version, sha))
+    for arch, traits in model.catalog.items():
+        layer.catalog[arch] = CatalogEntry(
+            arch, traits.model_dump(exclude_none=True), _loc(doc, ("catalog", arch), key=True)
+        )
+    layer.defaults = _settings(doc, model.defaults, ("defaults",))
+    for name, binding in model.env.items():
+        values = {}
+        for text, value in binding.values.items():
+            try:
+                values[text] = check_field(binding.field, value)
+            except ValueError as exc:
+                raise doc.error(("env", name, "values", text), str(exc)) from None
+        layer.env[name] = EnvBinding(
+            name, binding.field, values, _loc(doc, ("env", name), key=True)
+        )
+    for i, rule in enumerate(model.rules):
+        layer.rules.append(
+            Rule(
+                id=rule.id,
+                index=i,
+                when=build_when(rule.when.model_dump(by_alias=True, exclude_none=True)),
+                set=_settings(doc, rule.set, ("rules", i, "set")),
+                reason=rule.reason,
+                ref=rule.ref,
+                location=_loc(doc, ("rules", i)),
+            )
+        )
+    return layer
+
+
+def _merge(layers: list[_Layer], revision: str) -> Policy:
+    """Later files append rules and replace defaults fields, env bindings and catalog entries."""
+    catalog: dict[str, CatalogEntry] = {}
+    defaults: dict[str, Setting] = {}
+    env: dict[str, EnvBinding] = {}
+    rules: list[Rule] = []
+    seen_ids: dict[str, Rule] = {}
+    for layer in layers:
+        catalog.update(layer.catalog)
+        defaults.update(layer.defaults)
+        env.update(layer.env)
+        for rule in layer.rules:
+            if rule.id in seen_ids:
+                first = seen_ids[rule.id]
+                raise PolicyError(
+                    f"duplicate rule id {rule.id!r} (first defined at {first.location})",
+                    file=rule.location.file,
+                    line=rule.location.line,
+                    col=rule.location.col,
+                    path=f"rules[{rule.index}].id",
+                )
+            rule = dataclasses.replace(rule, index=len(rules))
+            seen_ids[rule.id] = rule
+            rules.append(rule)
+    missing = [f for f in REQUIRED_FIELDS if f not in defaults]
+    if missing:
+        last = layers[-1].file.path
+        raise PolicyError(
+            f"defaults must set {', '.join(missing)} (in at least one of the layered files)",
+            file=last,
+            path="defaults",
+        )
+    rule_tuple = tuple(rules)
+    return Policy(
+        schema_version=SCHEMA_VERSION,
+        version="+".join(layer.file.version for layer in layers),
+        revision=revision,
+        files=tuple(layer.file for layer in layers),
+        catalog=catalog,
+        defaults=defaults,
+        env=env,
+        rules=rule_tuple,
+        index=RuleIndex.build(rule_tuple),
+    )

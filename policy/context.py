@@ -1,0 +1,276 @@
+"""The context a decision is made for, and where each of its facts came from.
+
+Facts are *given* (flags, Python API), *detected* (platform via torch, imported
+only when the platform is not given), *assumed* (defaults when neither),
+*from model config* (traits derived from an HF ``config.json``) or *from the
+catalog* (merged in at resolution, since the catalog belongs to the policy).
+
+When the catalog and a model's config.json disagree on a trait, the catalog
+wins: it is reviewed policy data, while config derivation is a heuristic over
+keys that differ between model families. The disagreement is kept in the trace.
+Traits given explicitly win over both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policy.errors import PolicyError
+from policy.fields import TRAITS
+
+GIVEN = "given"
+DETECTED = "detected"
+ASSUMED = "assumed"
+MODEL_CONFIG = "model config"
+CATALOG = "catalog"
+PROCESS_ENV = "process environment"
+
+_EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """Inputs of one resolution. Hashable and compared by value (the memo key).
+
+    ``traits`` are given explicitly and win over the catalog; ``model_traits`` come
+    from a model's config.json and lose to the catalog. ``sources`` maps a fact
+    (``platform``, ``device_arch``, ``traits.moe``, ``env.NAME``, ``features.K``…)
+    to where it came from, e.g. ``"detected (torch.cuda, sm_90)"``; a fact not
+    listed there was given.
+    """
+
+    architecture: str
+    platform: str = "cpu"
+    device_arch: str = ""
+    features: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    traits: Mapping[str, Any] = field(default_factory=dict)
+    model_traits: Mapping[str, Any] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.architecture:
+            raise PolicyError("an architecture is required (e.g. LlamaForCausalLM)")
+        if not self.platform:
+            raise PolicyError("platform must not be empty (e.g. cuda, rocm, xpu, cpu)")
+        for name, value in self.features.items():
+            if not isinstance(value, (bool, int, float, str)):
+                raise PolicyError(f"feature {name}: {value!r} is not a bool, number or string")
+        for name, value in self.env.items():
+            if not isinstance(value, str):
+                raise PolicyError(f"env {name}: {value!r} is not a string")
+        for traits in (self.traits, self.model_traits):
+            for name, value in traits.items():
+                check_trait(name, value)
+        key = (
+            self.architecture,
+            self.platform,
+            self.device_arch,
+            *(tuple(sorted(m.items())) for m in self._maps()),
+        )
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def _maps(self) -> tuple[Mapping[str, Any], ...]:
+        return (self.features, self.env, self.traits, self.model_traits, self.sources)
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined,no-any-return]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Context):
+            return NotImplemented
+        return self._key == other._key  # type: ignore[attr-defined,no-any-return]
+
+    def source(self, fact: str) -> str:
+        return self.sources.get(fact, GIVEN)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "architecture": self.architecture,
+            "platform": self.platform,
+            "device_arch": self.device_arch,
+            "features": dict(self.features),
+            "env": dict(self.env),
+            "sources": dict(self.sources),
+        }
+
+
+def check_trait(name: str, value: Any) -> None:
+    spec = TRAITS.get(name)
+    if spec is None:
+        raise PolicyError(f"unknown trait {name!r}; known traits: {', '.join(TRAITS)}")
+    ok = value in spec if isinstance(spec, tuple) else type(value) is spec
+    if not ok:
+        allowed = ", ".join(spec) if isinstance(spec, tuple) else spec.__name__
+        raise PolicyError(f"trait {name}: bad value {value!r}; allowed: {allowed}")
+
+
+def make_context(
+    architecture: str | None = None,
+    *,
+    platform: str | None = None,
+    device_arch: str | None = None,
+    model: str | os.PathLike[str] | None = None,
+    features: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    traits: Mapping[str, Any] | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> Context:
+    """Build a context, reading ``model`` (a directory or config.json) and detecting the
+    platform when it is not given. Raises :class:`PolicyError` on bad input."""
+    facts: dict[str, str] = dict(sources or {})
+    model_traits: dict[str, Any] = {}
+    if model is not None:
+        config_path, config = read_model_config(model)
+        model_arch = _architecture_of(config, config_path)
+        if architecture is not None and architecture != model_arch:
+            raise PolicyError(
+                f"architecture {architecture!r} disagrees with the model's "
+                f"architectures[0] {model_arch!r}",
+                file=str(config_path),
+            )
+        if architecture is None:
+            architecture = model_arch
+            facts["architecture"] = f"{MODEL_CONFIG} ({config_path})"
+        for name, (value, note) in traits_from_config(config).items():
+            model_traits[name] = value
+            facts[f"traits.{name}"] = f"{MODEL_CONFIG} ({note})"
+    if architecture is None:
+        raise PolicyError("an architecture is required: give ARCH or --model PATH")
+    if platform is None:
+        platform, detected_arch, how = detect_platform()
+        facts["platform"] = f"{DETECTED} ({how})"
+        if device_arch is None:
+            device_arch = detected_arch
+            facts["device_arch"] = f"{DETECTED} ({how})"
+    if device_arch is None:
+        device_arch = ""
+        facts["device_arch"] = f"{ASSUMED} (not given; detected only with the platform)"
+    return Context(
+        architecture=architecture,
+        platform=platform,
+        device_arch=device_arch,
+        features=dict(features or {}),
+        env=dict(env or {}),
+        traits=dict(traits or {}),
+        model_traits=model_traits,
+        sources=facts,
+    )
+
+
+def detect_platform() -> tuple[str, str, str]:
+    """``(platform, device_arch, how)``; imports torch, and only here. No torch -> ``cpu``."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "cpu", "", "torch is not installed"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        if getattr(torch.version, "hip", None):
+            gfx = str(getattr(props, "gcnArchName", "")).split(":")[0]
+            return "rocm", gfx, f"torch {torch.__version__} HIP, {props.name}"
+        return (
+            "cuda",
+            f"sm_{props.major}{props.minor}",
+            f"torch {torch.__version__} CUDA, {props.name}",
+        )
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return "xpu", "", f"torch {torch.__version__} XPU"
+    return "cpu", "", f"torch {torch.__version__} sees no accelerator"
+
+
+def read_model_config(model: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """Read ``model`` (a directory holding config.json, or the file itself)."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(
+            f"cannot read model config: {exc.strerror or exc}", file=str(path)
+        ) from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyError(
+            f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno, col=exc.colno
+        ) from None
+    if not isinstance(config, dict):
+        raise PolicyError("a model config is a JSON object", file=str(path))
+    return path, config
+
+
+def _architecture_of(config: dict[str, Any], path: Path) -> str:
+    archs = config.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str) and archs[0]):
+        raise PolicyError(
+            "config.json has no architectures[0]", file=str(path), path="architectures"
+        )
+    return archs[0]
+
+
+def traits_from_config(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Traits derivable from an HF config as ``{trait: (value, why)}``; others are left out."""
+    text = config.get("text_config")
+    nested = text if isinstance(text, dict) else {}
+
+    def get(key: str) -> Any:
+        return config.get(key, nested.get(key))
+
+    traits: dict[str, tuple[Any, str]] = {}
+    experts = next(((k, get(k)) for k in _EXPERT_KEYS if isinstance(get(k), int)), None)
+    if experts is not None:
+        traits["moe"] = (experts[1] > 0, f"{experts[0]}={experts[1]}")
+    else:
+        traits["moe"] = (False, "no expert count")
+    attention = _attention_of(get)
+    if attention is not None:
+        traits["attention"] = attention
+    layers = get("num_nextn_predict_layers")
+    if isinstance(layers, int):
+        traits["mtp"] = (layers > 0, f"num_nextn_predict_layers={layers}")
+    else:
+        traits["mtp"] = (False, "no num_nextn_predict_layers")
+    quant = get("quantization_config")
+    if isinstance(quant, dict):
+        traits["quantized"] = (
+            True,
+            f"quantization_config.quant_method={quant.get('quant_method')}",
+        )
+    else:
+        traits["quantized"] = (False, "no quantization_config")
+    return traits
+
+
+def _attention_of(get: Any) -> tuple[str, str] | None:
+    if get("index_topk") is not None:
+        return "dsa", f"index_topk={get('index_topk')}"
+    if get("kv_lora_rank") is not None:
+        return "mla", f"kv_lora_rank={get('kv_lora_rank')}"
+    linear_cfg = get("linear_attn_config")
+    if isinstance(linear_cfg, dict):
+        full = linear_cfg.get("full_attn_layers")
+        return ("hybrid" if full else "linear"), "linear_attn_config"
+    layer_types = get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        linear = [t for t in layer_types if isinstance(t, str) and "linear" in t]
+        if linear:
+            kind = "linear" if len(linear) == len(layer_types) else "hybrid"
+            return kind, f"layer_types: {len(linear)} of {len(layer_types)} linear"
+    heads = get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    kv = get("num_key_value_heads")
+    if isinstance(kv, int) and kv < heads:
+        return "gqa", f"num_key_value_heads={kv} < num_attention_heads={heads}"
+    return "mha", f"num_key_value_heads={kv if kv is not None else heads} = num_attention_heads"

@@ -1,0 +1,137 @@
+"""Finding, reading, layering and caching policies.
+
+A warm load reads the files, hashes them and unpickles the validated policy
+from the cache: no YAML parser and no pydantic are imported on that path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from policy.errors import PolicyError
+from policy.model import Policy
+from policy.source import MAX_FILE_BYTES, read_source
+
+#: Bump when the pickled dataclasses change shape in a way file stats would not reveal.
+CACHE_FORMAT = 1
+SHIPPED_NAME = "policies.yaml"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def shipped_policy_path() -> Path:
+    """The default policy: ``policy/policies.yaml``, a link to the repository's top-level file
+    in a checkout, a regular file in an installed wheel."""
+    return _PACKAGE_DIR / SHIPPED_NAME
+
+
+def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[tuple[str, Path]]:
+    """``(display name, path)`` of the files to layer: the given ones, else ``$INTERLOCK_POLICY``
+    (an ``os.pathsep`` list), else the shipped policy."""
+    if paths:
+        return [(os.fspath(p), Path(p)) for p in paths]
+    env = os.environ.get("INTERLOCK_POLICY", "")
+    listed = [p for p in env.split(os.pathsep) if p]
+    if listed:
+        return [(p, Path(p)) for p in listed]
+    return [(SHIPPED_NAME, shipped_policy_path())]
+
+
+def load_policy(
+    paths: Sequence[str | os.PathLike[str]] | None = None, *, use_cache: bool = True
+) -> Policy:
+    """Load and layer policy files (see :func:`policy_paths`); raises :class:`PolicyError`."""
+    sources = [(name, read_source(path, name)) for name, path in policy_paths(paths)]
+    return load_policy_sources(sources, use_cache=use_cache)
+
+
+def load_policy_text(text: str | bytes, name: str = "<policy>") -> Policy:
+    """Load one policy given as text (tests, tools comparing revisions); never cached."""
+    data = text.encode() if isinstance(text, str) else text
+    if len(data) > MAX_FILE_BYTES:
+        raise PolicyError(f"policy file is larger than the {MAX_FILE_BYTES} byte limit", file=name)
+    return load_policy_sources([(name, data)], use_cache=False)
+
+
+def load_policy_sources(sources: list[tuple[str, bytes]], *, use_cache: bool = True) -> Policy:
+    """Layer ``(display name, content)`` sources in order, through the cache."""
+    hashed = [(name, content, hashlib.sha256(content).hexdigest()) for name, content in sources]
+    revision = hashlib.sha256("".join(sha for _, _, sha in hashed).encode()).hexdigest()[:16]
+    key = _cache_key(hashed) if use_cache else ""
+    if use_cache:
+        cached = _read_cache(key)
+        if cached is not None:
+            return cached
+    from policy.build import build_policy
+
+    policy = build_policy(hashed, revision)
+    if use_cache:
+        _write_cache(key, policy)
+    return policy
+
+
+def cache_dir() -> Path:
+    """``$INTERLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/interlock``, else ``~/.cache/interlock``."""
+    explicit = os.environ.get("INTERLOCK_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "interlock"
+
+
+def _code_fingerprint() -> str:
+    """Identifies the code that pickled an entry: format, Python, and the policy modules' stats."""
+    from policy import __version__
+
+    parts = [str(CACHE_FORMAT), __version__, sys.version]
+    with os.scandir(_PACKAGE_DIR) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name.endswith(".py"):
+                st = entry.stat()
+                parts.append(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def _cache_key(hashed: list[tuple[str, bytes, str]]) -> str:
+    h = hashlib.sha256(_code_fingerprint().encode())
+    for name, _, sha in hashed:
+        # Display names are part of the key: they appear in every location.
+        h.update(f"\0{name}\0{sha}".encode())
+    return h.hexdigest()[:32]
+
+
+def _cache_file(key: str) -> Path:
+    return cache_dir() / f"policy-{key}.pickle"
+
+
+def _read_cache(key: str) -> Policy | None:
+    try:
+        with open(_cache_file(key), "rb") as fh:
+            policy = pickle.load(fh)
+    except FileNotFoundError:
+        return None
+    except Exception:  # a corrupt or stale entry is rebuilt and overwritten
+        return None
+    return policy if isinstance(policy, Policy) else None
+
+
+def _write_cache(key: str, policy: Policy) -> None:
+    """Write atomically (temp file + rename); an unwritable cache only costs speed."""
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".policy-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(policy, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, _cache_file(key))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return

@@ -1,0 +1,102 @@
+"""The validated policy as plain frozen dataclasses: what the resolver and the cache use.
+
+Mappings inside are ordinary dicts (picklable, fast); treat them as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.conditions import When
+from policy.fields import FieldValue
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+    col: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "col": self.col}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One decision-field value as written in the policy (in `defaults` or a rule's `set`)."""
+
+    value: FieldValue
+    location: Location
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    #: Position in the layered rule list; later rules win per field.
+    index: int
+    when: When
+    set: dict[str, Setting]
+    reason: str
+    ref: str | None
+    location: Location
+
+
+@dataclass(frozen=True)
+class EnvBinding:
+    """An environment variable the policy honours, mapping its values onto one field."""
+
+    name: str
+    field: str
+    values: dict[str, FieldValue]
+    location: Location
+
+    def allowed(self) -> str:
+        return ", ".join(f'"{k}"' for k in self.values)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    architecture: str
+    traits: dict[str, Any]
+    location: Location
+
+
+@dataclass(frozen=True)
+class PolicyFile:
+    path: str
+    version: str
+    sha256: str
+
+
+@dataclass(frozen=True, eq=False)
+class Policy:
+    schema_version: int
+    version: str
+    #: Content hash of the files used, in order.
+    revision: str
+    files: tuple[PolicyFile, ...]
+    catalog: dict[str, CatalogEntry]
+    defaults: dict[str, Setting]
+    env: dict[str, EnvBinding]
+    rules: tuple[Rule, ...]
+    index: Any = field(repr=False)
+    #: Resolutions memoized by (context, overrides, capabilities); never pickled.
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["memo"] = {}
+        return state
+
+    def stamp(self) -> dict[str, Any]:
+        """What every decision is stamped with."""
+        return {
+            "schema_version": self.schema_version,
+            "version": self.version,
+            "revision": self.revision,
+            "files": [f.path for f in self.files],
+        }

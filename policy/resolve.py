@@ -1,0 +1,324 @@
+"""Resolution: the decision pipeline of DESIGN.md over a draft that remembers provenance.
+
+Stages: defaults -> rules (file order, later wins per field) -> env bindings ->
+explicit overrides -> capabilities (stage 5, supplied by the plugin layer as a
+callable) -> implied (``breakable`` => ``compile: false``). Results are
+memoized per policy for identical (context, overrides, capabilities).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from policy.conditions import Facts, Failure
+from policy.context import CATALOG, GIVEN, Context
+from policy.errors import PolicyError
+from policy.fields import DECISION_FIELDS, check_field
+from policy.model import Policy
+from policy.trace import (
+    DEFAULTS,
+    ENV,
+    IMPLIED,
+    OVERRIDES,
+    RULES,
+    STAGES,
+    Provenance,
+    Step,
+)
+
+_MEMO_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Decision:
+    runner: str
+    cudagraph: str
+    breakable: bool
+    compile: bool
+    capture_sizes: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runner": self.runner,
+            "cudagraph": self.cudagraph,
+            "breakable": self.breakable,
+            "compile": self.compile,
+            "capture_sizes": list(self.capture_sizes) if self.capture_sizes else None,
+        }
+
+
+@dataclass(frozen=True)
+class TraitFact:
+    """A trait of the architecture with its origin: ``catalog``, ``model config`` or ``given``."""
+
+    value: Any
+    origin: str
+    note: str = ""
+
+
+class Draft:
+    """The decision under construction: field values, their provenance, and steps per stage.
+
+    Stage functions (including the plugin layer's capabilities stage) change it
+    only through :meth:`assign` and :meth:`record`.
+    """
+
+    def __init__(self, policy: Policy, context: Context, facts: Facts) -> None:
+        self.policy = policy
+        self.context = context
+        self.facts = facts
+        self.values: dict[str, Any] = {}
+        self.provenance: dict[str, Provenance] = {}
+        self.steps: dict[str, list[Step]] = {stage: [] for stage in STAGES}
+        #: Rule index -> first failure (None = matched), for the rules the index selected.
+        self.rule_results: dict[int, Failure | None] = {}
+
+    def assign(self, provenance: Provenance) -> None:
+        self.values[provenance.field] = provenance.value
+        self.provenance[provenance.field] = provenance
+
+    def record(self, step: Step) -> None:
+        self.steps[step.stage].append(step)
+
+
+#: Stage 5: inspects the draft after overrides; falls back (assign + record) or raises PolicyError.
+CapabilityCheck = Callable[[Draft], None]
+
+
+@dataclass(frozen=True, eq=False)
+class Resolution:
+    """A decision with its provenance, the facts it was made on, and its (lazily built) trace."""
+
+    decision: Decision
+    provenance: dict[str, Provenance]
+    context: Context
+    traits: dict[str, TraitFact]
+    policy: Policy
+    _draft: Draft
+
+    @property
+    def in_catalog(self) -> bool:
+        return self.context.architecture in self.policy.catalog
+
+    @cached_property
+    def trace(self) -> tuple[Step, ...]:
+        """Every step in stage order; every rule of the policy, matched or not."""
+        draft = self._draft
+        steps: list[Step] = [*draft.steps[DEFAULTS]]
+        for rule in self.policy.rules:
+            if rule.index in draft.rule_results:
+                failure = draft.rule_results[rule.index]
+            else:
+                failure = rule.when.first_failure(draft.facts)
+            sets = {name: s.value for name, s in rule.set.items()}
+            overridden = {}
+            if failure is None:
+                for name in sets:
+                    final = self.provenance[name]
+                    if final.source != rule.id:
+                        overridden[name] = f"{final.source} ({final.stage})"
+            steps.append(
+                Step(
+                    stage=RULES,
+                    name=rule.id,
+                    location=rule.location,
+                    sets=sets,
+                    matched=failure is None,
+                    failure=failure,
+                    reason=rule.reason,
+                    ref=rule.ref,
+                    overridden=overridden,
+                )
+            )
+        for stage in STAGES[2:]:
+            steps.extend(draft.steps[stage])
+        return tuple(steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of ``policy resolve`` / ``policy explain --json``."""
+        context = self.context.to_dict()
+        context["traits"] = {
+            k: {"value": t.value, "origin": t.origin, "note": t.note}
+            for k, t in self.traits.items()
+        }
+        context["in_catalog"] = self.in_catalog
+        return {
+            "decision": self.decision.to_dict(),
+            "provenance": {k: p.to_dict() for k, p in self.provenance.items()},
+            "trace": [step.to_dict() for step in self.trace],
+            "context": context,
+            "policy": self.policy.stamp(),
+        }
+
+
+def resolve(
+    policy: Policy,
+    context: Context,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    capabilities: CapabilityCheck | None = None,
+) -> Resolution:
+    """Decide for ``context`` under ``policy``; ``overrides`` (field -> typed value) win over all
+    policy stages. ``capabilities`` (stage 5) must be hashable. Raises :class:`PolicyError`."""
+    frozen = _freeze(overrides) if overrides else None
+    key = (context, frozen, capabilities)
+    memo = policy.memo
+    hit = memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
+    resolution = _resolve(policy, context, frozen or (), capabilities)
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = resolution
+    return resolution
+
+
+def _freeze(overrides: Mapping[str, Any]) -> tuple[tuple[str, Hashable], ...]:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in overrides.items()))
+
+
+def _resolve(
+    policy: Policy,
+    context: Context,
+    overrides: tuple[tuple[str, Any], ...],
+    capabilities: CapabilityCheck | None,
+) -> Resolution:
+    traits = _traits(policy, context)
+    facts = Facts(
+        context.architecture,
+        context.platform,
+        context.device_arch,
+        {k: t.value for k, t in traits.items()},
+        context.features,
+    )
+    draft = Draft(policy, context, facts)
+    _apply_defaults(draft)
+    _apply_rules(draft)
+    _apply_env(draft)
+    _apply_overrides(draft, overrides)
+    if capabilities is not None:
+        capabilities(draft)
+    _apply_implied(draft)
+    values = draft.values
+    decision = Decision(
+        runner=values["runner"],
+        cudagraph=values["cudagraph"],
+        breakable=values["breakable"],
+        compile=values["compile"],
+        capture_sizes=values.get("capture_sizes"),
+    )
+    return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
+
+
+def _traits(policy: Policy, context: Context) -> dict[str, TraitFact]:
+    traits: dict[str, TraitFact] = {}
+    entry = policy.catalog.get(context.architecture)
+    if entry is not None:
+        for name, value in entry.traits.items():
+            traits[name] = TraitFact(value, CATALOG, str(entry.location))
+    for name, value in context.model_traits.items():
+        origin = context.source(f"traits.{name}")
+        known = traits.get(name)
+        if known is None:
+            traits[name] = TraitFact(value, origin)
+        elif known.value != value:
+            note = f"{known.note}; {origin} says {value}: the catalog wins"
+            traits[name] = TraitFact(known.value, CATALOG, note)
+    for name, value in context.traits.items():
+        traits[name] = TraitFact(value, GIVEN)
+    return traits
+
+
+def _apply_defaults(draft: Draft) -> None:
+    sets = {}
+    for name, setting in draft.policy.defaults.items():
+        draft.assign(
+            Provenance(
+                name, setting.value, DEFAULTS, "defaults", "policy default", setting.location
+            )
+        )
+        sets[name] = setting.value
+    first = next(iter(draft.policy.defaults.values()), None)
+    draft.record(Step(DEFAULTS, "defaults", first.location if first else None, sets))
+
+
+def _apply_rules(draft: Draft) -> None:
+    facts = draft.facts
+    rules = draft.policy.rules
+    results = draft.rule_results
+    for i in draft.policy.index.candidates(facts.architecture, facts.platform):
+        rule = rules[i]
+        failure = rule.when.first_failure(facts)
+        results[i] = failure
+        if failure is None:
+            for name, setting in rule.set.items():
+                draft.assign(
+                    Provenance(
+                        name, setting.value, RULES, rule.id, rule.reason, setting.location, rule.ref
+                    )
+                )
+
+
+def _apply_env(draft: Draft) -> None:
+    context = draft.context
+    for name, binding in draft.policy.env.items():
+        if name not in context.env:
+            draft.record(Step(ENV, name, binding.location, note="not set"))
+            continue
+        text = context.env[name]
+        origin = context.source(f"env.{name}")
+        if text not in binding.values:
+            loc = binding.location
+            raise PolicyError(
+                f"{name}={text!r} ({origin}) is not a declared value; allowed: {binding.allowed()}",
+                file=loc.file,
+                line=loc.line,
+                col=loc.col,
+                path=f"env.{name}",
+            )
+        value = binding.values[text]
+        reason = f"{name}={text} ({origin})"
+        draft.assign(Provenance(binding.field, value, ENV, name, reason, binding.location))
+        draft.record(Step(ENV, name, binding.location, {binding.field: value}, note=reason))
+
+
+def _apply_overrides(draft: Draft, overrides: tuple[tuple[str, Any], ...]) -> None:
+    order = {name: i for i, name in enumerate(DECISION_FIELDS)}
+    for name, raw in sorted(overrides, key=lambda kv: order.get(kv[0], len(order))):
+        try:
+            value = check_field(name, raw)
+        except ValueError as exc:
+            raise PolicyError(f"override {exc}") from None
+        draft.assign(Provenance(name, value, OVERRIDES, "override", "explicit override"))
+        draft.record(
+            Step(OVERRIDES, f"override {name}", sets={name: value}, note="explicit override")
+        )
+
+
+def _apply_implied(draft: Draft) -> None:
+    if draft.values.get("breakable") is not True or draft.values.get("compile") is False:
+        return
+    compile_from = draft.provenance["compile"]
+    breakable_from = draft.provenance["breakable"]
+    if compile_from.forced:
+        raise PolicyError(
+            f"compile=true was forced by {compile_from.source} ({compile_from.stage}) but "
+            f"breakable=true (from {breakable_from.source}, {breakable_from.stage}) runs without "
+            "torch.compile; force breakable=false or drop the compile override"
+        )
+    reason = f"breakable=true (from {breakable_from.source}) implies compile=false"
+    draft.assign(
+        Provenance("compile", False, IMPLIED, "breakable", reason, breakable_from.location)
+    )
+    draft.record(
+        Step(
+            IMPLIED,
+            "breakable implies no compile",
+            breakable_from.location,
+            {"compile": False},
+            note=reason,
+        )
+    )

@@ -1,0 +1,300 @@
+"""The policy file format (schema_version 1) as pydantic models; errors mapped to file:line:col.
+
+Only the loader (on a cache miss) and tools that validate `when` mappings import
+this module; the resolver works on the plain dataclasses of :mod:`policy.model`.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from policy.errors import PolicyError, dotted
+from policy.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
+from policy.source import Path_, SourceDoc
+from policy.suggest import hint
+
+SCHEMA_VERSION = 1
+
+Name = Annotated[StrictStr, Field(min_length=1)]
+Names = Union[Name, Annotated[list[Name], Field(min_length=1)]]  # noqa: UP007
+Identifier = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
+EnvName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+RuleId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+Url = Annotated[StrictStr, Field(pattern=r"^https?://\S+$")]
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]  # noqa: UP007
+Number = Union[StrictInt, StrictFloat]  # noqa: UP007
+Cudagraph = Literal[CUDAGRAPH_MODES]  # type: ignore[valid-type]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+
+
+# Fields default to None but do not accept an explicit `null`: pydantic does not
+# validate defaults, so `runner: null` in a file fails like any other bad value.
+class DecisionFields(_Model):
+    runner: Annotated[StrictStr, Field(pattern=RUNNER_NAME.pattern)] = None  # type: ignore[assignment]
+    cudagraph: Cudagraph = None  # type: ignore[assignment]
+    breakable: StrictBool = None  # type: ignore[assignment]
+    compile: StrictBool = None  # type: ignore[assignment]
+    capture_sizes: Annotated[list[Annotated[StrictInt, Field(gt=0)]], Field(min_length=1)] = None  # type: ignore[assignment]
+
+    @field_validator("capture_sizes")
+    @classmethod
+    def _distinct(cls, sizes: list[int]) -> list[int]:
+        if len(set(sizes)) != len(sizes):
+            raise ValueError("capture sizes must be distinct")
+        return sizes
+
+
+class FeatureOps(_Model):
+    gt: Number = None  # type: ignore[assignment]
+    ge: Number = None  # type: ignore[assignment]
+    lt: Number = None  # type: ignore[assignment]
+    le: Number = None  # type: ignore[assignment]
+    eq: Scalar = None  # type: ignore[assignment]
+    ne: Scalar = None  # type: ignore[assignment]
+    in_: Annotated[list[Scalar], Field(min_length=1, alias="in")] = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> FeatureOps:
+        if not self.model_fields_set:
+            raise ValueError("a comparison needs at least one of gt, ge, lt, le, eq, ne, in")
+        return self
+
+
+FeatureCondition = Union[Scalar, Annotated[list[Scalar], Field(min_length=1)], FeatureOps]  # noqa: UP007
+
+
+def _trait_type(spec: tuple[str, ...] | type, *, many: bool) -> Any:
+    one: Any = StrictBool if spec is bool else Name if spec is str else Literal[spec]  # type: ignore[valid-type]
+    return Union[one, Annotated[list[one], Field(min_length=1)]] if many else one  # noqa: UP007
+
+
+TraitsModel = create_model(
+    "Traits",
+    __base__=_Model,
+    **{key: (_trait_type(spec, many=False), None) for key, spec in TRAITS.items()},
+)
+
+WhenModel = create_model(
+    "When",
+    __base__=_Model,
+    architecture=(Names, None),
+    platform=(Names, None),
+    device_arch=(Names, None),
+    features=(dict[Name, FeatureCondition], None),
+    **{key: (_trait_type(spec, many=True), None) for key, spec in TRAITS.items()},
+)
+
+
+class RuleModel(_Model):
+    id: RuleId
+    when: WhenModel = WhenModel()  # type: ignore[valid-type]
+    set: DecisionFields
+    reason: Name
+    ref: Url = None  # type: ignore[assignment]
+
+    @field_validator("set")
+    @classmethod
+    def _sets_something(cls, fields: DecisionFields) -> DecisionFields:
+        if not fields.model_fields_set:
+            raise ValueError(f"a rule must set at least one of {', '.join(DECISION_FIELDS)}")
+        return fields
+
+
+class EnvBindingModel(_Model):
+    field: Literal[DECISION_FIELDS]  # type: ignore[valid-type]
+    values: Annotated[dict[StrictStr, Any], Field(min_length=1)]
+
+
+class PolicyFileModel(_Model):
+    schema_version: StrictInt
+    version: Name
+    catalog: dict[Identifier, TraitsModel] = {}  # type: ignore[valid-type]
+    defaults: DecisionFields = DecisionFields()
+    env: dict[EnvName, EnvBindingModel] = {}
+    rules: list[RuleModel] = []
+
+
+def validate_file(doc: SourceDoc) -> PolicyFileModel:
+    """Validate a parsed policy file; every error points at its file:line:col."""
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), "a policy file is a mapping with the keys " + _keys(PolicyFileModel))
+    if "schema_version" not in data:
+        raise doc.error((), f"schema_version is missing (this interlock reads {SCHEMA_VERSION})")
+    version = data["schema_version"]
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise doc.error(
+            ("schema_version",),
+            f"schema_version {version} is newer than this interlock understands "
+            f"(it reads {SCHEMA_VERSION}); upgrade interlock to use this policy",
+        )
+    if version != SCHEMA_VERSION or type(version) is not int:
+        raise doc.error(
+            ("schema_version",),
+            f"unsupported schema_version {version!r}; supported: {SCHEMA_VERSION}",
+        )
+    try:
+        return PolicyFileModel.model_validate(data)
+    except ValidationError as exc:
+        raise _located(exc, doc, PolicyFileModel) from None
+
+
+def validate_when(data: Any, name: str = "<when>") -> dict[str, Any]:
+    """Validate a `when` mapping given as Python data; returns it normalised."""
+    doc = SourceDoc(name, data)
+    try:
+        model = WhenModel.model_validate(data)
+    except ValidationError as exc:
+        raise _located(exc, doc, WhenModel, with_position=False) from None
+    return model.model_dump(by_alias=True, exclude_none=True)
+
+
+def _keys(model: type[BaseModel]) -> str:
+    return ", ".join(f.alias or name for name, f in model.model_fields.items())
+
+
+def _located(
+    exc: ValidationError, doc: SourceDoc, root: type[BaseModel], *, with_position: bool = True
+) -> PolicyError:
+    errors = exc.errors(include_url=False)
+    paths = [_data_path(doc.data, err["loc"]) for err in errors]
+    grouped: dict[tuple[Path_, bool], tuple[list[str], list[Any]]] = {}
+    for err, path in zip(errors, paths, strict=True):
+        # A union member that failed on type is noise when another member got further.
+        if err["type"].endswith("_type") and any(
+            len(p) > len(path) and p[: len(path)] == path for p in paths
+        ):
+            continue
+        is_key = err["type"] == "extra_forbidden"
+        inputs: list[Any] = []
+        if is_key:
+            allowed = _allowed_keys(root, err["loc"][:-1]) or []
+            message = f"unknown field {path[-1]!r}" + (
+                f"; allowed: {', '.join(allowed)}" if allowed else ""
+            )
+            message += hint(str(path[-1]), allowed)
+        elif err["type"] == "missing":
+            message = f"missing required field {err['loc'][-1]!r}"
+        elif err["loc"] and err["loc"][-1] == "[key]":
+            message = f"key {err['input']!r} must be a string (quote it)"
+        else:
+            message = _message(err)
+            if not isinstance(err["input"], (dict, list)):
+                inputs.append(err["input"])
+        messages, seen_inputs = grouped.setdefault((path, is_key), ([], []))
+        if message not in messages:
+            messages.append(message)
+        seen_inputs.extend(i for i in inputs if i not in seen_inputs)
+    located = []
+    for (path, is_key), (messages, inputs) in grouped.items():
+        text = messages[0] + "".join(" or " + _drop_prefix(m, messages[0]) for m in messages[1:])
+        if inputs:
+            text += f" (got {inputs[0]!r})"
+        if with_position:
+            located.append(doc.error(path, text, key=is_key))
+        else:
+            located.append(PolicyError(text, file=doc.name, path=dotted(path) or None))
+    first, *rest = located
+    first.more = tuple(rest)
+    return first
+
+
+def _message(err: Any) -> str:
+    text = err["msg"]
+    if text.startswith("Value error, "):
+        text = text[len("Value error, ") :]
+    return text[0].lower() + text[1:]
+
+
+def _drop_prefix(message: str, first: str) -> str:
+    """Shorten the second of ``input should be a valid string or input should be a valid list``."""
+    common = "input should be "
+    return (
+        message[len(common) :]
+        if message.startswith(common) and first.startswith(common)
+        else message
+    )
+
+
+def _data_path(data: Any, loc: tuple[Any, ...]) -> Path_:
+    """The part of a pydantic error location that exists in the data (drops union tags)."""
+    path: list[str | int] = []
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            continue
+        path.append(part)
+    return tuple(path)
+
+
+def _allowed_keys(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Field names (aliases) of the model found at ``loc``, walking the type annotations."""
+    current: Any = root
+    for part in loc:
+        current = _unwrap(current, part)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            # Union members appear in locations as tags: "function-after[..., FeatureOps]".
+            if isinstance(part, str) and (
+                part == current.__name__ or part.endswith(f" {current.__name__}]")
+            ):
+                continue
+            by_key = {f.alias or name: f for name, f in current.model_fields.items()}
+            if part not in by_key:
+                return None
+            current = by_key[part].annotation
+        elif typing.get_origin(current) is list:
+            current = typing.get_args(current)[0]
+        elif typing.get_origin(current) is dict:
+            current = typing.get_args(current)[1]
+        else:
+            return None
+    current = _unwrap(current, None)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [f.alias or name for name, f in current.model_fields.items()]
+    return None
+
+
+def _unwrap(tp: Any, part: Any) -> Any:
+    """Strip Annotated; from a union pick the model member (the container one for an index)."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (Union, types.UnionType):
+            members = typing.get_args(tp)
+            models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+            containers = [m for m in members if typing.get_origin(_strip(m)) in (list, dict)]
+            if isinstance(part, int) and containers:
+                tp = containers[0]
+            elif models:
+                tp = models[0]
+            else:
+                return tp
+        else:
+            return tp
+
+
+def _strip(tp: Any) -> Any:
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp

@@ -1,0 +1,183 @@
+"""Safe YAML loading that remembers where every value came from.
+
+PyYAML composes a node graph (safe tags only); we build plain Python values from
+it ourselves so that we can refuse duplicate keys (PyYAML silently keeps the
+last one, which is how policy edits get lost), bound alias expansion ("billion
+laughs") and keep a 1-based line:col for every key and value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from policy.errors import PolicyError, dotted
+
+#: A policy file larger than this is refused before parsing.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+#: Nodes reached through aliases (beyond their first appearance) allowed per file.
+MAX_ALIAS_NODES = 10_000
+MAX_DEPTH = 64
+
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    line: int
+    col: int
+
+
+@dataclass
+class SourceDoc:
+    """A parsed file: its plain data and the marks of every value and mapping key."""
+
+    name: str
+    data: Any
+    marks: dict[Path_, Mark] = field(default_factory=dict)
+    key_marks: dict[Path_, Mark] = field(default_factory=dict)
+
+    def mark(self, path: Path_, *, key: bool = False) -> Mark:
+        """The mark of ``path`` (its key if ``key``), else of its nearest known ancestor."""
+        if key and path in self.key_marks:
+            return self.key_marks[path]
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.marks:
+                return self.marks[path[:end]]
+        return Mark(1, 1)
+
+    def error(self, path: Path_, message: str, *, key: bool = False) -> PolicyError:
+        m = self.mark(path, key=key)
+        return PolicyError(
+            message, file=self.name, line=m.line, col=m.col, path=dotted(path) or None
+        )
+
+
+def read_source(path: Path, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """Read a policy file, refusing one over ``limit`` bytes without reading it whole."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", file=name) from None
+    if len(data) > limit:
+        raise PolicyError(f"policy file is larger than the {limit} byte limit", file=name)
+    return data
+
+
+def parse_yaml(text: bytes, name: str, *, max_alias_nodes: int = MAX_ALIAS_NODES) -> SourceDoc:
+    """Parse one YAML document safely into a :class:`SourceDoc`."""
+    import yaml
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise PolicyError("empty policy file", file=name, line=1, col=1)
+        doc = SourceDoc(name, None)
+        doc.data = _Builder(loader, doc, max_alias_nodes).build(root, ())
+        return doc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise PolicyError(f"invalid YAML: {message}", file=name, line=line, col=col) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"invalid YAML: {exc}", file=name) from None
+    finally:
+        loader.dispose()
+
+
+class _Builder:
+    def __init__(self, loader: Any, doc: SourceDoc, max_alias_nodes: int) -> None:
+        self.loader = loader
+        self.doc = doc
+        self.alias_budget = max_alias_nodes
+        self.max_alias_nodes = max_alias_nodes
+        self.seen: set[int] = set()
+        self.ancestors: set[int] = set()
+
+    def _fail(self, node: Any, path: Path_, message: str) -> PolicyError:
+        m = node.start_mark
+        return PolicyError(
+            message,
+            file=self.doc.name,
+            line=m.line + 1,
+            col=m.column + 1,
+            path=dotted(path) or None,
+        )
+
+    def build(self, node: Any, path: Path_, aliased: bool = False) -> Any:
+        import yaml
+
+        if id(node) in self.ancestors:
+            raise self._fail(node, path, "recursive alias")
+        if len(path) > MAX_DEPTH:
+            raise self._fail(node, path, f"nesting deeper than {MAX_DEPTH} levels")
+        aliased = aliased or id(node) in self.seen
+        self.seen.add(id(node))
+        if aliased:
+            self.alias_budget -= 1
+            if self.alias_budget < 0:
+                raise self._fail(
+                    node,
+                    path,
+                    f"alias expansion exceeds {self.max_alias_nodes} nodes "
+                    "(refused as a possible billion-laughs document)",
+                )
+        if path not in self.doc.marks:
+            m = node.start_mark
+            self.doc.marks[path] = Mark(m.line + 1, m.column + 1)
+        if isinstance(node, yaml.ScalarNode):
+            return self.loader.construct_object(node, deep=True)
+        if node.tag not in (_MAP_TAG, _SEQ_TAG):
+            raise self._fail(node, path, f"YAML tag {node.tag!r} is not allowed in a policy file")
+        self.ancestors.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [self.build(item, (*path, i), aliased) for i, item in enumerate(node.value)]
+            return self._mapping(node, path, aliased)
+        finally:
+            self.ancestors.discard(id(node))
+
+    def _mapping(self, node: Any, path: Path_, aliased: bool) -> dict[Any, Any]:
+        import yaml
+
+        out: dict[Any, Any] = {}
+        merged: list[Any] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                sources = (
+                    value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                )
+                for src in sources:
+                    if not (isinstance(src, yaml.MappingNode) and src.tag == _MAP_TAG):
+                        raise self._fail(
+                            src, path, "a merge key (<<) needs a mapping or a list of them"
+                        )
+                merged.extend(sources)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self._fail(key_node, path, "mapping keys must be plain scalars")
+            key = self.loader.construct_object(key_node, deep=True)
+            if key in out:
+                first = self.doc.key_marks[(*path, key)]
+                raise self._fail(
+                    key_node,
+                    (*path, key),
+                    f"duplicate key {key!r} (first defined at line {first.line})",
+                )
+            km = key_node.start_mark
+            self.doc.key_marks.setdefault((*path, key), Mark(km.line + 1, km.column + 1))
+            out[key] = self.build(value_node, (*path, key), aliased)
+        # Explicit keys win over merged ones; earlier merge sources win over later ones.
+        for src in merged:
+            for key, value in self.build(src, path, True).items():
+                out.setdefault(key, value)
+        return out

@@ -1,0 +1,95 @@
+"""What a resolution records: the ordered trace of steps and each field's provenance.
+
+Stages run in this order; ``capabilities`` (stage 5: what the chosen runner
+plugin can serve) is filled in by the plugin layer, ``implied`` applies
+``breakable => compile: false`` last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.conditions import Failure
+from policy.model import Location
+
+DEFAULTS = "defaults"
+RULES = "rules"
+ENV = "env"
+OVERRIDES = "overrides"
+CAPABILITIES = "capabilities"
+IMPLIED = "implied"
+STAGES = (DEFAULTS, RULES, ENV, OVERRIDES, CAPABILITIES, IMPLIED)
+#: Stages whose values the user forced: stage 5 must refuse, not fall back, when unsupported.
+FORCED_STAGES = frozenset({ENV, OVERRIDES})
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a decision field's final value came from."""
+
+    field: str
+    value: Any
+    stage: str
+    #: Who set it: "defaults", a rule id, an env var name, "--set"/"override", a runner name.
+    source: str
+    reason: str = ""
+    location: Location | None = None
+    ref: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        return self.stage in FORCED_STAGES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "value": _jsonable(self.value),
+            "stage": self.stage,
+            "source": self.source,
+            "reason": self.reason,
+            "file": self.location.file if self.location else None,
+            "line": self.location.line if self.location else None,
+            "ref": self.ref,
+            "forced": self.forced,
+        }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One entry of the trace.
+
+    For a rule: ``matched`` with the fields it ``sets`` (and which of them a later
+    step ``overridden`` by id), or the first ``failure``. For other stages
+    ``matched`` is None and ``sets`` holds what the step assigned.
+    """
+
+    stage: str
+    name: str
+    location: Location | None = None
+    sets: dict[str, Any] = field(default_factory=dict)
+    matched: bool | None = None
+    failure: Failure | None = None
+    reason: str = ""
+    ref: str | None = None
+    note: str = ""
+    #: For a matched rule: field -> who set its final value instead ("rocm-no-breakable (rules)").
+    overridden: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "name": self.name,
+            "file": self.location.file if self.location else None,
+            "line": self.location.line if self.location else None,
+            "matched": self.matched,
+            "sets": {k: _jsonable(v) for k, v in self.sets.items()},
+            "failure": self.failure.to_dict() if self.failure else None,
+            "reason": self.reason,
+            "ref": self.ref,
+            "note": self.note,
+            "overridden": dict(self.overridden),
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
