@@ -44,11 +44,13 @@ class Failure:
     #: True when the observed fact is unknown (trait not in the catalog/config, feature not given).
     unknown: bool = False
 
-    def describe(self) -> str:
+    def describe(self, limit: int | None = None) -> str:
+        """``attention: wanted dsa, observed hybrid``; ``limit`` abbreviates long wanted lists."""
         observed = "unknown" if self.unknown else _show(self.observed)
         if self.unknown and self.condition.startswith("features."):
             observed = "not given"
-        return f"{self.condition}: wanted {_wanted_text(self.wanted)}, observed {observed}"
+        wanted = _wanted_text(self.wanted, limit)
+        return f"{self.condition}: wanted {wanted}, observed {observed}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -247,7 +249,7 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _wanted_text(wanted: Any) -> str:
+def _wanted_text(wanted: Any, limit: int | None = None) -> str:
     if isinstance(wanted, dict):
         parts = [
             f"one of {_show(v)}" if op == "in" else f"{_OP_TEXT[op]} {_show(v)}"
@@ -256,4 +258,7 @@ def _wanted_text(wanted: Any) -> str:
         return " and ".join(parts)
     if isinstance(wanted, list) and len(wanted) == 1:
         return _show(wanted[0])
+    if limit is not None and len(wanted) > limit:
+        shown = ", ".join(_show(w) for w in wanted[:limit])
+        return f"one of [{shown}, … +{len(wanted) - limit} more]"
     return f"one of {_show(wanted)}"

@@ -50,7 +50,7 @@ def check_field(name: str, value: object) -> FieldValue:
     Raises ``ValueError`` naming the field, the value and the allowed values.
     """
     if name not in DECISION_FIELDS:
-        raise ValueError(f"unknown decision field {name!r}; allowed: {', '.join(DECISION_FIELDS)}")
+        raise ValueError(_unknown_field(name))
     ok = False
     if name == "runner":
         ok = isinstance(value, str) and bool(RUNNER_NAME.match(value))
@@ -69,7 +69,7 @@ def check_field(name: str, value: object) -> FieldValue:
 def parse_field(name: str, text: str) -> FieldValue:
     """Parse ``--set name=text`` into a typed, validated value."""
     if name not in DECISION_FIELDS:
-        raise ValueError(f"unknown decision field {name!r}; allowed: {', '.join(DECISION_FIELDS)}")
+        raise ValueError(_unknown_field(name))
     value: object = text
     lowered = text.strip().lower()
     if name in ("breakable", "compile"):
@@ -80,6 +80,13 @@ def parse_field(name: str, text: str) -> FieldValue:
         except ValueError:
             value = text
     return check_field(name, value)
+
+
+def _unknown_field(name: str) -> str:
+    from policy.suggest import hint
+
+    allowed = ", ".join(DECISION_FIELDS)
+    return f"unknown decision field {name!r}; allowed: {allowed}{hint(name, DECISION_FIELDS)}"
 
 
 def parse_scalar(text: str) -> bool | int | float | str:

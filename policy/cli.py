@@ -1,0 +1,53 @@
+"""The ``policy`` command line: one module per subcommand under :mod:`policy.commands`.
+
+A subcommand module exposes ``add_parser(subparsers)`` (which sets ``run`` as the
+parser default) and ``run(args) -> int``; it imports what it needs inside
+``run`` so that ``policy --help`` and a warm ``policy explain`` stay fast.
+
+Exit codes: 0 ok, 1 a policy or input error (message on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+#: Subcommands, in ``--help`` order; each is ``policy.commands.<name>``.
+COMMANDS = ("explain", "resolve", "table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="policy",
+        description="Decide, explain and test how an inference engine runs a model.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"policy.commands.{name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 after --help
+        return exc.code if isinstance(exc.code, int) else 0
+    from policy.errors import PolicyError
+
+    try:
+        return int(args.run(args))
+    except PolicyError as exc:
+        print(f"policy: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`policy table | head`); don't let Python complain at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of ``policy``; see :mod:`policy.cli` for the contract each module follows."""

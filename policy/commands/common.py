@@ -1,0 +1,146 @@
+"""Flags shared by subcommands, and turning them into a policy, a context and overrides."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from policy.fields import parse_scalar
+from policy.model import Policy
+
+PROCESS_ENV = "process environment"
+GIVEN_ENV = "given with --env"
+
+
+def pair(text: str) -> tuple[str, str]:
+    """argparse type for ``K=V`` flags."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def add_policy_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy",
+        action="append",
+        metavar="FILE",
+        help="policy file; repeat to layer (default: $INTERLOCK_POLICY, else the shipped one)",
+    )
+
+
+def add_env_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="K=V",
+        help="value of an environment variable the policy binds (wins over the real one)",
+    )
+
+
+def add_context_args(parser: argparse.ArgumentParser) -> None:
+    """ARCH and the flags describing the context, plus --policy, --env and --set."""
+    parser.add_argument(
+        "architecture", nargs="?", metavar="ARCH", help="HF architecture, e.g. LlamaForCausalLM"
+    )
+    parser.add_argument("--platform", help="cuda, rocm, xpu, cpu… (default: detected)")
+    parser.add_argument(
+        "--device-arch",
+        "--gfx",
+        dest="device_arch",
+        metavar="ARCH",
+        help="device architecture, e.g. gfx950 or sm_90 (--gfx is an alias)",
+    )
+    parser.add_argument(
+        "--feature",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="K=V",
+        help="deployment feature, e.g. tensor_parallel_size=8 (ints, floats, true/false, strings)",
+    )
+    add_env_args(parser)
+    parser.add_argument(
+        "--set",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a decision field, e.g. runner=mrv1",
+    )
+    parser.add_argument(
+        "--model", metavar="PATH", help="model directory or config.json: architecture and traits"
+    )
+    add_policy_args(parser)
+
+
+def load(args: argparse.Namespace) -> Policy:
+    from policy.loader import load_policy
+
+    return load_policy(args.policy)
+
+
+def env_of(
+    args: argparse.Namespace, policy: Policy, *, process: bool = True
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Values of the policy's env bindings: the process environment (if ``process``), then
+    ``--env``; returns ``(env, sources)``. An ``--env`` name the policy does not bind is an
+    error."""
+    from policy.errors import PolicyError
+    from policy.suggest import hint
+
+    env: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for name in policy.env if process else ():
+        if name in os.environ:
+            env[name] = os.environ[name]
+            sources[f"env.{name}"] = PROCESS_ENV
+    for name, value in args.env:
+        if name not in policy.env:
+            declared = ", ".join(policy.env) or "none"
+            raise PolicyError(
+                f"--env {name}: the policy binds no such variable; declared: {declared}"
+                + hint(name, policy.env)
+            )
+        env[name] = value
+        sources[f"env.{name}"] = GIVEN_ENV
+    return env, sources
+
+
+def context_of(args: argparse.Namespace, policy: Policy) -> Any:
+    from policy.context import make_context
+
+    env, sources = env_of(args, policy)
+    return make_context(
+        args.architecture,
+        platform=args.platform,
+        device_arch=args.device_arch,
+        model=args.model,
+        features={k: parse_scalar(v) for k, v in args.feature},
+        env=env,
+        sources=sources,
+    )
+
+
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    from policy.errors import PolicyError
+    from policy.fields import parse_field
+
+    overrides = {}
+    for name, text in args.set:
+        try:
+            overrides[name] = parse_field(name, text)
+        except ValueError as exc:
+            raise PolicyError(f"--set {exc}") from None
+    return overrides
+
+
+def resolve_args(args: argparse.Namespace) -> Any:
+    """Load, build the context and resolve: the shared body of explain and resolve."""
+    from policy.resolve import resolve
+
+    policy = load(args)
+    return resolve(policy, context_of(args, policy), overrides_of(args))

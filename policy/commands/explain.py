@@ -1,0 +1,31 @@
+"""``policy explain``: the decision, who set each field, and the trace of every rule."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policy.commands.common import add_context_args, resolve_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="explain the decision for an architecture",
+        description="The decision for ARCH, each field with the rule (id, file:line, reason) "
+        "that set it, and the trace of every rule, matched or not.",
+    )
+    add_context_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the `policy resolve` document")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy import explain
+
+    resolution = resolve_args(args)
+    if args.json:
+        sys.stdout.write(explain.render_json(resolution))
+    else:
+        sys.stdout.write(explain.render_text(resolution, color=explain.use_color(sys.stdout)))
+    return 0

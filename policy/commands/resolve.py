@@ -1,0 +1,26 @@
+"""``policy resolve``: the decision document as JSON, for machines."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policy.commands.common import add_context_args, resolve_args
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "resolve",
+        help="the decision as JSON",
+        description="The decision, provenance, trace and policy stamp for ARCH as one JSON "
+        "document (the same as `policy explain --json`).",
+    )
+    add_context_args(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy.explain import render_json
+
+    sys.stdout.write(render_json(resolve_args(args)))
+    return 0

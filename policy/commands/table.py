@@ -1,0 +1,56 @@
+"""``policy table``: the decision for every catalog architecture on every platform."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from policy.commands.common import add_env_args, add_policy_args, env_of, load
+
+BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "table",
+        help="decision matrix: catalog architectures x platforms",
+        description="The decision for every catalog architecture on each platform (no device "
+        "arch, no features). The process environment is not applied; pass --env to apply a "
+        "binding.",
+    )
+    parser.add_argument(
+        "--platform",
+        action="append",
+        metavar="P",
+        help="platform to include; repeatable (default: cuda, rocm, xpu, cpu and any a rule names)",
+    )
+    parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    add_env_args(parser)
+    add_policy_args(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy.context import Context
+    from policy.explain import render_table
+    from policy.resolve import resolve
+
+    policy = load(args)
+    env, _ = env_of(args, policy, process=False)
+    platforms = args.platform or _platforms(policy)
+    rows = [
+        resolve(policy, Context(arch, platform, env=env))
+        for arch in policy.catalog
+        for platform in platforms
+    ]
+    sys.stdout.write(render_table(rows, args.format))
+    return 0
+
+
+def _platforms(policy: object) -> list[str]:
+    named: dict[str, None] = dict.fromkeys(BUILTIN_PLATFORMS)
+    for rule in policy.rules:  # type: ignore[attr-defined]
+        match = rule.when.name_match("platform")
+        if match is not None:
+            named.update(dict.fromkeys(sorted(match.literals)))
+    return list(named)

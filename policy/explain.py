@@ -1,0 +1,184 @@
+"""Rendering a resolution: text for people (colour on a terminal), JSON for machines, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import IO, Any
+
+from policy.conditions import Failure
+from policy.fields import DECISION_FIELDS
+from policy.resolve import Resolution
+from policy.trace import RULES, Provenance, Step
+
+_CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
+#: Items of a wanted list shown in text before "… +N more" (JSON always has them all).
+_SHOWN = 4
+
+
+def use_color(stream: IO[str]) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def render_json(resolution: Resolution) -> str:
+    return json.dumps(resolution.to_dict(), indent=2) + "\n"
+
+
+class _Style:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, text: str, *styles: str) -> str:
+        if not self.color or not styles:
+            return text
+        codes = ";".join(_CODES[s] for s in styles)
+        return f"\033[{codes}m{text}\033[0m"
+
+
+def render_text(res: Resolution, *, color: bool = False) -> str:
+    s = _Style(color)
+    ctx = res.context
+    stamp = res.policy.stamp()
+    where = f" {ctx.device_arch}" if ctx.device_arch else ""
+    lines = [
+        s(f"{ctx.architecture} on {ctx.platform}{where}", "bold"),
+        s(
+            f"policy {stamp['version']} (schema {stamp['schema_version']}, revision "
+            f"{stamp['revision']}) from {', '.join(stamp['files'])}",
+            "dim",
+        ),
+        "",
+        s("decision", "bold"),
+    ]
+    decision = res.decision.to_dict()
+    for name in DECISION_FIELDS:
+        prov = res.provenance.get(name)
+        if prov is None:
+            lines.append(f"  {name:<13} {s('(not set: the runner chooses)', 'dim')}")
+            continue
+        value = s(f"{_show(decision[name]):<20}", "cyan")
+        lines.append(f"  {name:<13} {value} {_setter(prov, s)}")
+        if prov.stage != "defaults" and prov.reason:
+            lines.append(f"  {'':<13} {s(prov.reason, 'dim')}")
+        if prov.ref:
+            lines.append(f"  {'':<13} {s(prov.ref, 'dim')}")
+    lines += ["", s("context", "bold"), *_context_lines(res, s), "", s("trace", "bold")]
+    lines += _trace_lines(res.trace, s)
+    return "\n".join(lines) + "\n"
+
+
+def _setter(prov: Provenance, s: _Style) -> str:
+    where = f"  {prov.location}" if prov.location else ""
+    if prov.stage == "defaults":
+        return s(f"defaults{where}", "dim")
+    label = "forced by " if prov.forced else ""
+    return f"{s(prov.stage, 'dim')} {label}{s(prov.source, 'bold')}{s(where, 'dim')}"
+
+
+def _context_lines(res: Resolution, s: _Style) -> list[str]:
+    ctx = res.context
+    arch_note = ctx.source("architecture")
+    if res.in_catalog:
+        arch_note += f", in the catalog at {res.policy.catalog[ctx.architecture].location}"
+    else:
+        from policy.suggest import hint
+
+        arch_note += ", not in the catalog: its traits are unknown unless read from --model"
+        arch_note += hint(ctx.architecture, res.policy.catalog)
+    rows = [
+        ("architecture", ctx.architecture, arch_note),
+        ("platform", ctx.platform, ctx.source("platform")),
+        ("device_arch", ctx.device_arch or '""', ctx.source("device_arch")),
+    ]
+    for name, trait in res.traits.items():
+        note = trait.origin + (f" {trait.note}" if trait.note else "")
+        rows.append((f"trait {name}", _show(trait.value), note))
+    for name, value in ctx.features.items():
+        rows.append((f"feature {name}", _show(value), ctx.source(f"features.{name}")))
+    for name, value in ctx.env.items():
+        rows.append((f"env {name}", value, ctx.source(f"env.{name}")))
+    width = max(len(r[0]) for r in rows)
+    vwidth = max(len(r[1]) for r in rows)
+    return [f"  {k:<{width}}  {v:<{vwidth}}  {s(n, 'dim')}" for k, v, n in rows]
+
+
+def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
+    width = max((len(step.name) for step in trace), default=0)
+    lines = []
+    stage = None
+    for step in trace:
+        label = step.stage if step.stage != stage else ""
+        stage = step.stage
+        where = str(step.location) if step.location else ""
+        if step.stage == RULES:
+            mark = s("+", "green") if step.matched else s("-", "red")
+            detail = _sets(step.sets) if step.matched else _failure(step.failure, s)
+            if step.overridden:
+                later = ", ".join(f"{f} by {who}" for f, who in step.overridden.items())
+                detail += s(f"  (overridden: {later})", "yellow")
+        else:
+            mark = " "
+            detail = "  ".join(p for p in (_sets(step.sets), s(step.note, "dim")) if p)
+        lines.append(
+            f"  {label:<9} {mark} {step.name:<{width}}  {s(f'{where:<18}', 'dim')} {detail}"
+        )
+    return lines
+
+
+def _failure(failure: Failure | None, s: _Style) -> str:
+    return s(failure.describe(limit=_SHOWN), "dim") if failure else ""
+
+
+def _sets(sets: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_show(v)}" for k, v in sets.items())
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+TABLE_COLUMNS = ("architecture", "platform", *DECISION_FIELDS)
+
+
+def render_table(rows: list[Resolution], fmt: str) -> str:
+    """The decision matrix as ``text``, ``csv`` or ``json``."""
+    records = []
+    for res in rows:
+        record: dict[str, Any] = {
+            "architecture": res.context.architecture,
+            "platform": res.context.platform,
+            **res.decision.to_dict(),
+        }
+        records.append(record)
+    if fmt == "json":
+        for record, res in zip(records, rows, strict=True):
+            record["set_by"] = {k: p.source for k, p in res.provenance.items()}
+        return json.dumps(records, indent=2) + "\n"
+    if fmt == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(TABLE_COLUMNS)
+        writer.writerows(
+            [_show(r[c]) if r[c] is not None else "" for c in TABLE_COLUMNS] for r in records
+        )
+        return out.getvalue()
+    cells = [[_show(r[c]) for c in TABLE_COLUMNS] for r in records]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(TABLE_COLUMNS)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines) + "\n"
