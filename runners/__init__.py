@@ -1,0 +1,5 @@
+"""Runners: the runner contract, the built-in runners, and the model execution they share.
+
+Importing this package is cheap and torch-free; torch is imported by the
+modules that execute models (``runners.model.*``, ``runners.mrv1.runner``, ...).
+"""

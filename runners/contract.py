@@ -1,0 +1,167 @@
+"""The runner contract: what the engine hands a runner, and what it gets back.
+
+A runner executes a model for the engine. Its lifecycle is two calls:
+
+1. ``load(model, kv_cache, decision)`` — once. Build the kernel dispatch
+   (``runners.dispatch.build_kernel_table``), load the model
+   (``runners.model.checkpoint.load_model``), allocate the paged KV cache
+   described by ``kv_cache`` and bind it to the model, and prepare whatever
+   the ``decision`` asks for (graph capture, ...).
+2. ``execute(batch)`` — once per engine step. ``batch`` holds every sequence
+   scheduled this step, prefill chunks and decodes mixed, each with the
+   tokens to feed, where they start, its KV block table and how to sample.
+   Return one sampled token per sequence that asks for one.
+
+``report()`` says what the runner actually did: kernel choices, graphs,
+fallbacks. It may be called any time after ``load``.
+
+The engine owns scheduling and the block allocator: a runner never decides
+which blocks a sequence uses, it only writes K/V into the slots the block
+table implies (slot = block_table[pos // block_size] * block_size + pos % block_size).
+
+Everything here is plain, frozen and torch-free, so a third-party runner can
+depend on it without importing this project's model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from runners.model.config import ModelConfig
+
+CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to run and how to materialise it."""
+
+    name: str  # "demo" or a Hugging Face model directory
+    config: ModelConfig
+    dtype: str  # resolved: float32 | bfloat16 | float16
+    device: str  # torch device string: "cpu", "cuda", "cuda:1", ...
+    load_format: str = "auto"  # auto | safetensors | dummy
+    seed: int = 0  # seed of dummy weights
+    max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The paged KV cache the engine schedules against: per layer, K and V of
+    shape [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype."""
+
+    num_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class RunDecision:
+    """The part of a policy decision a runner acts on (see DESIGN.md, "Vocabulary")."""
+
+    runner: str = "mrv1"
+    cudagraph: str = "none"  # one of CUDAGRAPH_MODES
+    breakable: bool = False
+    compile: bool = False
+    capture_sizes: tuple[int, ...] | None = None  # None: the runner's automatic sizes
+
+    def __post_init__(self) -> None:
+        if self.cudagraph not in CUDAGRAPH_MODES:
+            raise ValueError(
+                f"cudagraph {self.cudagraph!r} is not a mode; allowed: {', '.join(CUDAGRAPH_MODES)}"
+            )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to pick a sequence's next token. temperature 0 is greedy; top_k 0 and
+    top_p 1.0 are off. The draw depends only on (seed, step), never on the batch."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """One sequence's work in a step.
+
+    ``token_ids`` are fed at positions ``start_position ..`` (a prefill chunk,
+    or the single last token when decoding); K/V of positions below
+    ``start_position`` are already in the cache. ``block_table`` covers every
+    position up to ``start_position + len(token_ids) - 1``.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start_position: int
+    block_table: tuple[int, ...]
+    sampling: Sampling
+    step: int  # number of tokens this request has generated so far
+    sample: bool = True  # False for a prefill chunk that does not reach the prompt's end
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Cached plus new tokens after this step."""
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """Everything a runner executes in one engine step."""
+
+    sequences: tuple[ScheduledSequence, ...]
+    finished_request_ids: tuple[str, ...] = ()  # left since the last step: drop their state
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.sequences)
+
+    @property
+    def decode_only(self) -> bool:
+        return all(s.num_tokens == 1 for s in self.sequences)
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """One entry per scheduled sequence, in batch order: the sampled token, or
+    None where the sequence did not ask for one (``sample=False``)."""
+
+    token_ids: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    op: str
+    implementation: str  # e.g. "torch (interlock)"
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunnerReport:
+    """What a runner did, for ``policy run`` and traces."""
+
+    runner: str
+    device: str
+    dtype: str
+    kernels: tuple[KernelReport, ...]
+    cudagraph: str = "none"  # the mode in effect
+    breakable: bool = False
+    captured_sizes: tuple[int, ...] = ()
+    fallbacks: tuple[str, ...] = field(default=())  # each: what fell back, and why
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What every runner implements (built-in mrv1/mrv2 and third-party plugins)."""
+
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None: ...
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+    def report(self) -> RunnerReport: ...

@@ -1,0 +1,1 @@
+"""The generation engine: requests, sampling parameters, paged KV cache, scheduler, step loop."""

@@ -1,0 +1,92 @@
+"""The step loop: requests in, scheduled batches to the runner, sampled tokens back."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runners.contract import KVCacheSpec, ModelSpec, RunDecision, Runner, RunnerReport
+from runners.engine.request import Request
+from runners.engine.sampling import SamplingParams
+from runners.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    seed: int = 0  # seeds the per-request seeds of requests that bring none
+
+
+class Engine:
+    """Owns the scheduler and one loaded runner; ``step()`` runs one batch."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        kv_cache: KVCacheSpec,
+        runner: Runner,
+        decision: RunDecision,
+        config: EngineConfig,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.runner = runner
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=kv_cache.num_blocks,
+                block_size=kv_cache.block_size,
+                max_model_len=model.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+            )
+        )
+        self._seeds = random.Random(config.seed)
+        self._ids = itertools.count()
+        self._eos = frozenset(model.config.eos_token_ids)
+        runner.load(model, kv_cache, decision)
+
+    def make_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """A validated request (not yet queued): token ids in range, fits the engine alone."""
+        vocab = self.model.config.vocab_size
+        tokens = tuple(int(t) for t in prompt_token_ids)
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise RequestRejected(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        seed = params.seed if params.seed is not None else self._seeds.randrange(2**31)
+        request = Request(
+            request_id=request_id if request_id is not None else str(next(self._ids)),
+            prompt_token_ids=tokens,
+            params=params,
+            seed=seed,
+            eos_token_ids=self._eos,
+            arrival_time=time.perf_counter(),
+        )
+        self.scheduler.check_fits(request)
+        return request
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[Request]:
+        """Run one batch; returns the requests that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch.sequences:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler produced an empty batch with requests pending")
+            return []
+        output = self.runner.execute(batch)
+        return self.scheduler.update(output, time.perf_counter())
+
+    def report(self) -> RunnerReport:
+        return self.runner.report()

@@ -1,0 +1,175 @@
+"""Continuous batching: which requests run this step, with how many tokens each.
+
+Each step the running requests go first, oldest first: a decode feeds one
+token, an unfinished prefill its next chunk. Then waiting requests are
+admitted in arrival order while sequence slots, the token budget and free KV
+blocks allow (a prompt longer than the budget is prefilled in chunks).
+Prefill and decode share the step.
+
+When a running request needs a block and none is free, the youngest running
+request is preempted: its blocks are freed and it goes back to the front of
+the queue, to be recomputed from its prompt and the tokens it already has.
+The oldest request is never preempted by a younger one, and every admitted
+request fits the cache alone, so every request finishes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
+from runners.engine.kv_cache import BlockAllocator, blocks_for
+from runners.engine.request import Request, RequestStatus
+
+
+class RequestRejected(ValueError):
+    """A request that can never run with this engine's limits."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: >= 1")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.allocator = BlockAllocator(config.num_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._scheduled: list[tuple[Request, int]] = []
+        self._released: list[str] = []  # finished or preempted since the last batch
+
+    def add(self, request: Request) -> None:
+        """Queue a request, or reject it if it could not run even alone."""
+        self.check_fits(request)
+        self.waiting.append(request)
+
+    def check_fits(self, request: Request) -> None:
+        cfg = self.config
+        prompt_len, max_tokens = len(request.prompt_token_ids), request.params.max_tokens
+        if prompt_len == 0:
+            raise RequestRejected(f"request {request.request_id}: the prompt is empty")
+        if prompt_len + max_tokens > cfg.max_model_len:
+            raise RequestRejected(
+                f"request {request.request_id}: prompt ({prompt_len} tokens) + max_tokens "
+                f"({max_tokens}) = {prompt_len + max_tokens} exceeds max_model_len "
+                f"{cfg.max_model_len}; shorten the prompt or lower max_tokens"
+            )
+        needed = blocks_for(request.max_kv_tokens, cfg.block_size)
+        if needed > cfg.num_blocks:
+            raise RequestRejected(
+                f"request {request.request_id}: needs {needed} KV blocks (prompt {prompt_len} + "
+                f"max_tokens {max_tokens} tokens, block size {cfg.block_size}) but the cache "
+                f"has only {cfg.num_blocks}; raise num_blocks / kv_cache_memory or lower max_tokens"
+            )
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        """Pick this step's work; the batch is empty only when nothing is queued."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self._reserve(request, request.num_computed_tokens + count):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            scheduled.append((request, count))
+            budget -= count
+            index += 1
+        # Admitting while others were just preempted would only preempt again.
+        while (
+            not preempted and self.waiting and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting[0]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._reserve(request, request.num_computed_tokens + count):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append((request, count))
+            budget -= count
+        self._scheduled = scheduled
+        released, self._released = tuple(self._released), []
+        return ScheduledBatch(tuple(self._describe(r, n) for r, n in scheduled), released)
+
+    def _describe(self, request: Request, count: int) -> ScheduledSequence:
+        start = request.num_computed_tokens
+        params = request.params
+        return ScheduledSequence(
+            request_id=request.request_id,
+            token_ids=request.token_ids(start, count),
+            start_position=start,
+            block_table=tuple(request.block_table),
+            sampling=Sampling(params.temperature, params.top_k, params.top_p, request.seed),
+            step=len(request.output_token_ids),
+            sample=start + count == request.num_tokens,
+        )
+
+    def update(self, output: RunnerOutput, now: float) -> list[Request]:
+        """Apply the runner's tokens to the last scheduled batch; returns requests that finished."""
+        if len(output.token_ids) != len(self._scheduled):
+            raise RuntimeError(
+                f"runner returned {len(output.token_ids)} tokens for "
+                f"{len(self._scheduled)} scheduled sequences"
+            )
+        finished = []
+        for (request, count), token in zip(self._scheduled, output.token_ids, strict=True):
+            request.num_computed_tokens += count
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a prefill chunk short of the prompt's end
+            if token is None:
+                raise RuntimeError(f"runner sampled no token for request {request.request_id}")
+            request.append_token(token, now)
+            if request.status is RequestStatus.FINISHED:
+                self._release(request)
+                self.running.remove(request)
+                finished.append(request)
+        self._scheduled = []
+        return finished
+
+    def _reserve(self, request: Request, num_tokens: int) -> bool:
+        """Grow the request's block table to hold ``num_tokens``; False if blocks are short."""
+        missing = blocks_for(num_tokens, self.config.block_size) - len(request.block_table)
+        if missing <= 0:
+            return True
+        if missing > self.allocator.num_free:
+            return False
+        request.block_table.extend(self.allocator.allocate(missing))
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._release(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.allocator.free(request.block_table)
+        request.block_table = []
+        self._released.append(request.request_id)

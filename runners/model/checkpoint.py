@@ -1,0 +1,224 @@
+"""Load a model: resolve ``demo`` or a Hugging Face directory, pick the dtype, fill the weights.
+
+Weights come from ``model.safetensors``, a sharded ``model.safetensors.index.json``,
+or seeded dummy values. Every tensor the model needs must be present with
+exactly its shape, and every tensor present must be used: anything else is an
+error naming the tensor, the expected and the found shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from runners.dispatch import KernelTable, build_kernel_table
+from runners.model import demo
+from runners.model.config import ModelConfig, load_config
+from runners.model.decoder import CausalLM
+from runners.model.dummy import DummyTensors
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Buffers some older checkpoints saved; transformers recomputes and ignores them.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_MAX_LISTED = 8
+
+
+class CheckpointError(ValueError):
+    """A model that cannot be loaded as asked, with the offending value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What ``model=`` names: the built-in demo, or a directory with config.json."""
+
+    name: str  # "demo" or the directory as given
+    directory: Path | None  # None for the demo
+    config: ModelConfig
+
+
+def resolve_model(model: str | Path) -> ModelSource:
+    if str(model) == demo.DEMO:
+        return ModelSource(demo.DEMO, None, demo.demo_config())
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"model {str(model)!r} is neither {demo.DEMO!r} nor a directory containing config.json"
+        )
+    return ModelSource(str(model), path, load_config(path))
+
+
+def resolve_dtype(dtype: str, config: ModelConfig) -> str:
+    """'auto' means the checkpoint's own dtype."""
+    if dtype not in DTYPE_CHOICES:
+        raise CheckpointError(
+            f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPE_CHOICES)}"
+        )
+    return config.dtype if dtype == "auto" else dtype
+
+
+class TensorSource(Protocol):
+    origin: str  # where the tensors come from, for error messages
+
+    def names(self) -> set[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def get(self, name: str) -> torch.Tensor: ...
+
+
+class SafetensorsFiles:
+    """Tensors of ``model.safetensors`` or of the shards an index file lists."""
+
+    def __init__(self, directory: Path) -> None:
+        index = directory / SAFETENSORS_INDEX
+        single = directory / SAFETENSORS
+        if index.is_file():
+            weight_map = _read_weight_map(index)
+            self.files = {name: directory / file for name, file in weight_map.items()}
+            for file in sorted(set(self.files.values())):
+                if not file.is_file():
+                    raise CheckpointError(f"{index}: lists shard {file.name}, which does not exist")
+            self.origin = str(index)
+        elif single.is_file():
+            with safe_open(single, framework="pt") as handle:
+                self.files = dict.fromkeys(handle.keys(), single)
+            self.origin = str(single)
+        else:
+            raise CheckpointError(
+                f"{directory}: no weights found; expected {SAFETENSORS} or {SAFETENSORS_INDEX} "
+                "(or load_format='dummy')"
+            )
+
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        with safe_open(self.files[name], framework="pt") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        with safe_open(self.files[name], framework="pt") as handle:
+            return handle.get_tensor(name)
+
+
+def _read_weight_map(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{index}: not a safetensors index with a 'weight_map': {exc}"
+        ) from exc
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard files")
+    return weight_map
+
+
+def load_weights(model: CausalLM, source: TensorSource) -> None:
+    """Copy every checkpoint tensor into its slot, after checking names and shapes."""
+    slots = dict(model.checkpoint_slots())
+    found = source.names()
+    ignored = {n for n in found if n.endswith(_IGNORED_SUFFIXES)}
+    if model.config.tie_word_embeddings:
+        ignored.add("lm_head.weight")  # tied: the embedding is the head, as in transformers
+    problems = [
+        f"missing tensor {name} (expected shape {tuple(slots[name].shape)})"
+        for name in sorted(set(slots) - found)
+    ]
+    problems += [
+        f"unexpected tensor {name} (shape {source.shape(name)})"
+        for name in sorted(found - set(slots) - ignored)
+    ]
+    for name in sorted(set(slots) & found):
+        expected, actual = tuple(slots[name].shape), source.shape(name)
+        if expected != actual:
+            problems.append(f"tensor {name} has shape {actual}, expected {expected}")
+    if problems:
+        listed = problems[:_MAX_LISTED]
+        if len(problems) > _MAX_LISTED:
+            listed.append(f"... and {len(problems) - _MAX_LISTED} more")
+        raise CheckpointError(
+            f"{source.origin} does not match {model.config.architecture}: " + "; ".join(listed)
+        )
+    with torch.no_grad():
+        for name, slot in slots.items():
+            slot.copy_(source.get(name))
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(
+    config: ModelConfig,
+    ops: KernelTable,
+    dtype: str,
+    device: str | torch.device,
+    max_positions: int,
+) -> CausalLM:
+    """An uninitialised model with parameters in ``dtype`` on ``device``."""
+    with default_dtype(DTYPES[dtype]), torch.device(device):
+        return CausalLM(config, ops, max_positions)
+
+
+def checkpoint_shapes(config: ModelConfig, ops: KernelTable) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every checkpoint tensor a config needs (no memory allocated)."""
+    model = build_model(config, ops, "float32", "meta", 1)
+    return {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
+
+
+def load_model(
+    source: ModelSource,
+    ops: KernelTable,
+    *,
+    dtype: str,
+    device: str | torch.device,
+    max_positions: int,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> CausalLM:
+    """Build the model for ``source`` and fill its weights (``dtype`` already resolved)."""
+    if load_format not in LOAD_FORMATS:
+        raise CheckpointError(
+            f"load_format {load_format!r} is not supported; allowed: {', '.join(LOAD_FORMATS)}"
+        )
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    model = build_model(source.config, ops, dtype, device, max_positions)
+    if source.directory is None or load_format == "dummy":
+        seed = demo.DEMO_SEED if source.directory is None else seed
+        shapes = {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
+        tensors: TensorSource = DummyTensors(shapes, seed, source.config.initializer_range)
+    else:
+        tensors = SafetensorsFiles(source.directory)
+    load_weights(model, tensors)
+    return model.eval()
+
+
+def write_demo_checkpoint(directory: str | Path) -> Path:
+    """Write the demo model as config.json + model.safetensors (for transformers, benchmarks)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = demo.demo_config()
+    shapes = checkpoint_shapes(config, build_kernel_table("cpu", "float32"))
+    tensors = DummyTensors(shapes, demo.DEMO_SEED, config.initializer_range)
+    save_file({name: tensors.get(name) for name in shapes}, directory / SAFETENSORS)
+    (directory / "config.json").write_text(json.dumps(demo.DEMO_CONFIG, indent=2))
+    return directory

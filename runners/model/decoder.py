@@ -1,0 +1,133 @@
+"""The decoder-only causal LM shared by every supported architecture.
+
+Llama, Mistral, Qwen2/3 and their MoE variants differ only in what their
+``ModelConfig`` switches on (biases, q/k norm, sliding windows, routed or
+dense MLP per layer) and in checkpoint names, so one class serves them all.
+
+The forward is written to be capturable: tensors in, tensors out, no host
+syncs, and every attention goes through ``runners.model.attention.Attention``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from runners.dispatch import KernelTable
+from runners.model.attention import Attention, AttentionMetadata
+from runners.model.config import ModelConfig
+from runners.model.layers import CheckpointSlots, DenseMLP, SelfAttention, empty_weight
+from runners.model.moe import SparseMoE
+from runners.model.rope import cos_sin_cache
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, index: int, ops: KernelTable, cos_sin: torch.Tensor
+    ) -> None:
+        super().__init__()
+        self.ops = ops
+        self.eps = config.rms_norm_eps
+        self.input_norm = empty_weight(config.hidden_size)
+        self.post_attention_norm = empty_weight(config.hidden_size)
+        self.self_attn = SelfAttention(config, index, ops, cos_sin)
+        self.mlp: DenseMLP | SparseMoE
+        self.mlp_prefix = "mlp"
+        if config.moe is not None and index in config.moe.sparse_layers:
+            mixtral = config.architecture == "MixtralForCausalLM"
+            self.mlp_prefix = "block_sparse_moe" if mixtral else "mlp"
+            self.mlp = SparseMoE(config, ops, "mixtral" if mixtral else "qwen")
+        else:
+            self.mlp = DenseMLP(config.hidden_size, config.intermediate_size, ops, config.mlp_bias)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.ops.rms_norm(hidden, self.input_norm, self.eps)
+        else:
+            hidden, residual = self.ops.fused_add_rms_norm(
+                hidden, residual, self.input_norm, self.eps
+            )
+        hidden = self.self_attn(positions, hidden, metadata)
+        hidden, residual = self.ops.fused_add_rms_norm(
+            hidden, residual, self.post_attention_norm, self.eps
+        )
+        return self.mlp(hidden), residual
+
+    def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
+        yield f"{prefix}.input_layernorm.weight", self.input_norm
+        yield f"{prefix}.post_attention_layernorm.weight", self.post_attention_norm
+        yield from self.self_attn.checkpoint_slots(f"{prefix}.self_attn")
+        yield from self.mlp.checkpoint_slots(f"{prefix}.{self.mlp_prefix}")
+
+
+class CausalLM(nn.Module):
+    """``forward(input_ids [T], positions [T], metadata) -> hidden [T, H]``;
+    ``compute_logits(hidden [N, H]) -> [N, V]``.
+
+    Build it under the target default dtype and device; the rotary table
+    stays float32. Bind a KV cache (``bind_kv_cache``) before the first forward.
+    """
+
+    def __init__(self, config: ModelConfig, ops: KernelTable, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.ops = ops
+        self.eps = config.rms_norm_eps
+        self.embed_tokens = empty_weight(config.vocab_size, config.hidden_size)
+        self.register_buffer(
+            "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
+            persistent=False,
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, ops, self.cos_sin_cache) for i in range(config.num_layers)
+        )
+        self.norm = empty_weight(config.hidden_size)
+        self.lm_head = (
+            self.embed_tokens
+            if config.tie_word_embeddings
+            else empty_weight(config.vocab_size, config.hidden_size)
+        )
+
+    @property
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def bind_kv_cache(self, caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Give each layer its (k_cache, v_cache) pair, each [NB, BS, Hk, D]."""
+        layers = self.attention_layers
+        if len(caches) != len(layers):
+            raise ValueError(f"{len(caches)} KV caches for {len(layers)} attention layers")
+        for layer, (k_cache, v_cache) in zip(layers, caches, strict=True):
+            layer.bind_kv_cache(k_cache, v_cache)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, metadata)
+        hidden, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.eps)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def checkpoint_slots(self) -> CheckpointSlots:
+        """Every checkpoint tensor this model needs, with the view it fills (HF names)."""
+        yield "model.embed_tokens.weight", self.embed_tokens
+        for i, layer in enumerate(self.layers):
+            yield from layer.checkpoint_slots(f"model.layers.{i}")
+        yield "model.norm.weight", self.norm
+        if not self.config.tie_word_embeddings:
+            yield "lm_head.weight", self.lm_head

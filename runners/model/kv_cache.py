@@ -1,0 +1,21 @@
+"""Allocate the paged KV cache tensors a runner binds to the model."""
+
+from __future__ import annotations
+
+import torch
+
+from runners.contract import KVCacheSpec
+from runners.model.checkpoint import DTYPES
+from runners.model.config import ModelConfig
+
+
+def allocate_kv_cache(
+    config: ModelConfig, spec: KVCacheSpec, dtype: str, device: str | torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (k_cache, v_cache), each [num_blocks, block_size, kv_heads, head_dim],
+    views of one zeroed allocation."""
+    storage = torch.zeros(
+        config.num_layers, 2, spec.num_blocks, spec.block_size, config.num_kv_heads,
+        config.head_dim, dtype=DTYPES[dtype], device=device,
+    )
+    return [(layer[0], layer[1]) for layer in storage]

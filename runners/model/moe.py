@@ -1,0 +1,66 @@
+"""Routed-experts MLP (Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from runners.dispatch import KernelTable
+from runners.model.config import ModelConfig
+from runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
+
+# Checkpoint names of an expert's (gate, up, down) projections, per naming style.
+EXPERT_NAMES = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+class SparseMoE(nn.Module):
+    """Softmax router, top-k experts (optionally renormalised), plus an optional shared expert.
+
+    The shared expert is scaled by sigmoid(shared_expert_gate(x)) as in Qwen2-MoE.
+    """
+
+    def __init__(self, config: ModelConfig, ops: KernelTable, naming: str) -> None:
+        super().__init__()
+        moe = config.moe
+        if moe is None:
+            raise ValueError(f"{config.architecture} has no MoE configuration")
+        hidden, size = config.hidden_size, moe.intermediate_size
+        self.ops = ops
+        self.top_k = moe.top_k
+        self.renormalize = moe.norm_topk_prob
+        self.intermediate_size = size
+        self.expert_names = EXPERT_NAMES[naming]
+        self.router_weight = empty_weight(moe.num_experts, hidden)
+        self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate rows, then up
+        self.w2 = empty_weight(moe.num_experts, hidden, size)
+        self.shared_expert: DenseMLP | None = None
+        self.shared_expert_gate: nn.Parameter | None = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = DenseMLP(hidden, moe.shared_expert_intermediate_size, ops)
+            self.shared_expert_gate = empty_weight(1, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router_logits = F.linear(x, self.router_weight)
+        weights, ids = self.ops.moe_route(router_logits, self.top_k, self.renormalize)
+        out = self.ops.moe_experts(x, self.w13, self.w2, weights, ids)
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(F.linear(x, self.shared_expert_gate))
+            out = out + gate * self.shared_expert(x)
+        return out
+
+    def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
+        gate, up, down = self.expert_names
+        size = self.intermediate_size
+        yield f"{prefix}.gate.weight", self.router_weight
+        for expert in range(self.w13.shape[0]):
+            name = f"{prefix}.experts.{expert}"
+            yield f"{name}.{gate}.weight", self.w13[expert, :size]
+            yield f"{name}.{up}.weight", self.w13[expert, size:]
+            yield f"{name}.{down}.weight", self.w2[expert]
+        if self.shared_expert is not None:
+            yield from self.shared_expert.checkpoint_slots(f"{prefix}.shared_expert")
+            yield f"{prefix}.shared_expert_gate.weight", self.shared_expert_gate
