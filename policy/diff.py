@@ -1,0 +1,359 @@
+"""Exhaustive comparison of two policies: every decision that differs on their common domain.
+
+Both policies are resolved (stages 1-4, without a runner's capabilities, which
+belong to the installed plugins rather than to the policy) on every context of
+:class:`policy.domain.Domain` over both; a change is a field whose value
+differs, reported with what decided it on each side. Changes are grouped by
+(field, old value, new value), then by the pair of deciders, and their
+contexts are summarised as compactly as the domain allows
+(``on rocm/* for KimiK3ForConditionalGeneration, unless VLLM_USE_V2_MODEL_RUNNER is set``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.context import Context
+from policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
+from policy.errors import PolicyError
+from policy.fields import DECISION_FIELDS
+from policy.model import Policy
+from policy.resolve import Resolution, resolve
+from policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
+
+#: The pseudo-field of a change where one side fails to resolve (or both, differently).
+OUTCOME = "outcome"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One policy's value for a field in a context, and what decided it."""
+
+    value: Any
+    decider: str
+    location: str | None = None
+    error: str | None = None
+
+    @property
+    def shown(self) -> str:
+        return f"error: {self.error}" if self.error is not None else show_value(self.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decider": self.decider, "location": self.location, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    old: Side
+    new: Side
+    context: Context
+
+
+@dataclass
+class Deciders:
+    """The contexts of one change that share the same deciders on both sides."""
+
+    old: Side
+    new: Side
+    contexts: list[Context] = field(default_factory=list)
+
+
+@dataclass
+class ChangeGroup:
+    """All contexts where ``field`` goes from ``old`` to ``new`` (as shown)."""
+
+    field: str
+    old: str
+    new: str
+    by_deciders: list[Deciders] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(len(d.contexts) for d in self.by_deciders)
+
+
+@dataclass
+class PolicyDiff:
+    domain: Domain
+    changes: list[Change]
+    fields: tuple[str, ...]
+
+    @property
+    def equal(self) -> bool:
+        return not self.changes
+
+    def groups(self) -> list[ChangeGroup]:
+        """Changes grouped by (field, old, new) in field order, then by deciders."""
+        groups: dict[tuple[str, str, str], ChangeGroup] = {}
+        for change in self.changes:
+            key = (change.field, change.old.shown, change.new.shown)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = ChangeGroup(*key)
+            for deciders in group.by_deciders:
+                if (deciders.old, deciders.new) == (change.old, change.new):
+                    break
+            else:
+                deciders = Deciders(change.old, change.new)
+                group.by_deciders.append(deciders)
+            deciders.contexts.append(change.context)
+        order = {name: i for i, name in enumerate((OUTCOME, *DECISION_FIELDS))}
+        return sorted(groups.values(), key=lambda g: (order[g.field], -g.count, g.old, g.new))
+
+
+def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIELDS) -> PolicyDiff:
+    """Every decision of ``fields`` that differs between ``old`` and ``new`` on their domain."""
+    unknown = [f for f in fields if f not in DECISION_FIELDS]
+    if unknown:
+        raise PolicyError(
+            f"unknown decision field {unknown[0]!r}; allowed: {', '.join(DECISION_FIELDS)}"
+        )
+    domain = Domain.of(old, new)
+    changes: list[Change] = []
+    for context in domain.contexts():
+        before, before_error = _outcome(old, context)
+        after, after_error = _outcome(new, context)
+        if before is None or after is None:
+            if before_error != after_error:
+                changes.append(
+                    Change(
+                        OUTCOME,
+                        _outcome_side(before_error),
+                        _outcome_side(after_error),
+                        context,
+                    )
+                )
+            continue
+        for name in fields:
+            a = getattr(before.decision, name)
+            b = getattr(after.decision, name)
+            if a != b:
+                changes.append(Change(name, _side(before, name), _side(after, name), context))
+    return PolicyDiff(domain, changes, tuple(fields))
+
+
+def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str | None]:
+    try:
+        return resolve(policy, context), None
+    except PolicyError as exc:
+        return None, exc.message
+
+
+def _outcome_side(error: str | None) -> Side:
+    if error is None:
+        return Side("resolves", "")
+    return Side(None, "", error=error)
+
+
+def _side(resolution: Resolution, name: str) -> Side:
+    prov = resolution.provenance[name]
+    return Side(prov.value, decider(prov), str(prov.location) if prov.location else None)
+
+
+def decider(prov: Provenance) -> str:
+    """What set a field, in words: ``rule rocm-dsa-stays-on-mrv1``, ``defaults``, ``env VAR=1``…"""
+    if prov.stage == RULES:
+        return f"rule {prov.source}"
+    if prov.stage == DEFAULTS:
+        return "defaults"
+    if prov.stage == ENV:
+        return f"env {prov.reason}" if prov.reason else f"env {prov.source}"
+    if prov.stage == IMPLIED:
+        return f"implied: {prov.reason}"
+    if prov.stage == OVERRIDES:
+        return "override"
+    return f"{prov.stage} {prov.source}"
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def show_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "(unset)"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+# -- summarising context sets ---------------------------------------------------------------
+
+Point = tuple[str, str, str]  # architecture, platform, device arch
+Condition = tuple[EnvState, FeatureState]
+
+
+def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
+    """Lines like ``on rocm/* for A, B, unless VLLM_USE_V2_MODEL_RUNNER is set`` covering
+    exactly ``contexts``."""
+    conditions_of: dict[Point, set[Condition]] = {}
+    for c in contexts:
+        point = (c.architecture, c.platform, c.device_arch)
+        condition = (tuple(sorted(c.env.items())), tuple(c.features.items()))
+        conditions_of.setdefault(point, set()).add(condition)
+    by_conditions: dict[frozenset[Condition], dict[str, set[tuple[str, str]]]] = {}
+    for (arch, platform, device), conditions in conditions_of.items():
+        places = by_conditions.setdefault(frozenset(conditions), {})
+        places.setdefault(arch, set()).add((platform, device))
+    arch_order = {a: i for i, a in enumerate(domain.architectures)}
+    lines = []
+    for conditions, places_of in by_conditions.items():
+        by_places: dict[frozenset[tuple[str, str]], list[str]] = {}
+        for arch, places in places_of.items():
+            by_places.setdefault(frozenset(places), []).append(arch)
+        suffix = _conditions_text(conditions, domain)
+        for places, archs in by_places.items():
+            archs.sort(key=lambda a: arch_order.get(a, len(arch_order)))
+            lines.append(
+                f"on {_places_text(places, domain)} for {_archs_text(archs, domain)}{suffix}"
+            )
+    return sorted(lines)
+
+
+def _archs_text(archs: list[str], domain: Domain) -> str:
+    if len(archs) == len(domain.architectures):
+        return "every architecture"
+    return ", ".join(archs)
+
+
+def _places_text(places: frozenset[tuple[str, str]], domain: Domain) -> str:
+    if len(places) == sum(len(d) for d in domain.device_archs.values()):
+        return "every platform"
+    parts = []
+    for platform, devices in domain.device_archs.items():
+        present = [d for d in devices if (platform, d) in places]
+        if len(present) == len(devices):
+            parts.append(f"{platform}/*")
+        else:
+            parts.extend(f"{platform}/{_device_text(d)}" for d in present)
+    return ", ".join(parts)
+
+
+def _device_text(device: str) -> str:
+    return "(other)" if device == UNNAMED_DEVICE_ARCH else device
+
+
+def _conditions_text(conditions: frozenset[Condition], domain: Domain) -> str:
+    envs_by_features: dict[FeatureState, set[EnvState]] = {}
+    for env, features in conditions:
+        envs_by_features.setdefault(features, set()).add(env)
+    env_sets = {frozenset(envs) for envs in envs_by_features.values()}
+    if len(envs_by_features) == len(domain.feature_states) and len(env_sets) == 1:
+        text = _env_text(next(iter(env_sets)), domain)
+        return f", {text}" if text else ""
+    parts = []
+    for state in domain.feature_states:
+        if state in envs_by_features:
+            env = _env_text(frozenset(envs_by_features[state]), domain)
+            parts.append(_features_text(state) + (f" ({env})" if env else ""))
+    return ", with " + "; ".join(parts)
+
+
+def _features_text(state: FeatureState) -> str:
+    if not state:
+        return "no features given"
+    return " and ".join(f"{k}={show_value(v)}" for k, v in state)
+
+
+def _env_text(envs: frozenset[EnvState], domain: Domain) -> str:
+    """How a set of env states reads: empty for all of them, else "unless X is set" or a list."""
+    every = set(domain.env_states)
+    if envs == every:
+        return ""
+    if () in envs:
+        missing = [state for state in domain.env_states if state not in envs]
+        return "unless " + " or ".join(_bindings_text(missing, domain))
+    listed = [state for state in domain.env_states if state in envs]
+    return "only with " + " or ".join(_bindings_text(listed, domain, set_verb=False))
+
+
+def _bindings_text(states: list[EnvState], domain: Domain, *, set_verb: bool = True) -> list[str]:
+    values: dict[str, list[str]] = {}
+    for state in states:
+        for name, value in state:
+            values.setdefault(name, []).append(value)
+    declared: dict[str, int] = {}
+    for state in domain.env_states:
+        for name, _ in state:
+            declared[name] = declared.get(name, 0) + 1
+    out = []
+    for name, vs in values.items():
+        if len(vs) == declared[name]:
+            out.append(f"{name} is set" if set_verb else f"{name} set")
+        else:
+            out.extend(f"{name}={v}" for v in vs)
+    return out
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def render_text(diff: PolicyDiff) -> str:
+    """The human report; empty when the policies decide alike."""
+    lines: list[str] = []
+    for group in diff.groups():
+        lines.append(f"{group.field}: {group.old} → {group.new}")
+        for deciders in group.by_deciders:
+            lines.append(f"  old: {_decider_text(deciders.old)}")
+            lines.append(f"  new: {_decider_text(deciders.new)}")
+            lines.extend(f"    {line}" for line in summarize(deciders.contexts, diff.domain))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _decider_text(side: Side) -> str:
+    if side.error is not None:
+        return "resolution fails"
+    if not side.decider:
+        return "resolves"
+    return f"{side.decider} ({side.location})" if side.location else side.decider
+
+
+def to_json(diff: PolicyDiff, old: Policy, new: Policy) -> dict[str, Any]:
+    """The ``--json`` document: every change with its contexts listed one by one."""
+    domain = diff.domain
+    return {
+        "equal": diff.equal,
+        "old": old.stamp(),
+        "new": new.stamp(),
+        "fields": list(diff.fields),
+        "domain": {
+            "architectures": list(domain.architectures),
+            "device_archs": {p: list(d) for p, d in domain.device_archs.items()},
+            "env_states": [dict(s) for s in domain.env_states],
+            "feature_states": [dict(s) for s in domain.feature_states],
+            "contexts": domain.size(),
+        },
+        "changes": [
+            {
+                "field": g.field,
+                "old": _jsonable(g.by_deciders[0].old.value),
+                "new": _jsonable(g.by_deciders[0].new.value),
+                "count": g.count,
+                "deciders": [
+                    {
+                        "old": d.old.to_dict(),
+                        "new": d.new.to_dict(),
+                        "summary": summarize(d.contexts, domain),
+                        "contexts": [
+                            {
+                                "architecture": c.architecture,
+                                "platform": c.platform,
+                                "device_arch": c.device_arch,
+                                "env": dict(c.env),
+                                "features": dict(c.features),
+                            }
+                            for c in d.contexts
+                        ],
+                    }
+                    for d in g.by_deciders
+                ],
+            }
+            for g in diff.groups()
+        ],
+    }

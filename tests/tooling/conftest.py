@@ -1,0 +1,61 @@
+"""Fixtures for the tooling tests: isolation from the caller's environment, policy writers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policy import Policy, load_policy
+
+REPO = Path(__file__).resolve().parents[2]
+HISTORY = REPO / "examples" / "history"
+BEFORE_51653 = HISTORY / "2026-08-12-before-vllm-51653.yaml"
+BEFORE_53155 = HISTORY / "2026-08-31-before-vllm-53155.yaml"
+SHIPPED = REPO / "policies.yaml"
+
+#: A minimal valid policy without its rules; see :func:`with_rules`.
+BASE = """\
+schema_version: 1
+version: "t1"
+catalog:
+  DsaA: {family: a, moe: true, attention: dsa}
+  DsaB: {family: b, moe: true, attention: dsa}
+  DsaC: {family: c, moe: true, attention: dsa}
+  GqaA: {family: a, moe: false, attention: gqa}
+  GqaB: {family: b, moe: false, attention: gqa}
+  MlaA: {family: a, moe: true, attention: mla}
+  LinA: {family: c, moe: false, attention: linear}
+defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
+env:
+  USE_V2: {field: runner, values: {"0": mrv1, "1": mrv2}}
+"""
+
+
+def with_rules(rules: str = "", base: str = BASE) -> str:
+    """``base`` plus a ``rules:`` block (YAML list items indented by two spaces)."""
+    return base + ("rules:\n" + rules if rules.strip() else "rules: []\n")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("INTERLOCK_POLICY", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture(scope="session")
+def shipped() -> Policy:
+    return load_policy([SHIPPED], use_cache=False)
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    """write(name, text) -> path of a file under tmp_path."""
+
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return _write
