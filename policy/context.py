@@ -143,6 +143,7 @@ def make_context(
             facts[f"traits.{name}"] = f"{MODEL_CONFIG} ({note})"
     if architecture is None:
         raise PolicyError("an architecture is required: give ARCH or --model PATH")
+    detected = platform is None
     if platform is None:
         platform, detected_arch, how = detect_platform()
         facts["platform"] = f"{DETECTED} ({how})"
@@ -152,16 +153,30 @@ def make_context(
     if device_arch is None:
         device_arch = ""
         facts["device_arch"] = f"{ASSUMED} (not given; detected only with the platform)"
+    features = dict(features or {})
+    if "has_triton" not in features:
+        features["has_triton"], facts["features.has_triton"] = has_triton_fact(detected)
     return Context(
         architecture=architecture,
         platform=platform,
         device_arch=device_arch,
-        features=dict(features or {}),
+        features=features,
         env=dict(env or {}),
         traits=dict(traits or {}),
         model_traits=model_traits,
         sources=facts,
     )
+
+
+def has_triton_fact(detected: bool) -> tuple[bool, str]:
+    """``(has_triton, origin)``: probed only when the platform was detected (this machine);
+    a named platform may be another machine, where Triton is assumed (runners may require it)."""
+    if not detected:
+        return True, f"{ASSUMED} (--platform may name another machine; give has_triton=false)"
+    import importlib.util
+
+    found = importlib.util.find_spec("triton") is not None
+    return found, f"{DETECTED} (triton {'is' if found else 'is not'} installed)"
 
 
 def detect_platform() -> tuple[str, str, str]:

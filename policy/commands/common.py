@@ -140,7 +140,9 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_args(args: argparse.Namespace) -> Any:
     """Load, build the context and resolve: the shared body of explain and resolve."""
+    from policy.capabilities import capability_stage
     from policy.resolve import resolve
 
     policy = load(args)
-    return resolve(policy, context_of(args, policy), overrides_of(args))
+    context = context_of(args, policy)
+    return resolve(policy, context, overrides_of(args), capabilities=capability_stage())

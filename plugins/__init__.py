@@ -1,0 +1,58 @@
+"""Runner plugins: the public API for plugin authors and the registry the policy reads.
+
+Plugin authors need ``hookimpl`` and the spec models::
+
+    from plugins import RunnerSpec, PlatformSupport, hookimpl
+
+The host reads ``load_registry()``. Importing this package does not import
+pluggy: ``hookimpl``/``hookspec`` load it on first use, so a cached
+`policy explain` never pays for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
+from plugins.manager import add_plugin, load_registry, remove_plugin, reset
+from plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner
+from plugins.settings import PluginError
+from plugins.spec import (
+    KernelSpec,
+    PlatformSupport,
+    RunnerSpec,
+    SpecError,
+    Unsupported,
+    load_import_path,
+)
+from policy.fields import CUDAGRAPH_MODES
+
+__all__ = [
+    "CUDAGRAPH_MODES",
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_API_VERSION",
+    "KernelSpec",
+    "PlatformSupport",
+    "PluginError",
+    "PluginRecord",
+    "PluginRegistry",
+    "RegisteredRunner",
+    "RunnerSpec",
+    "SpecError",
+    "Unsupported",
+    "add_plugin",
+    "hookimpl",
+    "hookspec",
+    "load_import_path",
+    "load_registry",
+    "remove_plugin",
+    "reset",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("hookimpl", "hookspec"):
+        from plugins import hookspecs
+
+        return getattr(hookspecs, name)
+    raise AttributeError(f"module 'plugins' has no attribute {name!r}")

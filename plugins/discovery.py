@@ -1,0 +1,213 @@
+"""Loading plugins: entry points in, a registry out, every failure quarantined.
+
+Each plugin is imported and asked for its declarations on its own, so one
+broken plugin is recorded as failed (with the exception summary) and the rest
+keep working; strict mode turns such a failure into an error for plugin authors.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from plugins.api import ENTRY_POINT_GROUP, api_incompatibility
+from plugins.registry import PluginRecord, PluginRegistry
+from plugins.settings import STRICT_ENV, PluginError, Settings
+from plugins.spec import KernelSpec, RunnerSpec, SpecError
+
+SpecT = TypeVar("SpecT", RunnerSpec, KernelSpec)
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """A plugin to load: an installed entry point, or an object registered in-process."""
+
+    name: str
+    distribution: str
+    version: str
+    source: str
+    load: Callable[[], Any] = field(compare=False)
+    module: str | None = None  # the module the entry point imports (its files are watched)
+
+
+@dataclass
+class Discovery:
+    """A registry and the files whose change would change it (for the cache)."""
+
+    registry: PluginRegistry
+    watched: list[str]
+
+
+class _Failure(Exception):
+    """A plugin broke its contract; the message is the whole story."""
+
+
+def entry_point_sources() -> list[PluginSource]:
+    from importlib.metadata import entry_points
+
+    sources = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        sources.append(
+            PluginSource(
+                name=ep.name,
+                distribution=dist.name if dist is not None else "(unknown distribution)",
+                version=dist.version if dist is not None else "?",
+                source=ep.value,
+                load=ep.load,
+                module=ep.module,
+            )
+        )
+    return sources
+
+
+def discover(sources: Sequence[PluginSource], settings: Settings) -> Discovery:
+    import pluggy
+
+    from plugins.hookspecs import PROJECT, Hooks
+
+    manager = pluggy.PluginManager(PROJECT)
+    manager.add_hookspecs(Hooks)
+    clashing = _clashing_names(sources)
+    modules_before = set(sys.modules)
+    records = []
+    for src in sources:
+        if src.name in clashing:
+            records.append(_record(src, "failed", clashing[src.name]))
+        elif src.name in settings.disabled:
+            records.append(_record(src, "disabled"))
+        else:
+            records.append(_load(manager, src, settings.strict))
+    registry = PluginRegistry(records, sorted(settings.disabled - {s.name for s in sources}))
+    if settings.strict and registry.conflicts:
+        raise PluginError(f"{STRICT_ENV}=1: " + registry.why_missing(min(registry.conflicts)))
+    return Discovery(registry, _watched_files(sources, modules_before))
+
+
+def _clashing_names(sources: Sequence[PluginSource]) -> dict[str, str]:
+    by_name: dict[str, list[PluginSource]] = {}
+    for src in sources:
+        by_name.setdefault(src.name, []).append(src)
+    return {
+        name: f"plugin name {name!r} is used by "
+        + " and ".join(f"{s.distribution} {s.version}" for s in group)
+        for name, group in by_name.items()
+        if len(group) > 1
+    }
+
+
+def _record(src: PluginSource, status: str, detail: str = "", **provided: Any) -> PluginRecord:
+    return PluginRecord(
+        name=src.name,
+        distribution=src.distribution,
+        version=src.version,
+        source=src.source,
+        status=status,
+        detail=detail,
+        **provided,
+    )
+
+
+def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
+    plugin = None
+    try:
+        plugin = src.load()
+        manager.register(plugin, name=src.name)
+        unknown = [hc.name for hc in manager.get_hookcallers(plugin) if not hc.has_spec()]
+        if unknown:
+            raise _Failure(
+                f"implements unknown hooks {', '.join(unknown)}; "
+                f"the hooks are: interlock_runner_specs, interlock_kernel_specs"
+            )
+        runners = _declarations(manager, plugin, "interlock_runner_specs", RunnerSpec)
+        incompatible = _incompatibility(runners)
+        if incompatible is None:
+            kernels = _declarations(manager, plugin, "interlock_kernel_specs", KernelSpec)
+            incompatible = _incompatibility(kernels)
+    except Exception as exc:  # quarantine: any failure of a plugin is recorded, not raised
+        if plugin is not None and manager.is_registered(plugin):
+            manager.unregister(plugin)
+        if strict:
+            raise PluginError(
+                f"{STRICT_ENV}=1: plugin {src.name} ({src.distribution} {src.version}) "
+                f"failed: {summarize(exc)}"
+            ) from exc
+        return _record(src, "failed", summarize(exc))
+    if incompatible is not None:
+        # Skipped before anything else of it runs: no further hooks, no factory import.
+        manager.unregister(plugin)
+        return _record(src, "incompatible", incompatible, runners=runners)
+    return _record(src, "ok", runners=runners, kernels=kernels)
+
+
+def _declarations(manager: Any, plugin: Any, hook: str, kind: type[SpecT]) -> tuple[SpecT, ...]:
+    # Each plugin's implementation is called on its own, so that one plugin's
+    # exception is attributed to it and does not stop the others.
+    found: list[SpecT] = []
+    for impl in getattr(manager.hook, hook).get_hookimpls():
+        if impl.plugin is not plugin:
+            continue
+        result = impl.function()
+        if not isinstance(result, (list, tuple)):
+            raise _Failure(
+                f"{hook} returned {type(result).__name__}, expected a list of {kind.__name__}"
+            )
+        for item in result:
+            if not isinstance(item, kind):
+                raise _Failure(f"{hook} returned a {type(item).__name__}, expected {kind.__name__}")
+            found.append(item)
+    return tuple(found)
+
+
+def _incompatibility(specs: Iterable[RunnerSpec | KernelSpec]) -> str | None:
+    for spec in specs:
+        why = api_incompatibility(spec.plugin_api)
+        if why is not None:
+            label = (
+                f"runner {spec.name!r}"
+                if isinstance(spec, RunnerSpec)
+                else (f"kernel {spec.op}/{spec.backend}")
+            )
+            return f"{label} {why}"
+    return None
+
+
+def summarize(exc: BaseException) -> str:
+    """One line: the exception type and message, and the plugin code line that raised it."""
+    if isinstance(exc, SpecError):
+        text = f"invalid declaration: {exc}"
+    elif isinstance(exc, _Failure):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy"))
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<", *machinery))
+        and os.path.abspath(f.filename) != os.path.abspath(__file__)
+    ]
+    return f"{text} (at {frames[-1].filename}:{frames[-1].lineno})" if frames else text
+
+
+def _package_dir(name: str) -> str:
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else "<none>"
+
+
+def _watched_files(sources: Sequence[PluginSource], modules_before: set[str]) -> list[str]:
+    """The source files the declarations came from: what imports brought in, and each
+    plugin's own package (it may have been imported before discovery ran)."""
+    packages = {"plugins", *(s.module.split(".")[0] for s in sources if s.module)}
+    files = set()
+    for name, module in list(sys.modules.items()):
+        if name not in modules_before or name.split(".")[0] in packages:
+            path = getattr(module, "__file__", None)
+            if path:
+                files.add(path)
+    return sorted(files)

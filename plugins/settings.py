@@ -1,0 +1,27 @@
+"""How discovery behaves, from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DISABLE_ENV = "INTERLOCK_DISABLE_PLUGINS"
+STRICT_ENV = "INTERLOCK_PLUGINS_STRICT"
+
+
+class PluginError(Exception):
+    """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    disabled: frozenset[str] = frozenset()
+    strict: bool = False  # plugin failures raise instead of being quarantined
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        strict = env.get(STRICT_ENV, "").strip()
+        if strict not in ("", "0", "1"):
+            raise PluginError(f"{STRICT_ENV}={strict!r}: allowed values are 0 and 1")
+        disabled = frozenset(n.strip() for n in env.get(DISABLE_ENV, "").split(",") if n.strip())
+        return cls(disabled=disabled, strict=strict == "1")

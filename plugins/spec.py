@@ -1,0 +1,231 @@
+"""What a plugin declares: runner specs and kernel specs.
+
+Plain frozen dataclasses, validated on construction with messages naming the
+offending value and the allowed ones. Cheap to import (no torch, no pydantic):
+the cached registry is unpickled on every `policy explain`. The objects that
+do the work are named by import path (``module:attr``) and loaded only when a
+run needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plugins.api import check_api_range
+from policy.fields import CUDAGRAPH_MODES, RUNNER_NAME
+
+# Boolean facts of the context a runner may require on a platform, with what
+# each one means in a message ("mrv2 requires Triton on cuda").
+REQUIRABLE_FACTS: dict[str, str] = {"has_triton": "Triton"}
+DTYPES = ("float32", "bfloat16", "float16")
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_PLATFORM = re.compile(r"^[a-z][a-z0-9_]*$")
+_BACKEND = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class SpecError(ValueError):
+    """A declaration is invalid; the message names the field, the value and what is allowed."""
+
+
+def load_import_path(path: str) -> Any:
+    """The object named by ``package.module:attr``; raises ImportError/AttributeError."""
+    module, _, attrs = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for attr in attrs.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _fail(where: str, message: str) -> SpecError:
+    return SpecError(f"{where}: {message}")
+
+
+def _text(where: str, value: object, pattern: re.Pattern[str] | None = None) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, f"{value!r} must be a non-empty string")
+    if pattern is not None and not pattern.match(value):
+        raise _fail(where, f"{value!r} does not match {pattern.pattern}")
+    return value
+
+
+def _import_path(where: str, value: object) -> str:
+    if not isinstance(value, str) or not _IMPORT_PATH.match(value):
+        raise _fail(where, f"{value!r} is not an import path of the form 'package.module:attr'")
+    return value
+
+
+def _api_range(where: str, value: object) -> str:
+    try:
+        return check_api_range(_text(where, value))
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
+
+
+def _choices(where: str, values: object, allowed: Iterable[str] | re.Pattern[str]) -> tuple:
+    """A set declared in any iterable form, stored distinct and in a stable order."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise _fail(where, f"{values!r} must be a set or list")
+    items = set(values)
+    if isinstance(allowed, re.Pattern):
+        for item in items:
+            _text(where, item, allowed)
+        return tuple(sorted(items))
+    order = list(allowed)
+    unknown = sorted(str(i) for i in items if i not in order)
+    if unknown:
+        raise _fail(where, f"unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(order)}")
+    return tuple(v for v in order if v in items)
+
+
+@dataclass(frozen=True)
+class PlatformSupport:
+    """What a runner serves on one platform."""
+
+    cudagraph: tuple[str, ...]
+    breakable: bool = False
+    # Facts that must be true for the runner to serve this platform at all.
+    requires: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.breakable, bool):
+            raise _fail("breakable", f"{self.breakable!r} must be True or False")
+        set_ = object.__setattr__
+        set_(self, "cudagraph", _choices("cudagraph", self.cudagraph, CUDAGRAPH_MODES))
+        set_(self, "requires", _choices("requires", self.requires, tuple(REQUIRABLE_FACTS)))
+        if "none" not in self.cudagraph:
+            # Every downgrade chain ends at `none`: a runner must be able to run eagerly.
+            raise _fail("cudagraph", "must include 'none' (every runner can run eagerly)")
+        if self.breakable and self.cudagraph == ("none",):
+            raise _fail("breakable", "breakable capture needs a graph mode besides 'none'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cudagraph": list(self.cudagraph),
+            "breakable": self.breakable,
+            "requires": list(self.requires),
+        }
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A feature a runner cannot serve: ``when`` is a condition in the rule `when` language."""
+
+    feature: str  # what it is, for messages: "pipeline parallelism"
+    when: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        # The engine's own parser (one condition language for rules and plugins);
+        # it is the one place that imports pydantic, and runs only at declaration.
+        from policy.errors import PolicyError
+        from policy.schema import validate_when
+
+        _text("feature", self.feature)
+        if not isinstance(self.when, Mapping) or not self.when:
+            raise _fail("when", f"{self.when!r} must be a non-empty mapping of conditions")
+        try:
+            object.__setattr__(self, "when", validate_when(dict(self.when)))
+        except PolicyError as exc:
+            raise _fail("when", str(exc)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"feature": self.feature, "when": dict(self.when)}
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """A runner as the policy sees it: capabilities, fallback, and where its object lives."""
+
+    name: str
+    description: str
+    plugin_api: str  # the plugin API versions supported, e.g. ">=1.0,<2"
+    platforms: Mapping[str, PlatformSupport]
+    # The runner object (runners.contract), imported only when a run starts.
+    factory: str
+    unsupported: tuple[Unsupported, ...] = ()
+    # The runner an automatic choice moves to when this one cannot serve the context.
+    fallback: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"runner {self.name!r}"
+        try:
+            self._validate()
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+
+    def _validate(self) -> None:
+        _text("name", self.name, RUNNER_NAME)
+        _text("description", self.description)
+        _api_range("plugin_api", self.plugin_api)
+        _import_path("factory", self.factory)
+        if not isinstance(self.platforms, Mapping) or not self.platforms:
+            raise _fail("platforms", "declare at least one, e.g. {'cpu': PlatformSupport(...)}")
+        for platform, support in self.platforms.items():
+            _text("platforms", platform, _PLATFORM)
+            if not isinstance(support, PlatformSupport):
+                raise _fail(f"platforms.{platform}", f"{support!r} is not a PlatformSupport")
+        object.__setattr__(self, "platforms", dict(sorted(self.platforms.items())))
+        object.__setattr__(self, "unsupported", tuple(self.unsupported))
+        for i, item in enumerate(self.unsupported):
+            if not isinstance(item, Unsupported):
+                raise _fail(f"unsupported[{i}]", f"{item!r} is not an Unsupported")
+        if self.fallback is not None:
+            _text("fallback", self.fallback, RUNNER_NAME)
+            if self.fallback == self.name:
+                raise _fail("fallback", "a runner cannot fall back to itself")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "plugin_api": self.plugin_api,
+            "platforms": {p: s.to_dict() for p, s in self.platforms.items()},
+            "unsupported": [u.to_dict() for u in self.unsupported],
+            "fallback": self.fallback,
+            "factory": self.factory,
+        }
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """An extra implementation of a kernel op, installed into kernels.REGISTRY when kernels load."""
+
+    op: str
+    backend: str
+    target: str  # the function, as "package.module:attr"
+    platforms: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    plugin_api: str
+    # ``fn(platform) -> str | None``: why the implementation cannot run now, or None.
+    unavailable: str | None = None
+
+    def __post_init__(self) -> None:
+        where = f"kernel {self.op!r}/{self.backend!r}"
+        try:
+            _text("op", self.op)
+            _text("backend", self.backend, _BACKEND)
+            _import_path("target", self.target)
+            object.__setattr__(self, "platforms", _choices("platforms", self.platforms, _PLATFORM))
+            object.__setattr__(self, "dtypes", _choices("dtypes", self.dtypes, DTYPES))
+            if not self.platforms or not self.dtypes:
+                raise _fail("platforms/dtypes", "declare at least one of each")
+            _api_range("plugin_api", self.plugin_api)
+            if self.unavailable is not None:
+                _import_path("unavailable", self.unavailable)
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "backend": self.backend,
+            "target": self.target,
+            "platforms": list(self.platforms),
+            "dtypes": list(self.dtypes),
+            "plugin_api": self.plugin_api,
+            "unavailable": self.unavailable,
+        }

@@ -1,0 +1,98 @@
+"""Pytest support for plugin authors: a fixture and a conformance suite.
+
+In a plugin's own tests::
+
+    # conftest.py
+    pytest_plugins = ["plugins.testing"]
+
+    # test_conformance.py
+    from plugins.testing import RunnerPluginConformance
+    import my_plugin
+
+    class TestMyPlugin(RunnerPluginConformance):
+        plugin = my_plugin
+
+and, to try a plugin object inside one test without installing it::
+
+    def test_something(register_plugin):
+        record = register_plugin(MyPlugin(), "mine")
+        assert record.status == "ok"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import pytest
+
+from plugins.conformance import (
+    MODEL_CHECKS,
+    Finding,
+    check_capabilities,
+    check_factories,
+    check_kernels,
+    check_loads,
+    load_for_conformance,
+)
+from plugins.manager import add_plugin, load_registry, remove_plugin
+from plugins.registry import PluginRecord
+
+RegisterPlugin = Callable[..., PluginRecord]
+
+
+@pytest.fixture
+def register_plugin() -> Iterator[RegisterPlugin]:
+    """``register_plugin(obj, name, distribution=..., version=...)`` -> its PluginRecord.
+
+    The plugin is part of ``plugins.load_registry()`` until the test ends.
+    """
+    names: list[str] = []
+
+    def register(
+        plugin: object, name: str, *, distribution: str = "in-process", version: str = "0"
+    ) -> PluginRecord:
+        add_plugin(plugin, name, distribution=distribution, version=version)
+        names.append(name)
+        return next(p for p in load_registry().plugins if p.name == name)
+
+    yield register
+    for name in names:
+        remove_plugin(name)
+
+
+def _assert_none(findings: list[Finding]) -> None:
+    assert not findings, "\n".join(str(f) for f in findings)
+
+
+class RunnerPluginConformance:
+    """Subclass with ``plugin = <your plugin module or object>`` to run the suite on it."""
+
+    plugin: ClassVar[object]
+    #: Kernel checks import ``kernels`` (hence torch); turn off for a torch-less CI job.
+    check_kernel_specs: ClassVar[bool] = True
+
+    @pytest.fixture
+    def record(self) -> PluginRecord:
+        name = getattr(self.plugin, "__name__", type(self.plugin).__name__)
+        return load_for_conformance(self.plugin, name.rsplit(".", 1)[-1])
+
+    def test_loads_and_declares(self, record: PluginRecord) -> None:
+        _assert_none(check_loads(record, load_registry()))
+
+    def test_capabilities_consistent(self, record: PluginRecord) -> None:
+        _assert_none(check_capabilities(record, load_registry()))
+
+    def test_factories_importable(self, record: PluginRecord) -> None:
+        _assert_none(check_factories(record))
+
+    def test_kernel_specs(self, record: PluginRecord) -> None:
+        if not record.kernels:
+            pytest.skip("the plugin declares no kernels")
+        if not self.check_kernel_specs:
+            pytest.skip("kernel checks turned off (check_kernel_specs = False)")
+        _assert_none(check_kernels(record))
+
+    @pytest.mark.parametrize("check", MODEL_CHECKS, ids=lambda c: c.__name__)
+    def test_runs_models(self, record: PluginRecord, check: Callable) -> None:
+        _assert_none(check(record))

@@ -1,0 +1,351 @@
+"""Stage 5 of the decision pipeline: what the chosen runner plugin can serve.
+
+A value from defaults or rules that the runner cannot serve falls back along a
+declared chain (the runner's ``fallback``; cudagraph ``full_and_piecewise ->
+piecewise -> none``, ``full``/``full_decode_only -> none``; breakable -> false),
+each step recorded with its reason. A value forced by an env binding or an
+override that cannot be served is an error naming every unsupported item and
+how to choose otherwise. Nothing changes without a trace step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
+from plugins.spec import REQUIRABLE_FACTS
+from policy.conditions import FeatureMatch, NameMatch, build_when
+from policy.context import ASSUMED
+from policy.errors import PolicyError
+from policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
+
+if TYPE_CHECKING:
+    from policy.resolve import Draft
+
+#: The next cudagraph mode to try when one is unsupported; `none` is always served.
+DOWNGRADE = {
+    "full_and_piecewise": "piecewise",
+    "piecewise": "none",
+    "full": "none",
+    "full_decode_only": "none",
+}
+GRAPH_FIELDS = ("cudagraph", "breakable")
+
+
+class CapabilityError(PolicyError):
+    """No supported decision exists without changing an input.
+
+    ``forced`` names the forced fields at fault; it is empty when the context
+    itself (platform, features, facts) is what no runner on the chain can serve.
+    """
+
+    def __init__(self, message: str, *, forced: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.forced = forced
+
+
+@dataclass(frozen=True, eq=False)
+class CapabilityStage:
+    """The stage as ``policy.resolve`` takes it: hashable (by identity) and callable on a draft."""
+
+    registry: PluginRegistry
+
+    def __call__(self, draft: Draft) -> None:
+        apply_capabilities(draft, self.registry)
+
+
+_stages: dict[int, CapabilityStage] = {}
+
+
+def capability_stage(registry: PluginRegistry | None = None) -> CapabilityStage:
+    """The stage for ``registry`` (default: the process's plugin registry); the same object
+    for the same registry, so resolutions stay memoized."""
+    registry = registry or load_registry()
+    stage = _stages.get(id(registry))
+    if stage is None or stage.registry is not registry:
+        stage = _stages[id(registry)] = CapabilityStage(registry)
+    return stage
+
+
+def fact(draft: Draft, name: str) -> tuple[Any, str]:
+    """A machine fact the runners may require, with its origin. Without one in the context it is
+    assumed true: the platform was then named for another machine, which cannot be probed here."""
+    features = draft.context.features
+    if name in features:
+        return features[name], draft.context.source(f"features.{name}")
+    return True, f"{ASSUMED} (not given for a named platform)"
+
+
+def unsupported_items(
+    spec: RunnerSpec, draft: Draft, forced: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """Everything ``spec`` cannot serve, as (field at fault, message): ``runner`` for the
+    context (platform, facts, features), ``cudagraph``/``breakable`` for forced graph values."""
+    platform = draft.context.platform
+    support = spec.platforms.get(platform)
+    if support is None:
+        return [
+            (
+                "runner",
+                f"{spec.name} does not serve platform {platform} "
+                f"(it serves: {', '.join(spec.platforms)})",
+            )
+        ]
+    items = []
+    for name in support.requires:
+        value, origin = fact(draft, name)
+        if value is not True:
+            items.append(
+                (
+                    "runner",
+                    f"{spec.name} requires {REQUIRABLE_FACTS[name]} on "
+                    f"{platform} ({name}={_show(value)}, {origin})",
+                )
+            )
+    for unsupported in spec.unsupported:
+        when = build_when(unsupported.when)
+        if when.matches(draft.facts):
+            observed = ", ".join(_observed(c, draft) for c in when.conditions)
+            items.append(
+                ("runner", f"{spec.name} does not support {unsupported.feature} ({observed})")
+            )
+    mode = forced.get("cudagraph")
+    if mode is not None and mode not in support.cudagraph:
+        items.append(
+            (
+                "cudagraph",
+                f"{spec.name} does not support cudagraph={mode} on {platform} "
+                f"(it supports: {', '.join(support.cudagraph)})",
+            )
+        )
+    if forced.get("breakable") is True and not support.breakable:
+        items.append(("breakable", f"{spec.name} does not support breakable capture on {platform}"))
+    return items
+
+
+def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
+    """Check the draft's runner, cudagraph mode and breakable against the runner's spec."""
+    chosen = _choose_runner(draft, registry)
+    name, platform = chosen.spec.name, draft.context.platform
+    support = chosen.spec.platforms[platform]
+    mode = draft.values["cudagraph"]
+    if mode not in support.cudagraph:
+        chain = [mode]
+        while chain[-1] not in support.cudagraph:
+            chain.append(DOWNGRADE[chain[-1]])
+            why = f"{name} does not support cudagraph={chain[-2]} on {platform}"
+            draft.record(
+                Step(
+                    CAPABILITIES,
+                    f"cudagraph {chain[-2]} -> {chain[-1]}",
+                    sets={"cudagraph": chain[-1]},
+                    note=why,
+                )
+            )
+        why = (
+            f"{name} does not support cudagraph={mode} on {platform} (it supports: "
+            f"{', '.join(support.cudagraph)}); downgraded {' -> '.join(chain)}"
+        )
+        draft.assign(Provenance("cudagraph", chain[-1], CAPABILITIES, name, why))
+    if draft.values["breakable"] is True and not support.breakable:
+        why = f"{name} does not support breakable capture on {platform}"
+        draft.record(
+            Step(CAPABILITIES, "breakable true -> false", sets={"breakable": False}, note=why)
+        )
+        draft.assign(Provenance("breakable", False, CAPABILITIES, name, why))
+    draft.record(
+        Step(
+            CAPABILITIES,
+            f"runner {name}",
+            note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves cudagraph "
+            f"{', '.join(support.cudagraph)}; breakable {_show(support.breakable)}",
+        )
+    )
+
+
+def _choose_runner(draft: Draft, registry: PluginRegistry) -> RegisteredRunner:
+    given = draft.provenance["runner"]
+    forced = {f: draft.values[f] for f in GRAPH_FIELDS if draft.provenance[f].forced}
+    name = draft.values["runner"]
+    tried: dict[str, list[tuple[str, str]]] = {}
+    while True:
+        chosen = registry.find(name)
+        if chosen is None:
+            if not tried:
+                raise CapabilityError(
+                    f"runner={name} ({_origin(given)}): {registry.why_missing(name)}",
+                    forced=("runner",) if given.forced else (),
+                )
+            previous = list(tried)[-1]
+            raise CapabilityError(
+                f"{previous} cannot serve this context and falls back to "
+                f"{name}: {registry.why_missing(name)}"
+            )
+        items = unsupported_items(chosen.spec, draft, forced)
+        if not items:
+            break
+        tried[name] = items
+        fallback = chosen.spec.fallback
+        if given.forced or fallback is None or fallback in tried:
+            raise _unservable(draft, registry, given, tried, forced)
+        draft.record(
+            Step(
+                CAPABILITIES,
+                f"runner {name} -> {fallback}",
+                sets={"runner": fallback},
+                note="; ".join(text for _, text in items)
+                + f"; fallback declared by {name} in plugin {chosen.plugin.provider}",
+            )
+        )
+        name = fallback
+    if tried:
+        first = list(tried)[0]
+        draft.assign(
+            Provenance(
+                "runner",
+                name,
+                CAPABILITIES,
+                first,
+                f"{first} (from {_origin(given)}) cannot serve this context: "
+                f"{'; '.join(text for _, text in tried[first])}; "
+                f"fell back to {name}",
+            )
+        )
+    return chosen
+
+
+def _unservable(
+    draft: Draft,
+    registry: PluginRegistry,
+    given: Provenance,
+    tried: Mapping[str, list[tuple[str, str]]],
+    forced: Mapping[str, Any],
+) -> CapabilityError:
+    """The error when the runner, or every runner on its chain, cannot serve."""
+    if given.forced:
+        at_fault = ["runner", *sorted({f for f, _ in tried[given.value] if f != "runner"})]
+        head = f"runner={given.value} is forced by {_origin(given)} but cannot be served:"
+    else:
+        # Forced graph values are at fault when some runner on the chain serves the rest.
+        at_fault = sorted(
+            {
+                f
+                for items in tried.values()
+                if all(f != "runner" for f, _ in items)
+                for f, _ in items
+            }
+        )
+        what = (
+            f"forced {', '.join(f'{f}={_show(forced[f])}' for f in at_fault)} cannot be served"
+            if at_fault
+            else "no runner can serve this context"
+        )
+        head = (
+            f"{what}: runner={given.value} ({_origin(given)}) and its fallbacks "
+            f"({' -> '.join(tried)}):"
+        )
+    lines = [
+        head,
+        *(f"  - {text}" for items in tried.values() for _, text in items),
+        "to choose otherwise:",
+        *(f"  - {hint}" for hint in _alternatives(draft, registry, at_fault, forced, tried)),
+    ]
+    return CapabilityError("\n".join(lines), forced=tuple(at_fault))
+
+
+def _alternatives(
+    draft: Draft,
+    registry: PluginRegistry,
+    at_fault: list[str],
+    forced: Mapping[str, Any],
+    tried: Mapping[str, list[tuple[str, str]]],
+) -> list[str]:
+    """How to choose otherwise: the runners that serve the context with every forced value,
+    and for each forced graph value at fault, what the runners tried serve instead."""
+    servable = [
+        r.spec.name
+        for r in registry.runners()
+        if r.spec.name not in tried and not unsupported_items(r.spec, draft, forced)
+    ]
+    hints = []
+    if "runner" in at_fault:
+        hints.append(_runner_hint(draft, draft.provenance["runner"], servable))
+    elif servable:
+        hints.append(
+            f"choose a runner that serves it ({', '.join(servable)}) with a rule or "
+            f"--set runner={servable[0]}"
+        )
+    platform = draft.context.platform
+    for field in (f for f in at_fault if f in GRAPH_FIELDS):
+        prov = draft.provenance[field]
+        how = f"unset {prov.source}" if prov.stage == ENV else f"drop the {field} override"
+        offers = []
+        for name, items in tried.items():
+            # Only runners the context itself does not rule out can offer a graph value.
+            if any(f == "runner" for f, _ in items):
+                continue
+            support = registry.runner(name).spec.platforms[platform]
+            offers.append(
+                f"{name} serves cudagraph {', '.join(support.cudagraph)}"
+                if field == "cudagraph"
+                else f"{name} has {'' if support.breakable else 'no '}breakable capture"
+            )
+        hints.append(f"{how} ({field}={_show(forced[field])}); on {platform} {'; '.join(offers)}")
+    if not servable:
+        values = ", ".join(f"{f}={_show(v)}" for f, v in forced.items())
+        hints.append(
+            f"no other registered runner serves this context{f' with {values}' if values else ''}"
+            f" (registered: {', '.join(registry.runner_names()) or 'none'}); change the context "
+            "or install a runner plugin that serves it"
+        )
+    return hints
+
+
+def _runner_hint(draft: Draft, prov: Provenance, servable: list[str]) -> str:
+    if not servable:
+        return f"unset {prov.source}" if prov.stage == ENV else "drop the runner override"
+    if prov.stage == ENV:
+        binding = draft.policy.env[prov.source]
+        values = [
+            f"{prov.source}={text} ({value})"
+            for text, value in binding.values.items()
+            if value in servable
+        ]
+        choice = " or ".join(values) if values else "no value of it names one of them"
+        return (
+            f"unset {prov.source} to let the policy decide, or set {choice}; "
+            f"runners that serve this context: {', '.join(servable)}"
+        )
+    return (
+        f"drop the runner override, or override with one of: "
+        f"{', '.join(f'runner={name}' for name in servable)}"
+    )
+
+
+def _origin(prov: Provenance) -> str:
+    """Who set a field, as a message names it."""
+    where = f" at {prov.location}" if prov.location else ""
+    if prov.stage == ENV:
+        return prov.reason or prov.source
+    if prov.stage == OVERRIDES:
+        return f"an explicit override ({prov.field}={_show(prov.value)})"
+    if prov.stage == RULES:
+        return f"rule {prov.source}{where}"
+    return f"{prov.stage}{where}"
+
+
+def _observed(condition: Any, draft: Draft) -> str:
+    facts = draft.facts
+    if isinstance(condition, FeatureMatch):
+        return f"{condition.key}={_show(facts.features[condition.key])}"
+    if isinstance(condition, NameMatch):
+        return f"{condition.key}={getattr(facts, condition.key)}"
+    return f"{condition.key}={_show(facts.traits[condition.key])}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,4 @@
+"""mrv2: model runner V2 (request state on the device, input preparation by device kernels).
+
+Torch-free on import; the runner itself will live in ``runners.mrv2.runner``.
+"""
