@@ -10,15 +10,18 @@ from collections.abc import Iterable
 
 
 def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance: insertions, deletions and substitutions, each costing 1."""
-    if len(a) < len(b):
-        a, b = b, a
+    """Edits turning ``a`` into ``b``: insertions, deletions, substitutions and swaps of two
+    adjacent characters (``mvr2`` -> ``mrv2``), each costing 1 (optimal string alignment)."""
+    before: list[int] = []
     previous = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):
         current = [i]
         for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, before[j - 2] + 1)
+            current.append(cost)
+        before, previous = previous, current
     return previous[-1]
 
 

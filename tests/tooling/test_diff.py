@@ -193,3 +193,68 @@ def test_json_lists_every_context_and_the_domain() -> None:
     assert deciders["old"]["decider"] == "rule rocm-kimi-k3-excluded-from-mrv2"
     assert len(deciders["contexts"]) == change["count"] == 3
     assert doc["domain"]["contexts"] == Domain.of(old, new).size()
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def git(cwd, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_diff_command_exit_codes(capsys) -> None:
+    from policy.cli import main
+
+    assert main(["diff", str(SHIPPED), str(SHIPPED), "--exit-code"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["diff", str(BEFORE_51653), str(BEFORE_53155)]) == 0
+    assert capsys.readouterr().out.startswith("runner: mrv1 → mrv2\n")
+    assert main(["diff", str(BEFORE_51653), str(BEFORE_53155), "--exit-code"]) == 1
+
+
+def test_diff_command_json_and_fields(capsys) -> None:
+    import json
+
+    from policy.cli import main
+
+    assert main(["diff", str(BEFORE_53155), str(SHIPPED), "--json", "--fields", "runner"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fields"] == ["runner"]
+    assert [(c["field"], c["old"], c["new"]) for c in doc["changes"]] == [
+        ("runner", "mrv2", "mrv1")
+    ]
+    assert main(["diff", str(SHIPPED), str(SHIPPED), "--fields", "runer"]) == 2
+    assert "unknown decision field 'runer'" in capsys.readouterr().err
+
+
+def test_diff_git_revisions(tmp_path, monkeypatch, capsys) -> None:
+    from policy.cli import main
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "policies.yaml").write_text(BEFORE_51653.read_text())
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "extra.yaml").write_text(BEFORE_53155.read_text())
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "before #51653")
+    (tmp_path / "policies.yaml").write_text(BEFORE_53155.read_text())
+    git(tmp_path, "commit", "-qam", "#51653")
+    monkeypatch.chdir(tmp_path / "site")
+
+    assert main(["diff", "git:HEAD~1", "git:HEAD", "--exit-code"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("runner: mrv1 → mrv2\n")
+    assert "rule rocm-kimi-k3-excluded-from-mrv2 (HEAD~1:policies.yaml:" in out
+    assert "on rocm/* for KimiK3ForConditionalGeneration" in out
+    # git:REV:path names a file relative to the repository root; a working file mixes in.
+    assert main(["diff", "git:HEAD:site/extra.yaml", "git:HEAD", "--exit-code"]) == 0
+    assert main(["diff", "git:HEAD~1", "extra.yaml", "--exit-code"]) == 1
+    capsys.readouterr()
+    assert main(["diff", "git:nosuchrev", "git:HEAD"]) == 1
+    assert "git:nosuchrev: git show nosuchrev:policies.yaml failed" in capsys.readouterr().err

@@ -9,6 +9,13 @@ def test_edit_distance_counts_single_edits() -> None:
     assert edit_distance("mrv", "mrv2") == 1
     assert edit_distance("kitten", "sitting") == 3
     assert edit_distance("", "abc") == 3
+    assert edit_distance("abc", "") == 3
+
+
+def test_a_swap_of_adjacent_characters_is_one_edit() -> None:
+    assert edit_distance("mvr2", "mrv2") == 1
+    assert edit_distance("ab", "ba") == 1
+    assert did_you_mean("mvr2", ["mrv1", "mrv2"]) == "mrv2"
 
 
 def test_case_is_ignored_when_measuring() -> None:

@@ -1,0 +1,445 @@
+"""`policy check`: validation (what the loader refuses) and lints over a policy's finite domain.
+
+A check is a function ``(subject) -> Iterable[Finding]`` listed in :data:`CHECKS`;
+a new one is one function and one line there. The :class:`Subject` gives checks
+the layered policy, each file's source positions and, computed once on demand,
+which rules match and decide where in :class:`policy.domain.Domain`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
+from policy.domain import Domain
+from policy.errors import PolicyError
+from policy.fields import DECISION_FIELDS, TRAITS
+from policy.model import Location, Policy, Rule
+from policy.resolve import resolve
+from policy.source import Path_, SourceDoc
+from policy.suggest import hint
+from policy.trace import RULES
+
+ERROR = "error"
+WARNING = "warning"
+
+#: Runners every interlock ships; a policy may name them even where no plugin registry loads.
+BUILTIN_RUNNERS = ("mrv1", "mrv2")
+#: A shared trait value held by more than this share of the catalog explains nothing about
+#: why names were listed, so it never makes a near-miss (``moe: true`` in a MoE-heavy catalog).
+NEAR_MISS_MAX_SHARE = 0.5
+#: Reasons that say nothing (compared lower-cased, without surrounding punctuation).
+PLACEHOLDER_REASONS = frozenset(
+    {"todo", "tbd", "fixme", "xxx", "wip", "n/a", "na", "none", "reason", "fix", "hack",
+     "temp", "temporary", "workaround", "see above", "see pr", "perf", "performance", "bug",
+     "needed", "required", "because"}
+)  # fmt: skip
+#: Fewer words than this cannot say what a rule does and why.
+MIN_REASON_WORDS = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    col: int
+    severity: str
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.severity}: {self.code}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "col": self.col,
+            "severity": self.severity,
+            "code": self.code,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RuleUsage:
+    """Where, in the domain (env unset), a rule matched and where it decided a field."""
+
+    matched: int
+    decided: int
+    #: Field -> the deciders that overwrote this rule's value where it matched.
+    overwritten_by: dict[str, set[str]]
+
+
+class Subject:
+    """What checks look at: the layered policy and where each of its parts is written."""
+
+    def __init__(
+        self, policy: Policy, docs: dict[str, SourceDoc], known_runners: Sequence[str]
+    ) -> None:
+        self.policy = policy
+        self.docs = docs
+        self.known_runners = tuple(known_runners)
+        self._rule_paths: dict[str, tuple[SourceDoc, Path_]] = {}
+        for doc in docs.values():
+            for i, data in enumerate(doc.data.get("rules") or ()):
+                self._rule_paths[data["id"]] = (doc, ("rules", i))
+
+    def at(self, rule: Rule, *path: str | int, key: bool = False) -> Location:
+        """The location of ``path`` inside ``rule`` (e.g. ``"when", "architecture", 2``)."""
+        doc, base = self._rule_paths[rule.id]
+        mark = doc.mark((*base, *path), key=key)
+        return Location(doc.name, mark.line, mark.col)
+
+    def finding(self, where: Location, severity: str, code: str, message: str) -> Finding:
+        return Finding(where.file, where.line, where.col, severity, code, message)
+
+    @cached_property
+    def domain(self) -> Domain:
+        return Domain.of(self.policy)
+
+    @cached_property
+    def usage(self) -> dict[str, RuleUsage]:
+        """Per rule id: how often it matched and decided over the domain (env unset)."""
+        matched = dict.fromkeys((r.id for r in self.policy.rules), 0)
+        decided = dict(matched)
+        overwritten: dict[str, dict[str, set[str]]] = {r.id: {} for r in self.policy.rules}
+        for context in self.domain.contexts(with_env=False):
+            resolution = resolve(self.policy, context)
+            deciders = rule_deciders(resolution.provenance.values())
+            for step in resolution.trace:
+                if step.stage != RULES or not step.matched:
+                    continue
+                matched[step.name] += 1
+                if step.name in deciders:
+                    decided[step.name] += 1
+                for name in step.sets:
+                    final = resolution.provenance[name]
+                    if final.source != step.name:
+                        overwritten[step.name].setdefault(name, set()).add(final.source)
+        return {rid: RuleUsage(matched[rid], decided[rid], overwritten[rid]) for rid in matched}
+
+
+Check = Callable[[Subject], Iterable[Finding]]
+
+
+def rule_deciders(provenance: Iterable[Any]) -> set[str]:
+    """Ids of the rules that set a field of a decision (its provenance values)."""
+    return {p.source for p in provenance if p.stage == RULES}
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def unknown_runners(subject: Subject) -> Iterator[Finding]:
+    """Errors: a runner value that no registered (or built-in) runner has."""
+    known = subject.known_runners
+    policy = subject.policy
+
+    def check(value: Any, where: Location, what: str) -> Iterator[Finding]:
+        if value not in known:
+            yield subject.finding(
+                where,
+                ERROR,
+                "unknown-runner",
+                f"{what} names runner {value!r}, which is not registered; known runners: "
+                f"{', '.join(known)}{hint(value, known)}",
+            )
+
+    setting = policy.defaults.get("runner")
+    if setting is not None:
+        yield from check(setting.value, setting.location, "defaults")
+    for rule in policy.rules:
+        setting = rule.set.get("runner")
+        if setting is not None:
+            yield from check(setting.value, setting.location, f"rule {rule.id}")
+    for name, binding in policy.env.items():
+        if binding.field != "runner":
+            continue
+        doc = subject.docs[binding.location.file]
+        for text, value in binding.values.items():
+            mark = doc.mark(("env", name, "values", text))
+            where = Location(doc.name, mark.line, mark.col)
+            yield from check(value, where, f"env {name}={text}")
+
+
+def unknown_architectures(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule names an architecture (or a glob matches none) absent from the catalog."""
+    catalog = subject.policy.catalog
+    for rule in subject.policy.rules:
+        condition = rule.when.name_match("architecture")
+        if condition is None:
+            continue
+        for i, pattern in enumerate(condition.patterns):
+            path: tuple[str | int, ...] = ("when", "architecture")
+            if len(condition.patterns) > 1:
+                path = (*path, i)
+            if is_glob(pattern):
+                glob = NameMatch.of("architecture", (pattern,))
+                if any(glob.matches(arch) for arch in catalog):
+                    continue
+                message = f"rule {rule.id}: pattern {pattern!r} matches no catalog architecture"
+            elif pattern in catalog:
+                continue
+            else:
+                message = (
+                    f"rule {rule.id}: architecture {pattern!r} is not in the catalog, so its "
+                    f"traits are unknown{hint(pattern, catalog)}"
+                )
+            yield subject.finding(subject.at(rule, *path), WARNING, "unknown-architecture", message)
+
+
+def dead_and_shadowed_rules(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule that matches no context, or never decides a field where it matches."""
+    domain = subject.domain
+    for rule in subject.policy.rules:
+        usage = subject.usage[rule.id]
+        if usage.matched == 0:
+            yield subject.finding(
+                subject.at(rule, "when", key=True) if rule.when.conditions else subject.at(rule),
+                WARNING,
+                "dead-rule",
+                f"rule {rule.id} matches no context of the domain "
+                f"({len(domain.architectures)} architectures x {len(domain.platforms)} platforms "
+                "with their device archs and features), so it never applies",
+            )
+        elif usage.decided == 0:
+            by = "; ".join(
+                f"{name} by {', '.join(sorted(who))}"
+                for name, who in sorted(usage.overwritten_by.items())
+            )
+            yield subject.finding(
+                subject.at(rule, "set", key=True),
+                WARNING,
+                "shadowed-rule",
+                f"rule {rule.id} matches {usage.matched} contexts but never decides anything: "
+                f"everywhere it matches, later steps overwrite what it sets ({by})",
+            )
+
+
+def near_miss_lists(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a list of names that all share a trait value, missing catalog members with it."""
+    catalog = subject.policy.catalog
+    for rule in subject.policy.rules:
+        condition = rule.when.name_match("architecture")
+        if condition is None or len(condition.patterns) < 2 or condition.regex is not None:
+            continue
+        listed = [a for a in condition.patterns if a in catalog]
+        if len(listed) < 2:
+            continue
+        # The rule's own trait conditions rule out some architectures whatever the list says.
+        trait_when = When(tuple(c for c in rule.when.conditions if isinstance(c, TraitMatch)))
+        eligible = [
+            arch
+            for arch, entry in catalog.items()
+            if trait_when.matches(Facts(arch, "", "", entry.traits, {}))
+        ]
+        best: tuple[int, int, str, Any, list[str]] | None = None
+        for key in TRAITS:
+            values = [catalog[a].traits.get(key) for a in listed]
+            if values[0] is None or any(
+                v != values[0] or type(v) is not type(values[0]) for v in values
+            ):
+                continue
+            value = values[0]
+            holders = [a for a, e in catalog.items() if _same(e.traits.get(key), value)]
+            if len(holders) > NEAR_MISS_MAX_SHARE * len(catalog):
+                continue
+            missing = [a for a in holders if a in eligible and a not in condition.literals]
+            if missing:
+                candidate = (len(missing), len(holders), key, value, missing)
+                if best is None or candidate[:3] < best[:3]:
+                    best = candidate
+        if best is None:
+            continue
+        _, _, key, value, missing = best
+        shown = _yaml_scalar(value)
+        yield subject.finding(
+            subject.at(rule, "when", "architecture", key=True),
+            WARNING,
+            "near-miss-list",
+            f"rule {rule.id} lists {len(listed)} architectures that all have {key}: {shown}, "
+            f"but misses {len(missing)} more catalog architecture(s) with {key}: {shown}: "
+            f"{', '.join(missing)}; the condition `{key}: {shown}` instead of the list "
+            "would cover them all",
+        )
+
+
+def reasons(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule without a ref, or whose reason cannot explain a decision."""
+    for rule in subject.policy.rules:
+        if rule.ref is None:
+            yield subject.finding(
+                subject.at(rule, "id", key=True),
+                WARNING,
+                "missing-ref",
+                f"rule {rule.id} has no ref: link the pull request, issue or measurement "
+                "that motivates it (`ref: https://...`)",
+            )
+        vague = _vague(rule.reason)
+        if vague:
+            yield subject.finding(
+                subject.at(rule, "reason"),
+                WARNING,
+                "vague-reason",
+                f"rule {rule.id}: reason {rule.reason!r} {vague}; say what the rule does "
+                "and why (the regression, the constraint, the measurement)",
+            )
+
+
+def _vague(reason: str) -> str:
+    text = reason.strip().lower().strip(".!?:;,-_*() \"'`")
+    if not text:
+        return "is empty"
+    if text in PLACEHOLDER_REASONS or re.match(r"^(todo|tbd|fixme|xxx)\b", text):
+        return "is a placeholder"
+    if len(text.split()) < MIN_REASON_WORDS:
+        return f"has fewer than {MIN_REASON_WORDS} words"
+    return ""
+
+
+#: The checks `policy check` runs, in order.
+CHECKS: tuple[Check, ...] = (
+    unknown_runners,
+    unknown_architectures,
+    dead_and_shadowed_rules,
+    near_miss_lists,
+    reasons,
+)
+
+
+# -- running --------------------------------------------------------------------------------
+
+
+def known_runners() -> tuple[str, ...]:
+    """The runners a policy may name."""
+    return BUILTIN_RUNNERS
+
+
+def lint_paths(
+    paths: Sequence[str | os.PathLike[str]] | None = None,
+    *,
+    runners: Sequence[str] | None = None,
+) -> list[Finding]:
+    """Check the policy files that :func:`policy.loader.policy_paths` picks for ``paths``."""
+    from policy.loader import policy_paths
+    from policy.source import read_source
+
+    sources: list[tuple[str, bytes]] = []
+    findings: list[Finding] = []
+    for name, path in policy_paths(paths):
+        try:
+            sources.append((name, read_source(path, name)))
+        except PolicyError as exc:
+            findings.extend(_from_error(exc))
+    if findings:
+        return findings
+    return lint_sources(sources, runners=runners)
+
+
+def lint_sources(
+    sources: list[tuple[str, bytes]], *, runners: Sequence[str] | None = None
+) -> list[Finding]:
+    """Check layered ``(display name, content)`` sources: loader errors first; only a policy
+    that loads is linted. ``runners`` defaults to :func:`known_runners`."""
+    from policy.loader import load_policy_sources
+    from policy.schema import validate_file
+    from policy.source import parse_yaml
+
+    findings: list[Finding] = []
+    docs: dict[str, SourceDoc] = {}
+    for name, content in sources:
+        try:
+            doc = parse_yaml(content, name)
+        except PolicyError as exc:
+            findings.extend(_from_error(exc, by_path=False))
+            continue
+        try:
+            validate_file(doc)
+        except PolicyError as exc:
+            findings.extend(_from_error(exc))
+            continue
+        docs[name] = doc
+    if findings:
+        return findings
+    findings = list(_duplicate_ids(docs))
+    if findings:
+        return findings
+    try:
+        policy = load_policy_sources(sources, use_cache=False)
+    except PolicyError as exc:
+        return _from_error(exc)
+    subject = Subject(policy, docs, known_runners() if runners is None else runners)
+    for check in CHECKS:
+        findings.extend(check(subject))
+    order = {name: i for i, name in enumerate(docs)}
+    return sorted(findings, key=lambda f: (order.get(f.file, len(order)), f.line, f.col))
+
+
+def _duplicate_ids(docs: dict[str, SourceDoc]) -> Iterator[Finding]:
+    first: dict[str, str] = {}
+    for doc in docs.values():
+        for i, rule in enumerate(doc.data.get("rules") or ()):
+            mark = doc.mark(("rules", i, "id"))
+            where = f"{doc.name}:{mark.line}"
+            if rule["id"] in first:
+                yield Finding(
+                    doc.name,
+                    mark.line,
+                    mark.col,
+                    ERROR,
+                    "duplicate-rule-id",
+                    f"duplicate rule id {rule['id']!r} (first defined at {first[rule['id']]}); "
+                    "ids name rules in traces and tests, so each must be unique",
+                )
+            else:
+                first[rule["id"]] = where
+
+
+def _from_error(exc: PolicyError, *, by_path: bool = True) -> list[Finding]:
+    """Findings of a loader error (and the further errors it carries); ``by_path`` tells a bad
+    decision value (``unknown-value``) from other errors by where it is."""
+    out = []
+    for err in (exc, *exc.more):
+        out.append(
+            Finding(
+                err.file or "<policy>",
+                err.line or 1,
+                err.col or 1,
+                ERROR,
+                _error_code(err.path) if by_path else "invalid",
+                f"{err.path}: {err.message}" if err.path else err.message,
+            )
+        )
+    return out
+
+
+def _error_code(path: str | None) -> str:
+    """``unknown-value`` for a bad decision value (in defaults, a rule's set or an env binding)."""
+    if path:
+        last = path.rsplit(".", 1)[-1]
+        if last in DECISION_FIELDS or re.match(r"^env\.[^.]+\.values\.", path):
+            return "unknown-value"
+    return "invalid"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def summary(findings: Sequence[Finding], *, strict: bool = False) -> tuple[int, int, bool]:
+    """``(errors, warnings, failed)``; with ``strict`` warnings fail too."""
+    errors = sum(f.severity == ERROR for f in findings)
+    warnings = len(findings) - errors
+    return errors, warnings, errors > 0 or (strict and warnings > 0)
