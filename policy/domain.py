@@ -20,11 +20,11 @@ Two policies are compared over the union of their domains.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from policy.conditions import FeatureMatch, NameMatch, is_glob
+from policy.conditions import FeatureMatch, NameMatch, When, is_glob
 from policy.context import Context
 from policy.model import Policy
 
@@ -86,6 +86,10 @@ class Domain:
     def platforms(self) -> tuple[str, ...]:
         return tuple(self.device_archs)
 
+    def platforms_of(self, when: When) -> tuple[str, ...]:
+        """The platforms of the domain that ``when``'s platform condition can match."""
+        return tuple(_platforms_of(when.name_match("platform"), self.platforms))
+
     def places(self) -> Iterator[tuple[str, str]]:
         """Every (platform, device arch) pair."""
         for platform, archs in self.device_archs.items():
@@ -115,7 +119,7 @@ class Domain:
         return len(self.architectures) * places * len(self.feature_states) * envs
 
 
-def _platforms_of(condition: NameMatch | None, platforms: dict[str, None]) -> list[str]:
+def _platforms_of(condition: NameMatch | None, platforms: Iterable[str]) -> list[str]:
     """The domain platforms a rule's platform condition can match (all of them without one)."""
     if condition is None:
         return list(platforms)

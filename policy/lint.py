@@ -28,8 +28,6 @@ from policy.trace import RULES
 ERROR = "error"
 WARNING = "warning"
 
-#: Runners every interlock ships; a policy may name them even where no plugin registry loads.
-BUILTIN_RUNNERS = ("mrv1", "mrv2")
 #: A shared trait value held by more than this share of the catalog explains nothing about
 #: why names were listed, so it never makes a near-miss (``moe: true`` in a MoE-heavy catalog).
 NEAR_MISS_MAX_SHARE = 0.5
@@ -79,12 +77,11 @@ class RuleUsage:
 class Subject:
     """What checks look at: the layered policy and where each of its parts is written."""
 
-    def __init__(
-        self, policy: Policy, docs: dict[str, SourceDoc], known_runners: Sequence[str]
-    ) -> None:
+    def __init__(self, policy: Policy, docs: dict[str, SourceDoc], runners: RunnerCheck) -> None:
         self.policy = policy
         self.docs = docs
-        self.known_runners = tuple(known_runners)
+        #: Why a runner name cannot be used (not registered, disabled, ...), None if it can.
+        self.runner_problem = runners
         self._rule_paths: dict[str, tuple[SourceDoc, Path_]] = {}
         for doc in docs.values():
             for i, data in enumerate(doc.data.get("rules") or ()):
@@ -126,6 +123,7 @@ class Subject:
 
 
 Check = Callable[[Subject], Iterable[Finding]]
+RunnerCheck = Callable[[str], "str | None"]
 
 
 def rule_deciders(provenance: Iterable[Any]) -> set[str]:
@@ -137,19 +135,13 @@ def rule_deciders(provenance: Iterable[Any]) -> set[str]:
 
 
 def unknown_runners(subject: Subject) -> Iterator[Finding]:
-    """Errors: a runner value that no registered (or built-in) runner has."""
-    known = subject.known_runners
+    """Errors: a runner value that names no registered runner."""
     policy = subject.policy
 
     def check(value: Any, where: Location, what: str) -> Iterator[Finding]:
-        if value not in known:
-            yield subject.finding(
-                where,
-                ERROR,
-                "unknown-runner",
-                f"{what} names runner {value!r}, which is not registered; known runners: "
-                f"{', '.join(known)}{hint(value, known)}",
-            )
+        problem = subject.runner_problem(value)
+        if problem is not None:
+            yield subject.finding(where, ERROR, "unknown-runner", f"{what}: {problem}")
 
     setting = policy.defaults.get("runner")
     if setting is not None:
@@ -316,9 +308,27 @@ CHECKS: tuple[Check, ...] = (
 # -- running --------------------------------------------------------------------------------
 
 
-def known_runners() -> tuple[str, ...]:
-    """The runners a policy may name."""
-    return BUILTIN_RUNNERS
+def registered_runners() -> RunnerCheck:
+    """Runner names as the plugin registry knows them (the built-in runners are plugins too)."""
+    from plugins import load_registry
+
+    registry = load_registry()
+    names = set(registry.runner_names())
+    return lambda name: None if name in names else registry.why_missing(name)
+
+
+def runners_named(names: Sequence[str]) -> RunnerCheck:
+    """A fixed set of runner names (tests, tools without plugins)."""
+    known = tuple(names)
+
+    def problem(name: str) -> str | None:
+        if name in known:
+            return None
+        return f"runner {name!r} is not registered{hint(name, known)}; registered runners: " + (
+            ", ".join(known) or "(none)"
+        )
+
+    return problem
 
 
 def lint_paths(
@@ -326,7 +336,8 @@ def lint_paths(
     *,
     runners: Sequence[str] | None = None,
 ) -> list[Finding]:
-    """Check the policy files that :func:`policy.loader.policy_paths` picks for ``paths``."""
+    """Check the policy files that :func:`policy.loader.policy_paths` picks for ``paths``;
+    ``runners`` defaults to the registered ones."""
     from policy.loader import policy_paths
     from policy.source import read_source
 
@@ -346,7 +357,7 @@ def lint_sources(
     sources: list[tuple[str, bytes]], *, runners: Sequence[str] | None = None
 ) -> list[Finding]:
     """Check layered ``(display name, content)`` sources: loader errors first; only a policy
-    that loads is linted. ``runners`` defaults to :func:`known_runners`."""
+    that loads is linted. ``runners`` defaults to the registered ones."""
     from policy.loader import load_policy_sources
     from policy.schema import validate_file
     from policy.source import parse_yaml
@@ -374,7 +385,8 @@ def lint_sources(
         policy = load_policy_sources(sources, use_cache=False)
     except PolicyError as exc:
         return _from_error(exc)
-    subject = Subject(policy, docs, known_runners() if runners is None else runners)
+    runner_check = registered_runners() if runners is None else runners_named(runners)
+    subject = Subject(policy, docs, runner_check)
     for check in CHECKS:
         findings.extend(check(subject))
     order = {name: i for i, name in enumerate(docs)}

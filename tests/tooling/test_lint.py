@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from plugins import PlatformSupport, RunnerSpec, hookimpl
+from plugins.testing import register_plugin  # noqa: F401  (fixture)
 from policy.cli import main
 from policy.lint import lint_paths, lint_sources
 
@@ -38,7 +40,7 @@ def test_findings_read_file_line_col_severity_code_message() -> None:
     text = with_rules(rule("r1", "{platform: rocm}", "{runner: mrv3}"))
     finding = only(lint(text), "unknown-runner")
     assert str(finding).startswith(
-        "p.yaml:17:19: error: unknown-runner: rule r1 names runner 'mrv3'"
+        "p.yaml:17:19: error: unknown-runner: rule r1: runner 'mrv3' is not registered"
     )
     assert "(did you mean 'mrv1'?)" in finding.message
 
@@ -84,15 +86,30 @@ def test_unknown_runners_in_defaults_and_env_bindings() -> None:
     text = text.replace('"0": mrv1', '"0": mrv9')
     findings = [f for f in lint(text) if f.code == "unknown-runner"]
     assert [f.line for f in findings] == [11, 13]
-    assert findings[0].message.startswith("defaults names runner 'mvr2'")
-    assert findings[0].message.endswith("(did you mean 'mrv2'?)")
-    assert findings[1].message.startswith("env USE_V2=0 names runner 'mrv9'")
+    assert findings[0].message.startswith("defaults: runner 'mvr2' is not registered")
+    assert "(did you mean 'mrv2'?)" in findings[0].message
+    assert findings[1].message.startswith("env USE_V2=0: runner 'mrv9' is not registered")
 
 
-def test_registered_runners_are_known() -> None:
-    text = with_rules(rule("r1", "{platform: rocm}", "{runner: eager}"))
-    assert "unknown-runner" in codes(lint(text))
-    assert "unknown-runner" not in codes(lint(text, runners=("mrv1", "mrv2", "eager")))
+class EagerPlugin:
+    @hookimpl
+    def interlock_runner_specs(self) -> list[RunnerSpec]:
+        return [
+            RunnerSpec(
+                name="eager",
+                description="runs every step eagerly",
+                plugin_api=">=1.0,<2",
+                platforms={"cpu": PlatformSupport(cudagraph={"none"})},
+                factory="nowhere:Runner",
+            )
+        ]
+
+
+def test_registered_runners_are_known(write, register_plugin) -> None:  # noqa: F811
+    path = write("p.yaml", with_rules(rule("r1", "{platform: cpu}", "{runner: eager}")))
+    assert "unknown-runner" in codes(lint_paths([path]))
+    register_plugin(EagerPlugin(), "eager")
+    assert "unknown-runner" not in codes(lint_paths([path]))
 
 
 # -- warnings: each with a policy that triggers it and one that does not --------------------
