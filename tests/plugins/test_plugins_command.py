@@ -1,0 +1,88 @@
+"""`policy plugins [--json]`: every plugin with its distribution, status and capabilities."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from plugin_builders import EAGER_ONLY, spec
+
+from plugins import KernelSpec, RunnerSpec, hookimpl
+from policy.cli import main
+
+
+class Declares:
+    def __init__(self, runners: list[RunnerSpec], kernels: list[KernelSpec] = ()) -> None:  # type: ignore[assignment]
+        self.runners, self.kernels = runners, list(kernels)
+
+    @hookimpl
+    def interlock_runner_specs(self) -> list[RunnerSpec]:
+        return self.runners
+
+    @hookimpl
+    def interlock_kernel_specs(self) -> list[KernelSpec]:
+        return self.kernels
+
+
+KERNEL = KernelSpec(
+    op="silu_and_mul",
+    backend="mine",
+    target="mine.kernels:silu_and_mul",
+    platforms={"cpu"},
+    dtypes={"float32"},
+    plugin_api=">=1.0",
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plugins", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_text_lists_plugins_runners_and_kernels(register_plugin, capsys) -> None:  # type: ignore[no-untyped-def]
+    register_plugin(
+        Declares([spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1")], [KERNEL]),
+        "tiny-plugin",
+        distribution="tiny-dist",
+        version="2.1",
+    )
+    code, out, err = run(capsys)
+    assert (code, err) == (0, "")
+    assert "mrv2  interlock " in out and "  ok\n" in out
+    assert (
+        "cuda, rocm, xpu        cudagraph none, piecewise, full, full_decode_only, "
+        "full_and_piecewise; breakable; requires has_triton" in out
+    )
+    assert (
+        "unsupported            pipeline parallelism when {features: "
+        "{pipeline_parallel_size: {gt: 1}}}" in out
+    )
+    assert "tiny-plugin  tiny-dist 2.1  ok" in out
+    assert "cpu                    cudagraph none; not breakable" in out
+    assert "kernel silu_and_mul/mine  cpu  float32  mine.kernels:silu_and_mul" in out
+
+
+def test_failures_are_listed_and_make_the_exit_code(register_plugin, capsys) -> None:  # type: ignore[no-untyped-def]
+    class Raises:
+        @hookimpl
+        def interlock_runner_specs(self) -> list[RunnerSpec]:
+            raise ValueError("bad config")
+
+    register_plugin(Raises(), "raises")
+    code, out, err = run(capsys)
+    assert code == 1
+    assert "raises  in-process 0  failed: ValueError: bad config" in out
+    assert "policy: problem: plugin raises (in-process 0) failed: ValueError: bad config" in err
+
+
+def test_json_document(register_plugin, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("INTERLOCK_DISABLE_PLUGINS", "mrv2")
+    register_plugin(Declares([spec("tiny", {"cpu": EAGER_ONLY})], [KERNEL]), "tiny-plugin")
+    code, out, _ = run(capsys, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["plugin_api"] == "1.0" and doc["problems"] == []
+    by_name = {p["name"]: p for p in doc["plugins"]}
+    assert by_name["mrv2"]["status"] == "disabled"
+    assert by_name["mrv1"]["runners"][0]["platforms"]["cpu"]["breakable"] is True
+    assert by_name["tiny-plugin"]["kernels"] == [KERNEL.to_dict()]
