@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
     BaseModel,
@@ -166,6 +166,18 @@ def validate_when(data: Any, name: str = "<when>") -> dict[str, Any]:
     except ValidationError as exc:
         raise _located(exc, doc, WhenModel, with_position=False) from None
     return model.model_dump(by_alias=True, exclude_none=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_doc(model: type[M], doc: SourceDoc) -> M:
+    """Validate a parsed YAML document against another file format's model (e.g. policy
+    tests), with errors located like the policy's."""
+    try:
+        return model.model_validate(doc.data)
+    except ValidationError as exc:
+        raise _located(exc, doc, model) from None
 
 
 def _keys(model: type[BaseModel]) -> str:
