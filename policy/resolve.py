@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from policy.conditions import Facts, Failure
-from policy.context import CATALOG, GIVEN, Context
+from policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
 from policy.errors import PolicyError
 from policy.fields import DECISION_FIELDS, check_field
 from policy.model import Policy
@@ -220,7 +220,7 @@ def _traits(policy: Policy, context: Context) -> dict[str, TraitFact]:
         for name, value in entry.traits.items():
             traits[name] = TraitFact(value, CATALOG, str(entry.location))
     for name, value in context.model_traits.items():
-        origin = context.source(f"traits.{name}")
+        origin = context.sources.get(f"traits.{name}", MODEL_CONFIG)
         known = traits.get(name)
         if known is None:
             traits[name] = TraitFact(value, origin)

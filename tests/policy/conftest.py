@@ -37,6 +37,12 @@ rules: []
 
 
 @pytest.fixture
+def base() -> str:
+    """A small complete policy: two catalog entries, one env binding, no rules."""
+    return BASE
+
+
+@pytest.fixture
 def write(tmp_path: Path):
     """write(name, text) -> path of a policy file under tmp_path."""
 

@@ -1,0 +1,68 @@
+"""The shipped policy reaches non-editable installs: policy/policies.yaml is package data."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_package_link_points_at_the_top_level_file() -> None:
+    link = REPO / "policy" / "policies.yaml"
+    assert link.is_symlink() and os.readlink(link) == "../policies.yaml"
+
+
+def test_wheel_carries_the_policy_as_a_regular_file(tmp_path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "policies.yaml"):
+        shutil.copy2(REPO / name, src / name)
+    for package in ("policy", "runners", "kernels", "plugins"):
+        if (REPO / package).is_dir():
+            shutil.copytree(
+                REPO / package,
+                src / package,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("interlock-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("policy/policies.yaml") == (REPO / "policies.yaml").read_bytes()
+        zf.extractall(tmp_path / "site")
+    site = str(tmp_path / "site")
+    code = (
+        "import policy, policy.loader as l; from policy import load_policy\n"
+        f"assert policy.__file__.startswith({site!r}), policy.__file__\n"
+        "assert not l.shipped_policy_path().is_symlink()\n"
+        "print(load_policy(use_cache=False).version)\n"
+    )
+    # -S (no .pth files) and cwd outside the checkout: nothing may shadow the unpacked wheel.
+    path = os.pathsep.join([str(tmp_path / "site"), sysconfig.get_paths()["purelib"]])
+    env = {**os.environ, "PYTHONPATH": path}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2026.09.01"
