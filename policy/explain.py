@@ -106,6 +106,12 @@ def _context_lines(res: Resolution, s: _Style) -> list[str]:
     return [f"  {k:<{width}}  {v:<{vwidth}}  {s(n, 'dim')}" for k, v, n in rows]
 
 
+def render_trace(steps: tuple[Step, ...], *, color: bool = False) -> list[str]:
+    """Trace lines as `policy explain` prints them, for any selection of a resolution's steps
+    (e.g. those about one field, in `policy test` reports)."""
+    return _trace_lines(steps, _Style(color))
+
+
 def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
     width = max((len(step.name) for step in trace), default=0)
     lines = []
