@@ -88,12 +88,14 @@ class PlatformSupport:
 
     cudagraph: tuple[str, ...]
     breakable: bool = False
+    compile: bool = False  # torch.compile
     # Facts that must be true for the runner to serve this platform at all.
     requires: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.breakable, bool):
-            raise _fail("breakable", f"{self.breakable!r} must be True or False")
+        for name in ("breakable", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, f"{getattr(self, name)!r} must be True or False")
         set_ = object.__setattr__
         set_(self, "cudagraph", _choices("cudagraph", self.cudagraph, CUDAGRAPH_MODES))
         set_(self, "requires", _choices("requires", self.requires, tuple(REQUIRABLE_FACTS)))
@@ -107,6 +109,7 @@ class PlatformSupport:
         return {
             "cudagraph": list(self.cudagraph),
             "breakable": self.breakable,
+            "compile": self.compile,
             "requires": list(self.requires),
         }
 

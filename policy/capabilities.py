@@ -2,7 +2,8 @@
 
 A value from defaults or rules that the runner cannot serve falls back along a
 declared chain (the runner's ``fallback``; cudagraph ``full_and_piecewise ->
-piecewise -> none``, ``full``/``full_decode_only -> none``; breakable -> false),
+piecewise -> none``, ``full``/``full_decode_only -> none``; breakable and compile
+-> false),
 each step recorded with its reason. A value forced by an env binding or an
 override that cannot be served is an error naming every unsupported item and
 how to choose otherwise. Nothing changes without a trace step.
@@ -31,7 +32,11 @@ DOWNGRADE = {
     "full": "none",
     "full_decode_only": "none",
 }
-GRAPH_FIELDS = ("cudagraph", "breakable")
+#: On/off capabilities a runner declares per platform, with their names in messages;
+#: unsupported, they fall back to false.
+SWITCHES = {"breakable": "breakable capture", "compile": "torch.compile"}
+#: Decision fields checked against the runner besides the runner itself.
+MODE_FIELDS = ("cudagraph", *SWITCHES)
 
 
 class CapabilityError(PolicyError):
@@ -82,7 +87,7 @@ def unsupported_items(
     spec: RunnerSpec, draft: Draft, forced: Mapping[str, Any]
 ) -> list[tuple[str, str]]:
     """Everything ``spec`` cannot serve, as (field at fault, message): ``runner`` for the
-    context (platform, facts, features), ``cudagraph``/``breakable`` for forced graph values."""
+    context (platform, facts, features), or the forced mode field at fault."""
     platform = draft.context.platform
     support = spec.platforms.get(platform)
     if support is None:
@@ -120,8 +125,9 @@ def unsupported_items(
                 f"(it supports: {', '.join(support.cudagraph)})",
             )
         )
-    if forced.get("breakable") is True and not support.breakable:
-        items.append(("breakable", f"{spec.name} does not support breakable capture on {platform}"))
+    for field, label in SWITCHES.items():
+        if forced.get(field) is True and not getattr(support, field):
+            items.append((field, f"{spec.name} does not support {label} on {platform}"))
     return items
 
 
@@ -149,25 +155,27 @@ def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
             f"{', '.join(support.cudagraph)}); downgraded {' -> '.join(chain)}"
         )
         draft.assign(Provenance("cudagraph", chain[-1], CAPABILITIES, name, why))
-    if draft.values["breakable"] is True and not support.breakable:
-        why = f"{name} does not support breakable capture on {platform}"
-        draft.record(
-            Step(CAPABILITIES, "breakable true -> false", sets={"breakable": False}, note=why)
-        )
-        draft.assign(Provenance("breakable", False, CAPABILITIES, name, why))
+    for field, label in SWITCHES.items():
+        if draft.values[field] is True and not getattr(support, field):
+            why = f"{name} does not support {label} on {platform}"
+            draft.record(
+                Step(CAPABILITIES, f"{field} true -> false", sets={field: False}, note=why)
+            )
+            draft.assign(Provenance(field, False, CAPABILITIES, name, why))
     draft.record(
         Step(
             CAPABILITIES,
             f"runner {name}",
             note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves cudagraph "
-            f"{', '.join(support.cudagraph)}; breakable {_show(support.breakable)}",
+            f"{', '.join(support.cudagraph)}; "
+            + "; ".join(f"{f} {_show(getattr(support, f))}" for f in SWITCHES),
         )
     )
 
 
 def _choose_runner(draft: Draft, registry: PluginRegistry) -> RegisteredRunner:
     given = draft.provenance["runner"]
-    forced = {f: draft.values[f] for f in GRAPH_FIELDS if draft.provenance[f].forced}
+    forced = {f: draft.values[f] for f in MODE_FIELDS if draft.provenance[f].forced}
     name = draft.values["runner"]
     tried: dict[str, list[tuple[str, str]]] = {}
     while True:
@@ -278,7 +286,7 @@ def _alternatives(
             f"--set runner={servable[0]}"
         )
     platform = draft.context.platform
-    for field in (f for f in at_fault if f in GRAPH_FIELDS):
+    for field in (f for f in at_fault if f in MODE_FIELDS):
         prov = draft.provenance[field]
         how = f"unset {prov.source}" if prov.stage == ENV else f"drop the {field} override"
         offers = []
@@ -290,7 +298,7 @@ def _alternatives(
             offers.append(
                 f"{name} serves cudagraph {', '.join(support.cudagraph)}"
                 if field == "cudagraph"
-                else f"{name} has {'' if support.breakable else 'no '}breakable capture"
+                else f"{name} has {'' if getattr(support, field) else 'no '}{SWITCHES[field]}"
             )
         hints.append(f"{how} ({field}={_show(forced[field])}); on {platform} {'; '.join(offers)}")
     if not servable:

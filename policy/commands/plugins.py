@@ -73,6 +73,7 @@ def _runner_lines(spec: Any) -> list[str]:
     for support, platforms in groups.items():
         parts = [f"cudagraph {', '.join(support.cudagraph)}"]
         parts.append("breakable" if support.breakable else "not breakable")
+        parts.append("torch.compile" if support.compile else "no torch.compile")
         parts += [f"requires {fact}" for fact in support.requires]
         lines.append(f"    {', '.join(platforms):<22} {'; '.join(parts)}")
     for item in spec.unsupported:

@@ -10,9 +10,11 @@ from plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, Unsupported, h
 
 PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 
-# As in vLLM: every graph mode and breakable capture (on cpu through the debug
-# replay backend).
-EVERY_GRAPH_MODE = PlatformSupport(cudagraph=frozenset(CUDAGRAPH_MODES), breakable=True)
+# As in vLLM: every graph mode, breakable capture (on cpu through the debug
+# replay backend) and torch.compile.
+EVERY_GRAPH_MODE = PlatformSupport(
+    cudagraph=frozenset(CUDAGRAPH_MODES), breakable=True, compile=True
+)
 
 # Declared so that asking for them is an error naming the feature, not a crash mid-run.
 NOT_YET_SUPPORTED = (

@@ -12,7 +12,10 @@ from runners.mrv1.plugin import EVERY_GRAPH_MODE, NOT_YET_SUPPORTED
 GPU_PLATFORMS = ("cuda", "rocm", "xpu")
 
 ON_GPU = PlatformSupport(
-    cudagraph=frozenset(CUDAGRAPH_MODES), breakable=True, requires=frozenset({"has_triton"})
+    cudagraph=frozenset(CUDAGRAPH_MODES),
+    breakable=True,
+    compile=True,
+    requires=frozenset({"has_triton"}),
 )
 
 SPEC = RunnerSpec(

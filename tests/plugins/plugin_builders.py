@@ -8,7 +8,7 @@ from pathlib import Path
 from plugins import PlatformSupport, PluginRecord, PluginRegistry, RunnerSpec, Unsupported
 from policy.fields import CUDAGRAPH_MODES
 
-EVERY_MODE = PlatformSupport(cudagraph=CUDAGRAPH_MODES, breakable=True)
+EVERY_MODE = PlatformSupport(cudagraph=CUDAGRAPH_MODES, breakable=True, compile=True)
 EAGER_ONLY = PlatformSupport(cudagraph={"none"})
 PIPELINE = Unsupported("pipeline parallelism", {"features": {"pipeline_parallel_size": {"gt": 1}}})
 

@@ -16,7 +16,7 @@ from policy.cli import main
 from policy.trace import CAPABILITIES
 
 GPU_NEEDS_TRITON = PlatformSupport(
-    cudagraph=EVERY_MODE.cudagraph, breakable=True, requires={"has_triton"}
+    cudagraph=EVERY_MODE.cudagraph, breakable=True, compile=True, requires={"has_triton"}
 )
 PIECEWISE = PlatformSupport(cudagraph={"none", "piecewise"})
 
@@ -32,7 +32,7 @@ schema_version: 1
 version: "t"
 catalog:
   Dense: {{moe: false, attention: gqa}}
-defaults: {{runner: {runner}, cudagraph: {cudagraph}, breakable: true, compile: false}}
+defaults: {{runner: {runner}, cudagraph: {cudagraph}, breakable: true, compile: {compile}}}
 env:
   USE_FAST: {{field: runner, values: {{"0": safe, "1": fast}}}}
 rules:
@@ -47,11 +47,12 @@ def decide(
     registry: PluginRegistry = REGISTRY,
     runner: str = "fast",
     cudagraph: str = "full_and_piecewise",
+    compile: str = "false",
     overrides: dict[str, Any] | None = None,
     platform: str = "cpu",
     **context: Any,
 ) -> Any:
-    pol = load_policy_text(POLICY.format(runner=runner, cudagraph=cudagraph))
+    pol = load_policy_text(POLICY.format(runner=runner, cudagraph=cudagraph, compile=compile))
     ctx = make_context("Dense", platform=platform, **context)
     return resolve(pol, ctx, overrides, capabilities=capability_stage(registry))
 
@@ -73,7 +74,7 @@ def test_a_supported_decision_is_kept_and_names_its_provider() -> None:
             {},
             "provided by plugin p-fast (fast-dist 1.0); on cpu "
             "it serves cudagraph none, piecewise, full, full_decode_only, "
-            "full_and_piecewise; breakable true",
+            "full_and_piecewise; breakable true; compile true",
         )
     ]
 
@@ -316,3 +317,21 @@ def test_shipped_runners_refuse_what_they_cannot_serve(capsys, feature: str, nam
     assert code == 1
     assert f"mrv2 does not support {named}" in err
     assert f"mrv1 does not support {named}" in err
+
+
+def test_switches_fall_back_to_false() -> None:
+    res = decide(runner="safe", cudagraph="piecewise", compile="true")
+    assert (res.decision.breakable, res.decision.compile) == (False, False)
+    assert [step[:2] for step in stage5(res)[:2]] == [
+        ("breakable true -> false", {"breakable": False}),
+        ("compile true -> false", {"compile": False}),
+    ]
+    assert res.provenance["compile"].reason == "safe does not support torch.compile on cpu"
+
+
+def test_forced_compile_is_checked_like_any_forced_value() -> None:
+    with pytest.raises(CapabilityError) as info:
+        decide(runner="safe", overrides={"runner": "safe", "compile": True, "breakable": False})
+    assert info.value.forced == ("runner", "compile")
+    assert "safe does not support torch.compile on cpu" in str(info.value)
+    assert "on cpu safe has no torch.compile" in str(info.value)

@@ -16,7 +16,7 @@ def test_builtins_declare_vllm_capabilities() -> None:
         assert set(builtin.platforms) == {"cuda", "rocm", "xpu", "cpu"}
         for support in builtin.platforms.values():
             assert support.cudagraph == CUDAGRAPH_MODES
-            assert support.breakable
+            assert support.breakable and support.compile
         assert {u.feature for u in builtin.unsupported} == {
             "pipeline parallelism",
             "speculative decoding",
@@ -113,6 +113,7 @@ def test_to_dict_is_json_ready() -> None:
     assert data["platforms"]["cuda"] == {
         "cudagraph": list(CUDAGRAPH_MODES),
         "breakable": True,
+        "compile": True,
         "requires": ["has_triton"],
     }
     assert data["unsupported"][0]["when"] == {"features": {"pipeline_parallel_size": {"gt": 1}}}
