@@ -160,6 +160,31 @@ def unknown_runners(subject: Subject) -> Iterator[Finding]:
             yield from check(value, where, f"env {name}={text}")
 
 
+def unserved_cudagraph_modes(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule sets a cudagraph mode that no registered runner (the rule's own runner
+    when it sets one) serves on a platform the rule can match; stage 5 would always downgrade."""
+    from plugins import load_registry
+    from plugins.checks import unserved_cudagraph
+
+    registry = load_registry()
+    for rule in subject.policy.rules:
+        setting = rule.set.get("cudagraph")
+        if setting is None:
+            continue
+        runner = rule.set.get("runner")
+        platforms = subject.domain.platforms_of(rule.when)
+        problems = unserved_cudagraph(
+            registry, setting.value, platforms, runner.value if runner else None
+        )
+        if problems:
+            yield subject.finding(
+                setting.location,
+                WARNING,
+                "unsupported-cudagraph",
+                f"rule {rule.id}: " + "; ".join(problems),
+            )
+
+
 def unknown_architectures(subject: Subject) -> Iterator[Finding]:
     """Warnings: a rule names an architecture (or a glob matches none) absent from the catalog."""
     catalog = subject.policy.catalog
@@ -298,6 +323,7 @@ def _vague(reason: str) -> str:
 #: The checks `policy check` runs, in order.
 CHECKS: tuple[Check, ...] = (
     unknown_runners,
+    unserved_cudagraph_modes,
     unknown_architectures,
     dead_and_shadowed_rules,
     near_miss_lists,
