@@ -1,0 +1,83 @@
+"""Installing plugins' kernel implementations into the kernel registry.
+
+Kernel specs are data (listed by `policy plugins` without torch); they become
+``kernels.KernelImpl`` only here, which the kernels side calls once kernels are
+loaded, so neither the policy nor the plugin manager ever imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from plugins.discovery import summarize
+from plugins.manager import load_registry
+from plugins.registry import PluginRegistry
+from plugins.settings import STRICT_ENV, PluginError
+from plugins.spec import KernelSpec, load_import_path
+
+
+@dataclass
+class KernelInstall:
+    """What an install pass did: implementations added, and plugins whose kernels failed."""
+
+    installed: list[str] = field(default_factory=list)  # "op/backend (plugin)"
+    failed: list[str] = field(default_factory=list)  # "op/backend (plugin): why"
+
+
+def install_plugin_kernels(
+    kernel_registry: Any, plugin_registry: PluginRegistry | None = None
+) -> KernelInstall:
+    """Register every ok plugin's kernel specs into ``kernel_registry`` (a kernels.KernelRegistry).
+
+    Idempotent: an implementation this plugin already registered is skipped. A
+    plugin whose kernels cannot be installed is reported in ``failed`` and its
+    other kernels are still tried; with ``INTERLOCK_PLUGINS_STRICT=1`` it raises.
+    """
+    from kernels.registry import KernelImpl
+
+    plugin_registry = plugin_registry or load_registry()
+    report = KernelInstall()
+    for plugin in plugin_registry.plugins:
+        if plugin.status != "ok":
+            continue
+        for spec in plugin.kernels:
+            label = f"{spec.op}/{spec.backend} ({plugin.name})"
+            try:
+                if _already_installed(kernel_registry, spec, plugin.name):
+                    continue
+                kernel_registry.register(
+                    KernelImpl(
+                        op=spec.op,
+                        backend=spec.backend,
+                        # Loaded now so that a wrong path is this plugin's failure,
+                        # not a surprise in the middle of a run.
+                        target=load_import_path(spec.target),
+                        platforms=frozenset(spec.platforms),
+                        dtypes=frozenset(spec.dtypes),
+                        provider=plugin.name,
+                        unavailable=load_import_path(spec.unavailable)
+                        if spec.unavailable
+                        else None,
+                    )
+                )
+            except Exception as exc:  # quarantine, as for every plugin failure
+                if os.environ.get(STRICT_ENV) == "1":
+                    raise PluginError(
+                        f"{STRICT_ENV}=1: plugin {plugin.provider}: kernel {label}: "
+                        f"{summarize(exc)}"
+                    ) from exc
+                report.failed.append(f"{label}: {summarize(exc)}")
+                continue
+            report.installed.append(label)
+    return report
+
+
+def _already_installed(kernel_registry: Any, spec: KernelSpec, provider: str) -> bool:
+    # implementations() raises KernelError for an op the registry does not know,
+    # which is the right message for a plugin naming a wrong op.
+    return any(
+        impl.backend == spec.backend and impl.provider == provider
+        for impl in kernel_registry.implementations(spec.op)
+    )
