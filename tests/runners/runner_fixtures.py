@@ -1,0 +1,128 @@
+"""Tiny random checkpoints of every supported architecture, built with transformers, and
+their greedy generations as the oracle (built lazily, once per session)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runners.mrv1.inputs import DeviceInputs
+from runners.mrv1.runner import MRV1Runner
+
+# A different rope scaling, window and head layout per family, so together they cover
+# what these configs can vary.
+TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("llama", "LlamaForCausalLM", {
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    }),
+    "llama-tied-bias": ("llama", "LlamaForCausalLM", {
+        "tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "num_key_value_heads": 4,
+    }),
+    "mistral": ("mistral", "MistralForCausalLM", {
+        "sliding_window": 8, "head_dim": 24, "num_key_value_heads": 1,
+    }),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", {
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 64},
+        "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+    }),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True}),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "mlp_only_layers": [1],
+    }),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "norm_topk_prob": True, "rope_theta": 500000.0,
+    }),
+    "mixtral": ("mixtral", "MixtralForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2,
+    }),
+}
+
+BASE_CONFIG: dict[str, Any] = {
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    # Larger than the usual 0.02 so logits are peaked: no near-ties for float noise to flip.
+    "initializer_range": 0.1,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": 0,
+}
+
+# Prompts of different lengths; the longest spans several KV blocks.
+PROMPTS: list[list[int]] = [
+    [7, 93, 12, 54, 3, 88, 41, 19, 66, 102, 5, 27, 71, 30, 9, 115, 48, 60, 2],
+    [17, 85],
+    [33, 4, 120, 58, 77, 11, 96, 23, 64],
+]
+NEW_TOKENS = 40
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """transformers' greedy continuation of PROMPTS, with the raw logits of each step."""
+
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]  # per step: [len(PROMPTS), V]
+
+
+@dataclass
+class TinyModels:
+    root: Path
+    _models: dict[str, Any] = field(default_factory=dict)
+    _oracles: dict[str, Oracle] = field(default_factory=dict)
+
+    def path(self, name: str) -> Path:
+        self.hf(name)
+        return self.root / name
+
+    def hf(self, name: str) -> Any:
+        if name not in self._models:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            model_type, architecture, extra = TINY_CONFIGS[name]
+            config = AutoConfig.for_model(model_type, **{**BASE_CONFIG, **extra})
+            config.architectures = [architecture]
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config).eval()
+            model.save_pretrained(self.root / name)
+            self._models[name] = model
+        return self._models[name]
+
+    def oracle(self, name: str) -> Oracle:
+        if name not in self._oracles:
+            width = max(len(p) for p in PROMPTS)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+            with torch.no_grad():
+                out = self.hf(name).generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                    return_dict_in_generate=True, pad_token_id=0,
+                )
+            self._oracles[name] = Oracle(out.sequences[:, width:].tolist(), list(out.logits))
+        return self._oracles[name]
+
+
+class RecordingRunner(MRV1Runner):
+    """mrv1 that keeps the logits of every step, for comparing against the oracle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits: list[torch.Tensor] = []
+
+    def compute_logits(self, inputs: DeviceInputs) -> torch.Tensor:
+        logits = super().compute_logits(inputs)
+        self.logits.append(logits.clone())
+        return logits

@@ -1,0 +1,176 @@
+"""KV block accounting and continuous batching, driven by a fake runner that checks the cache."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runners.contract import (
+    KVCacheSpec,
+    ModelSpec,
+    RunDecision,
+    RunnerOutput,
+    RunnerReport,
+    ScheduledBatch,
+)
+from runners.engine.engine import Engine, EngineConfig
+from runners.engine.kv_cache import BlockAllocator, KVCacheError, bytes_per_block, plan_kv_cache
+from runners.engine.sampling import SamplingParams
+from runners.engine.scheduler import RequestRejected
+from runners.model.demo import demo_config
+
+CONFIG = demo_config()
+
+
+class CacheCheckingRunner:
+    """Stands in for a model: remembers which (request, position, token) each slot holds,
+    checks every sequence finds its own history in its block table, and returns a token
+    that depends on that history — so any scheduling mistake changes the output."""
+
+    def load(self, model, kv_cache, decision) -> None:
+        self.block_size = kv_cache.block_size
+        self.slots: dict[int, tuple[str, int, int]] = {}
+        self.batches: list[ScheduledBatch] = []
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        self.batches.append(batch)
+        tokens = []
+        for seq in batch.sequences:
+            history = 0
+            for pos in range(seq.seq_len):
+                slot = self.slot(seq.block_table, pos)
+                if pos >= seq.start_position:
+                    fed = seq.token_ids[pos - seq.start_position]
+                    self.slots[slot] = (seq.request_id, pos, fed)
+                request_id, stored_pos, token = self.slots[slot]
+                assert (request_id, stored_pos) == (seq.request_id, pos), "slot holds another token"
+                history = (history * 31 + token) % 1000
+            tokens.append(history if seq.sample else None)
+        return RunnerOutput(tuple(tokens))
+
+    def slot(self, block_table: tuple[int, ...], pos: int) -> int:
+        return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def report(self) -> RunnerReport:
+        return RunnerReport("fake", "cpu", "float32", ())
+
+
+def make_engine(num_blocks: int, block_size: int = 4, max_model_len: int = 64,
+                **config) -> Engine:
+    spec = ModelSpec("demo", CONFIG, "float32", "cpu", max_model_len=max_model_len)
+    return Engine(spec, KVCacheSpec(num_blocks, block_size), CacheCheckingRunner(),
+                  RunDecision(), EngineConfig(**config))
+
+
+def run(engine: Engine, prompts, max_tokens: int):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    requests = [engine.make_request(p, params) for p in prompts]
+    for request in requests:
+        engine.add_request(request)
+    while engine.has_unfinished():
+        engine.step()
+    return requests
+
+
+def test_block_allocator_free_list():
+    allocator = BlockAllocator(4)
+    first = allocator.allocate(3)
+    assert allocator.num_free == 1
+    with pytest.raises(KVCacheError, match="asked for 2 KV blocks, 1 free"):
+        allocator.allocate(2)
+    allocator.free(first)
+    assert allocator.num_free == 4
+    assert sorted(allocator.allocate(4)) == [0, 1, 2, 3]
+
+
+def test_kv_cache_budget_from_bytes_or_blocks():
+    per_block = bytes_per_block(CONFIG, "float32", 16)
+    assert per_block == 2 * 8 * 4 * 64 * 4 * 16
+    assert plan_kv_cache(CONFIG, "float32", 16, 2048, 64,
+                         kv_cache_memory=10 * per_block + 1).num_blocks == 10
+    assert plan_kv_cache(CONFIG, "float32", 16, 64, 2, kv_cache_memory=10**12).num_blocks == 8
+    assert plan_kv_cache(CONFIG, "bfloat16", 16, 2048, 64, num_blocks=7).num_blocks == 7
+    with pytest.raises(KVCacheError, match="holds no KV block"):
+        plan_kv_cache(CONFIG, "float32", 16, 2048, 64, kv_cache_memory=per_block - 1)
+    with pytest.raises(KVCacheError, match="not both"):
+        plan_kv_cache(CONFIG, "float32", 16, 2048, 64, num_blocks=1, kv_cache_memory=1)
+
+
+def test_requests_that_cannot_fit_alone_are_rejected_with_the_reason():
+    engine = make_engine(num_blocks=4, block_size=4, max_model_len=32)
+    with pytest.raises(RequestRejected, match=r"needs 5 KV blocks \(prompt 10 \+ max_tokens 10 "
+                       r"tokens, block size 4\) but the cache has only 4"):
+        engine.make_request(list(range(10)), SamplingParams(max_tokens=10))
+    with pytest.raises(RequestRejected, match="exceeds max_model_len 32"):
+        engine.make_request(list(range(30)), SamplingParams(max_tokens=3))
+    with pytest.raises(RequestRejected, match="the prompt is empty"):
+        engine.make_request([], SamplingParams())
+    with pytest.raises(RequestRejected, match=r"outside the vocabulary \[0, 32000\)"):
+        engine.make_request([1, 32000], SamplingParams())
+
+
+def test_a_request_waits_for_blocks_then_runs():
+    # Each request needs 3 blocks at its longest and 2 to start; 3 blocks fit one at a time.
+    engine = make_engine(num_blocks=3)
+    first, second = run(engine, [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]], 4)
+    assert len(first.output_token_ids) == len(second.output_token_ids) == 4
+    assert first.num_preemptions == second.num_preemptions == 0
+    ids = [[s.request_id for s in b.sequences] for b in engine.runner.batches]
+    assert ids == [[first.request_id]] * 4 + [[second.request_id]] * 4
+    assert engine.scheduler.allocator.num_free == 3
+
+
+def test_prefill_and_decode_share_a_step_and_long_prompts_are_chunked():
+    engine = make_engine(num_blocks=64, max_num_batched_tokens=6)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    first = engine.make_request([1, 2, 3], params)
+    engine.add_request(first)
+    engine.step()  # prefill of the first request
+    second = engine.make_request(list(range(10, 24)), params)  # 14 tokens: 3 chunks
+    engine.add_request(second)
+    while engine.has_unfinished():
+        engine.step()
+    batches = engine.runner.batches
+    mixed = batches[1].sequences
+    assert [(s.request_id, s.num_tokens, s.sample) for s in mixed] == [
+        (first.request_id, 1, True), (second.request_id, 5, False)]
+    chunks = [s for b in batches for s in b.sequences if s.request_id == second.request_id]
+    assert [(s.start_position, s.num_tokens, s.sample) for s in chunks[:3]] == [
+        (0, 5, False), (5, 5, False), (10, 4, True)]
+    assert len(second.output_token_ids) == 5
+
+
+def test_preempted_requests_are_recomputed_and_finish_with_the_same_tokens():
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+    roomy = run(make_engine(num_blocks=64), prompts, 10)
+    tight_engine = make_engine(num_blocks=5)
+    tight = run(tight_engine, prompts, 10)
+    assert sum(r.num_preemptions for r in tight) > 0
+    assert [r.output_token_ids for r in tight] == [r.output_token_ids for r in roomy]
+    released = {rid for b in tight_engine.runner.batches for rid in b.finished_request_ids}
+    assert released == {r.request_id for r in tight}
+
+
+@given(
+    prompt_lens=st.lists(st.integers(1, 20), min_size=1, max_size=6),
+    max_tokens=st.integers(1, 12),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    spare_blocks=st.integers(0, 12),
+    max_num_seqs=st.integers(1, 4),
+    token_budget=st.integers(1, 24),
+)
+def test_every_request_finishes_whatever_the_limits(
+    prompt_lens, max_tokens, block_size, spare_blocks, max_num_seqs, token_budget
+):
+    longest = max(prompt_lens) + max_tokens - 1
+    num_blocks = -(-longest // block_size) + spare_blocks
+    engine = make_engine(num_blocks, block_size, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=token_budget)
+    prompts = [list(range(i, i + n)) for i, n in enumerate(prompt_lens)]
+    requests = run(engine, prompts, max_tokens)
+    assert all(len(r.output_token_ids) == max_tokens for r in requests)
+    assert engine.scheduler.allocator.num_free == num_blocks
+    for batch in engine.runner.batches:
+        assert 0 < batch.num_tokens <= token_budget
+        assert len(batch.sequences) <= max_num_seqs
