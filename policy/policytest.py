@@ -1,0 +1,211 @@
+"""Running policy test cases: per-case verdicts with the actual decision, and rule coverage.
+
+A case resolves its context through the whole pipeline, as `policy explain`
+does (stage 5 included when a capability stage is given). It passes when every
+expected field has the expected value (and, with ``rule``, was set by that
+rule), or, with ``error``, when resolution fails with a message containing it.
+A rule is covered when it decided at least one field of some case's decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.context import Context
+from policy.diff import decider, show_value
+from policy.errors import PolicyError
+from policy.explain import render_trace
+from policy.lint import rule_deciders
+from policy.model import Policy
+from policy.resolve import CapabilityCheck, Resolution, resolve
+from policy.suggest import hint
+from policy.testfile import LoadedCase
+from policy.trace import ENV, RULES, Provenance, Step
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: LoadedCase
+    #: Why the case failed, one problem per entry; empty when it passed.
+    problems: tuple[str, ...]
+    resolution: Resolution | None = None
+    #: The error resolution raised, if it did.
+    error: str | None = None
+    #: Fields whose trace the report shows.
+    failing_fields: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def covered(self) -> set[str]:
+        if self.resolution is None:
+            return set()
+        return rule_deciders(self.resolution.provenance.values())
+
+
+@dataclass
+class TestRun:
+    policy: Policy
+    results: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - self.passed
+
+    def covered(self) -> list[str]:
+        """Ids of the rules that decided a field in some case, in policy order."""
+        decided = set().union(*(r.covered for r in self.results))
+        return [rule.id for rule in self.policy.rules if rule.id in decided]
+
+    def uncovered(self) -> list[str]:
+        covered = set(self.covered())
+        return [rule.id for rule in self.policy.rules if rule.id not in covered]
+
+    def coverage(self) -> float:
+        """Percentage of rules covered (100 for a policy without rules)."""
+        total = len(self.policy.rules)
+        return 100.0 if total == 0 else 100.0 * len(self.covered()) / total
+
+
+def run_cases(
+    policy: Policy,
+    cases: Sequence[LoadedCase],
+    *,
+    capabilities: CapabilityCheck | None = None,
+) -> TestRun:
+    run = TestRun(policy)
+    for case in cases:
+        run.results.append(run_case(policy, case, capabilities=capabilities))
+    return run
+
+
+def run_case(
+    policy: Policy, loaded: LoadedCase, *, capabilities: CapabilityCheck | None = None
+) -> CaseResult:
+    """Resolve one case and compare. Names the case cannot use (an env variable the policy
+    does not bind, a rule id it does not have) fail it at their file:line, next to any value
+    that differs."""
+    case = loaded.case
+    problems = _unknown_names(policy, loaded)
+    given = case.given
+    context = Context(
+        architecture=given.architecture,
+        platform=given.platform,
+        device_arch=given.device_arch,
+        features=dict(given.features),
+        env=dict(given.env),
+    )
+    overrides = given.set.model_dump(exclude_unset=True)
+    expect = case.expect
+    try:
+        resolution = resolve(policy, context, overrides, capabilities=capabilities)
+    except PolicyError as exc:
+        message = str(exc)
+        if expect.error is None:
+            problems.append(f"resolution failed: {message}")
+        elif expect.error not in message:
+            problems.append(f"expected an error containing {expect.error!r}, got: {message}")
+        return CaseResult(loaded, tuple(problems), error=message)
+    if expect.error is not None:
+        problems.append(f"expected an error containing {expect.error!r}, but the case resolves")
+        return CaseResult(loaded, tuple(problems), resolution)
+    check_rule = expect.rule in {r.id for r in policy.rules}
+    failing: list[str] = []
+    for name, wanted in expect.fields().items():
+        got = getattr(resolution.decision, name)
+        wanted_value = tuple(wanted) if isinstance(wanted, list) else wanted
+        prov = resolution.provenance.get(name)
+        if got != wanted_value:
+            problems.append(
+                f"{name}: expected {show_value(wanted_value)}, got {show_value(got)} "
+                f"(set by {_setter(prov)})"
+            )
+            failing.append(name)
+        elif check_rule and not (
+            prov is not None and prov.stage == RULES and prov.source == expect.rule
+        ):
+            problems.append(
+                f"{name}: expected it set by rule {expect.rule}, but it was set by {_setter(prov)}"
+            )
+            failing.append(name)
+    return CaseResult(loaded, tuple(problems), resolution, failing_fields=tuple(failing))
+
+
+def _setter(prov: Provenance | None) -> str:
+    if prov is None:
+        return "nothing"
+    return decider(prov) + (f" at {prov.location}" if prov.location else "")
+
+
+def _unknown_names(policy: Policy, loaded: LoadedCase) -> list[str]:
+    problems = []
+    for name in loaded.case.given.env:
+        if name not in policy.env:
+            declared = ", ".join(policy.env) or "none"
+            message = f"the policy binds no variable {name!r}; declared: {declared}"
+            error = loaded.error(message + hint(name, policy.env), "given", "env", name)
+            problems.append(str(error))
+    rule = loaded.case.expect.rule
+    ids = [r.id for r in policy.rules]
+    if rule is not None and rule not in ids:
+        error = loaded.error(f"the policy has no rule {rule!r}{hint(rule, ids)}", "expect", "rule")
+        problems.append(str(error))
+    return problems
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def field_steps(resolution: Resolution, name: str) -> tuple[Step, ...]:
+    """The steps of the trace that could have set ``name``: defaults, rules setting it (matched
+    or not, with the first failing condition), its env bindings, overrides, later stages."""
+    env_bound = {n for n, b in resolution.policy.env.items() if b.field == name}
+    out = []
+    for step in resolution.trace:
+        if name in step.sets or (step.stage == ENV and step.name in env_bound):
+            out.append(step)
+    return tuple(out)
+
+
+def render_result(result: CaseResult, *, color: bool = False) -> list[str]:
+    where = result.case.at()
+    head = f"{'PASS' if result.passed else 'FAIL'}  {result.case.name}"
+    if result.passed:
+        return [head]
+    lines = [f"{head}  ({where.file}:{where.line})"]
+    lines += [f"      {problem}" for problem in result.problems]
+    res = result.resolution
+    if res is not None:
+        decision = " ".join(f"{k}={show_value(v)}" for k, v in _decision_items(res))
+        lines.append(f"      decision: {decision}")
+        for name in result.failing_fields:
+            lines.append(f"      trace of {name}:")
+            lines += [f"    {line}" for line in render_trace(field_steps(res, name), color=color)]
+    return lines
+
+
+def _decision_items(res: Resolution) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in res.decision.to_dict().items() if v is not None]
+
+
+def render_summary(run: TestRun) -> list[str]:
+    return [f"{run.passed} passed, {run.failed} failed", *render_coverage(run)]
+
+
+def render_coverage(run: TestRun) -> list[str]:
+    lines = [
+        f"rule coverage: {len(run.covered())}/{len(run.policy.rules)} rules "
+        f"({run.coverage():.1f} %)"
+    ]
+    uncovered = run.uncovered()
+    if uncovered:
+        lines.append(f"not covered: {', '.join(uncovered)}")
+    return lines

@@ -1,0 +1,102 @@
+"""pytest plugin (entry point ``pytest11``): collects ``*.tests.yaml`` policy tests files.
+
+Each case becomes one test item, run against the policy beside its file
+(``X.yaml`` for ``X.tests.yaml``). The project's pytest collects the shipped
+``policies.tests.yaml`` through ``testpaths``. pytest imports this module at
+every start, so it imports nothing of the policy engine until a file matches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from policy.policytest import TestRun
+    from policy.testfile import LoadedCase
+
+SUFFIX = ".tests.yaml"
+#: Tests file name -> the run its items add their results to (for the coverage summary).
+_RUNS = pytest.StashKey[dict[str, "TestRun"]]()
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.name.endswith(SUFFIX):
+        return PolicyTestsFile.from_parent(parent, path=file_path)
+    return None
+
+
+class PolicyCaseFailed(Exception):
+    """A case whose decision differs from what it expects; carries the rendered report."""
+
+
+class PolicyTestsFile(pytest.File):
+    def collect(self) -> list[pytest.Item]:
+        from policy.errors import PolicyError
+        from policy.loader import load_policy_sources
+        from policy.policytest import TestRun
+        from policy.source import read_source
+        from policy.testfile import load_tests, policy_path_for
+
+        name = self._display(self.path)
+        policy_path = policy_path_for(self.path)
+        if not policy_path.is_file():
+            raise self.CollectError(f"{name}: no policy {policy_path.name} beside it to test")
+        try:
+            tests = load_tests(self.path, name)
+            policy_name = self._display(policy_path)
+            policy = load_policy_sources([(policy_name, read_source(policy_path, policy_name))])
+        except PolicyError as exc:
+            raise self.CollectError(str(exc)) from None
+        run = self.config.stash.setdefault(_RUNS, {})[name] = TestRun(policy)
+        return [
+            PolicyCaseItem.from_parent(self, name=case.name, case=case, run=run)
+            for case in tests.cases
+        ]
+
+
+    def _display(self, path: Path) -> str:
+        """``path`` relative to the rootdir when below it, as locations in reports show it."""
+        try:
+            return str(path.relative_to(self.config.rootpath))
+        except ValueError:
+            return str(path)
+
+
+class PolicyCaseItem(pytest.Item):
+    def __init__(self, *, case: LoadedCase, run: TestRun, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case = case
+        self.run = run
+
+    def runtest(self) -> None:
+        from policy.capabilities import capability_stage
+        from policy.policytest import render_result, run_case
+
+        result = run_case(self.run.policy, self.case, capabilities=capability_stage())
+        self.run.results.append(result)
+        if not result.passed:
+            raise PolicyCaseFailed("\n".join(render_result(result)))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, PolicyCaseFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        where = self.case.at()
+        return self.path, where.line - 1, f"policy case: {self.name}"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    runs = config.stash.get(_RUNS, None)
+    if not runs:
+        return
+    from policy.policytest import render_coverage
+
+    terminalreporter.section("policy rule coverage")
+    for name, run in runs.items():
+        for line in render_coverage(run):
+            terminalreporter.write_line(f"{name}: {line}")
