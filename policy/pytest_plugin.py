@@ -56,7 +56,6 @@ class PolicyTestsFile(pytest.File):
             for case in tests.cases
         ]
 
-
     def _display(self, path: Path) -> str:
         """``path`` relative to the rootdir when below it, as locations in reports show it."""
         try:
@@ -91,7 +90,7 @@ class PolicyCaseItem(pytest.Item):
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    runs = config.stash.get(_RUNS, None)
+    runs = {name: run for name, run in config.stash.get(_RUNS, {}).items() if run.results}
     if not runs:
         return
     from policy.policytest import render_coverage
