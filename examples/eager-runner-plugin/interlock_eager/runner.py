@@ -1,0 +1,131 @@
+"""EagerRunner: the ``runners.contract.Runner`` of this plugin.
+
+Built only on interlock's public pieces: the runner contract, the kernel
+dispatch (``runners.dispatch``), the shared model execution
+(``runners.model``) and the plugin API for installing plugin kernels. Inputs
+are prepared with torch directly on the device, every step runs eagerly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernels import REGISTRY
+from kernels.registry import default_preference
+from plugins.kernels import install_plugin_kernels
+from runners.contract import (
+    KernelReport,
+    KVCacheSpec,
+    ModelSpec,
+    RunDecision,
+    RunnerOutput,
+    RunnerReport,
+    ScheduledBatch,
+)
+from runners.dispatch import build_kernel_table, platform_of
+from runners.model.attention import AttentionMetadata
+from runners.model.checkpoint import ModelSource, load_model
+from runners.model.demo import DEMO
+from runners.model.kv_cache import allocate_kv_cache
+
+# The plugin's own backend (it implements silu_and_mul) before the registry's usual choice.
+OWN_BACKEND = "eager_example"
+
+
+class EagerRunnerError(RuntimeError):
+    """The runner was asked for something its spec does not declare."""
+
+
+class EagerRunner:
+    name = "eager"
+
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+        self.fallbacks: tuple[str, ...] = ()
+
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
+        if decision.cudagraph != "none" or decision.breakable or decision.compile:
+            # Stage 5 of the policy never sends these (the spec declares none of
+            # them); a caller building a decision by hand gets an error, not eager.
+            raise EagerRunnerError(
+                f"eager runs without graphs or compile; got cudagraph={decision.cudagraph}, "
+                f"breakable={decision.breakable}, compile={decision.compile}"
+            )
+        installed = install_plugin_kernels(REGISTRY)
+        self.fallbacks = tuple(f"plugin kernel not installed: {why}" for why in installed.failed)
+        self.spec = model
+        self.device = torch.device(model.device)
+        platform = platform_of(self.device)
+        preference = (OWN_BACKEND, *default_preference(platform))
+        self.ops = build_kernel_table(platform, model.dtype, preference)
+        directory = None if model.name == DEMO else Path(model.name)
+        self.model = load_model(
+            ModelSource(model.name, directory, model.config),
+            self.ops,
+            dtype=model.dtype,
+            device=self.device,
+            max_positions=model.max_model_len,
+            load_format=model.load_format,
+            seed=model.seed,
+        )
+        self.block_size = kv_cache.block_size
+        self.model.bind_kv_cache(
+            allocate_kv_cache(model.config, kv_cache, model.dtype, self.device)
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        if self.model is None:
+            raise EagerRunnerError("execute() before load()")
+        seqs = batch.sequences
+        dev = self.device
+        counts = torch.tensor([s.num_tokens for s in seqs])
+        query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+        query_start_loc[1:] = counts.cumsum(0)
+        positions = torch.cat([torch.arange(s.start_position, s.seq_len) for s in seqs])
+        block_tables = torch.zeros(
+            len(seqs), max(len(s.block_table) for s in seqs), dtype=torch.int32
+        )
+        for row, seq in enumerate(seqs):
+            block_tables[row, : len(seq.block_table)] = torch.tensor(seq.block_table)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), counts)
+        blocks = block_tables[seq_of_token, positions // self.block_size].long()
+        metadata = AttentionMetadata(
+            slot_mapping=(blocks * self.block_size + positions % self.block_size).to(dev),
+            block_tables=block_tables.to(dev),
+            seq_lens=torch.tensor([s.seq_len for s in seqs], dtype=torch.int32, device=dev),
+            query_start_loc=query_start_loc.to(dev),
+            decode_only=batch.decode_only,
+        )
+        input_ids = torch.tensor([t for s in seqs for t in s.token_ids], device=dev)
+        hidden = self.model(input_ids, positions.to(dev), metadata)
+        last = (query_start_loc[1:] - 1).long().to(dev)
+        logits = self.model.compute_logits(hidden[last])
+
+        def per_seq(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        tokens = self.ops.sample(
+            logits,
+            per_seq([s.sampling.temperature for s in seqs], torch.float32),
+            per_seq([s.sampling.top_k for s in seqs], torch.int64),
+            per_seq([s.sampling.top_p for s in seqs], torch.float32),
+            per_seq([s.sampling.seed for s in seqs], torch.int64),
+            per_seq([s.step for s in seqs], torch.int64),
+        ).tolist()
+        return RunnerOutput(
+            tuple(t if s.sample else None for t, s in zip(tokens, seqs, strict=True))
+        )
+
+    def report(self) -> RunnerReport:
+        if self.model is None:
+            raise EagerRunnerError("report() before load()")
+        return RunnerReport(
+            runner=self.name,
+            device=str(self.device),
+            dtype=self.spec.dtype,
+            kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.ops.choices),
+            fallbacks=self.fallbacks,
+        )

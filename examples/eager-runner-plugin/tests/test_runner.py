@@ -1,0 +1,79 @@
+"""The eager runner serves a model: the same greedy tokens as interlock's mrv1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from interlock_eager.runner import EagerRunner, EagerRunnerError
+
+from plugins import load_registry
+from runners.contract import RunDecision
+from runners.engine.sampling import SamplingParams
+from runners.llm import LLM
+from runners.mrv1.runner import MRV1Runner
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "initializer_range": 0.1,  # peaked logits: no near-ties for float noise to flip
+    "rms_norm_eps": 1e-6,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+def llm(model: Path, runner: object, **kw: object) -> LLM:
+    return LLM(
+        model,
+        load_format="dummy",
+        dtype="float32",
+        device="cpu",
+        runner=runner,
+        max_num_batched_tokens=8,
+        max_model_len=64,
+        max_num_seqs=4,
+        **kw,
+    )
+
+
+def test_greedy_tokens_match_mrv1(tiny_model: Path) -> None:
+    runner = EagerRunner()
+    tokens = [
+        o.token_ids for o in llm(tiny_model, runner).generate(PROMPTS, SamplingParams(max_tokens=6))
+    ]
+    expected = [
+        o.token_ids
+        for o in llm(tiny_model, MRV1Runner()).generate(PROMPTS, SamplingParams(max_tokens=6))
+    ]
+    assert tokens == expected
+    report = runner.report()
+    assert (report.runner, report.cudagraph, report.fallbacks) == ("eager", "none", ())
+
+
+def test_its_kernel_is_dispatched_when_installed(tiny_model: Path) -> None:
+    if load_registry().find("eager") is None:
+        pytest.skip("the plugin is not installed: its entry point registers the kernel")
+    runner = EagerRunner()
+    llm(tiny_model, runner)
+    kernels = {k.op: k.implementation for k in runner.report().kernels}
+    assert kernels["silu_and_mul"] == "eager_example (eager)"
+
+
+def test_refuses_what_its_spec_does_not_declare(tiny_model: Path) -> None:
+    with pytest.raises(EagerRunnerError, match="got cudagraph=piecewise"):
+        llm(tiny_model, EagerRunner(), decision=RunDecision(runner="eager", cudagraph="piecewise"))
