@@ -123,7 +123,7 @@ def test_model_flag(capsys, tmp_path) -> None:
     [
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2_MODEL_RUNNER=2"],
-            "policies.yaml:66:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
+            "policies.yaml:67:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
         ),
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2=1"],

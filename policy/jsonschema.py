@@ -1,0 +1,36 @@
+"""JSON Schemas of the policy file and of the policy tests file, generated from their models.
+
+Editors use them through the first line of a YAML file
+(``# yaml-language-server: $schema=schemas/policy.schema.json``); the copies in
+``schemas/`` are regenerated with ``policy schema KIND > schemas/FILE`` and a
+test keeps them current.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+#: Kind -> (file name in schemas/, title).
+SCHEMA_FILES = {
+    "policy": ("policy.schema.json", "interlock policy file"),
+    "tests": ("policy-tests.schema.json", "interlock policy tests file"),
+}
+
+
+def json_schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema of ``kind`` (``policy`` or ``tests``)."""
+    if kind == "policy":
+        from policy.schema import PolicyFileModel as model
+    elif kind == "tests":
+        from policy.testfile import TestsFileModel as model
+    else:
+        raise ValueError(f"unknown schema {kind!r}; known: {', '.join(SCHEMA_FILES)}")
+    schema = model.model_json_schema()
+    return {"$schema": DIALECT, **schema, "title": SCHEMA_FILES[kind][1]}
+
+
+def render(kind: str) -> str:
+    """The schema as the repository keeps it: indented JSON with a final newline."""
+    return json.dumps(json_schema(kind), indent=2) + "\n"
