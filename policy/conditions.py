@@ -21,6 +21,7 @@ COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne", "in")
 _GLOB_CHARS = frozenset("*?[")
 
 Scalar = bool | int | float | str
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,12 @@ class NameMatch:
             self.regex is not None and self.regex.match(value) is not None
         )
 
+    def holds(self, facts: Facts) -> bool:
+        value = getattr(facts, self.key)
+        return value in self.literals or (
+            self.regex is not None and self.regex.match(value) is not None
+        )
+
     def check(self, facts: Facts) -> Failure | None:
         value = getattr(facts, self.key)
         if self.matches(value):
@@ -101,6 +108,15 @@ class TraitMatch:
 
     key: str
     values: tuple[Any, ...]
+
+    def holds(self, facts: Facts) -> bool:
+        observed = facts.traits.get(self.key, _UNKNOWN)
+        if observed is _UNKNOWN:
+            return False
+        for value in self.values:
+            if _same(observed, value):
+                return True
+        return False
 
     def check(self, facts: Facts) -> Failure | None:
         if self.key not in facts.traits:
@@ -120,6 +136,15 @@ class FeatureMatch:
 
     key: str
     ops: tuple[tuple[str, Any], ...]
+
+    def holds(self, facts: Facts) -> bool:
+        observed = facts.features.get(self.key, _UNKNOWN)
+        if observed is _UNKNOWN:
+            return False
+        for op, wanted in self.ops:
+            if not _compare(op, observed, wanted):
+                return False
+        return True
 
     def check(self, facts: Facts) -> Failure | None:
         name = f"features.{self.key}"
@@ -151,7 +176,11 @@ class When:
         return None
 
     def matches(self, facts: Facts) -> bool:
-        return self.first_failure(facts) is None
+        """Same as ``first_failure(facts) is None``, without building the failure."""
+        for condition in self.conditions:
+            if not condition.holds(facts):
+                return False
+        return True
 
     def name_match(self, key: str) -> NameMatch | None:
         for condition in self.conditions:

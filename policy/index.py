@@ -1,58 +1,87 @@
-"""An index of rules by architecture and platform, so a context only looks at rules that can match.
+"""An index of rules, so that a context only evaluates the rules that can match it.
 
-Rules keep their file order: candidates come back sorted by rule index, so
-"later wins per field" is unaffected by indexing. Rules the index skips fail on
-architecture or platform, which are the first conditions checked anyway.
+Each rule is filed under one *primary* condition, the most selective it has:
+its architecture (literal names and globs), else its first trait condition,
+else its platform, else "always". A context's candidates are the buckets its
+architecture, traits and platform select, merged back into file order, so
+"later wins per field" is unaffected. Every candidate is then evaluated in
+full; a rule the index skips fails its primary condition, so it cannot match.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from heapq import merge
+from typing import Any
 
-from policy.conditions import NameMatch, is_glob
+from policy.conditions import NameMatch, TraitMatch, is_glob
 from policy.model import Rule
 
-_ANY = ""
+_CACHE_LIMIT = 4096
 
 
 @dataclass
 class RuleIndex:
-    #: (architecture key, platform key) -> rule indices in file order. A key is a
-    #: literal name, a glob, or "" for a rule without that condition.
-    buckets: dict[tuple[str, str], tuple[int, ...]]
-    arch_globs: dict[str, NameMatch]
-    platform_globs: dict[str, NameMatch]
-    _cache: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict, repr=False)
+    by_architecture: dict[str, tuple[int, ...]]
+    architecture_globs: tuple[tuple[NameMatch, tuple[int, ...]], ...]
+    #: (trait, value) -> rules whose primary condition accepts that value.
+    by_trait: dict[tuple[str, Any], tuple[int, ...]]
+    by_platform: dict[str, tuple[int, ...]]
+    platform_globs: tuple[tuple[NameMatch, tuple[int, ...]], ...]
+    always: tuple[int, ...]
+    _cache: dict[Any, tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, rules: tuple[Rule, ...]) -> RuleIndex:
-        buckets: dict[tuple[str, str], list[int]] = {}
-        arch_globs: dict[str, NameMatch] = {}
-        platform_globs: dict[str, NameMatch] = {}
+        by_arch: dict[str, list[int]] = {}
+        arch_globs: dict[str, list[int]] = {}
+        by_trait: dict[tuple[str, Any], list[int]] = {}
+        by_platform: dict[str, list[int]] = {}
+        platform_globs: dict[str, list[int]] = {}
+        always: list[int] = []
         for rule in rules:
-            arch_keys = _keys(rule.when.name_match("architecture"), arch_globs)
-            platform_keys = _keys(rule.when.name_match("platform"), platform_globs)
-            for a in arch_keys:
-                for p in platform_keys:
-                    bucket = buckets.setdefault((a, p), [])
-                    if not bucket or bucket[-1] != rule.index:
-                        bucket.append(rule.index)
-        return cls({k: tuple(v) for k, v in buckets.items()}, arch_globs, platform_globs)
+            arch = rule.when.name_match("architecture")
+            trait = next((c for c in rule.when.conditions if isinstance(c, TraitMatch)), None)
+            platform = rule.when.name_match("platform")
+            if arch is not None:
+                _file(rule.index, arch, by_arch, arch_globs)
+            elif trait is not None:
+                for value in dict.fromkeys(trait.values):
+                    by_trait.setdefault((trait.key, _key(value)), []).append(rule.index)
+            elif platform is not None:
+                _file(rule.index, platform, by_platform, platform_globs)
+            else:
+                always.append(rule.index)
+        return cls(
+            {k: tuple(v) for k, v in by_arch.items()},
+            _globs("architecture", arch_globs),
+            {k: tuple(v) for k, v in by_trait.items()},
+            {k: tuple(v) for k, v in by_platform.items()},
+            _globs("platform", platform_globs),
+            tuple(always),
+        )
 
-    def candidates(self, architecture: str, platform: str) -> tuple[int, ...]:
-        """Indices, in file order, of the rules whose architecture and platform may match."""
-        key = (architecture, platform)
+    def candidates(
+        self, architecture: str, platform: str, traits: Mapping[str, Any]
+    ) -> tuple[int, ...]:
+        """Indices, in file order, of the rules that may match these facts."""
+        key = (architecture, platform, tuple(sorted(traits.items())))
         found = self._cache.get(key)
         if found is None:
-            archs = [architecture, _ANY, *_matching(self.arch_globs, architecture)]
-            platforms = [platform, _ANY, *_matching(self.platform_globs, platform)]
-            lists = [self.buckets.get((a, p), ()) for a in archs for p in platforms]
-            found = tuple(_unique(merge(*lists)))
-            if len(self._cache) > 4096:
+            lists = [self.always, self.by_architecture.get(architecture, ())]
+            lists += [ids for m, ids in self.architecture_globs if m.matches(architecture)]
+            lists += [self.by_trait.get((k, _key(v)), ()) for k, v in traits.items()]
+            lists.append(self.by_platform.get(platform, ()))
+            lists += [ids for m, ids in self.platform_globs if m.matches(platform)]
+            found = tuple(sorted(set().union(*lists)))
+            if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[key] = found
         return found
+
+    def clear_cache(self) -> None:
+        """Forget the candidates worked out so far (benchmarks measure the cold path)."""
+        self._cache.clear()
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
@@ -60,22 +89,17 @@ class RuleIndex:
         return state
 
 
-def _keys(condition: NameMatch | None, globs: dict[str, NameMatch]) -> list[str]:
-    if condition is None:
-        return [_ANY]
-    for pattern in condition.patterns:
-        if is_glob(pattern) and pattern not in globs:
-            globs[pattern] = NameMatch.of(condition.key, (pattern,))
-    return list(dict.fromkeys(condition.patterns))
+def _key(value: Any) -> Any:
+    # Keep True and 1 apart, as conditions do.
+    return (type(value) is bool, value)
 
 
-def _matching(globs: dict[str, NameMatch], value: str) -> list[str]:
-    return [pattern for pattern, m in globs.items() if m.matches(value)]
+def _file(
+    index: int, match: NameMatch, literals: dict[str, list[int]], globs: dict[str, list[int]]
+) -> None:
+    for pattern in dict.fromkeys(match.patterns):
+        (globs if is_glob(pattern) else literals).setdefault(pattern, []).append(index)
 
 
-def _unique(indices: object) -> list[int]:
-    out: list[int] = []
-    for i in indices:  # type: ignore[attr-defined]
-        if not out or out[-1] != i:
-            out.append(i)
-    return out
+def _globs(key: str, globs: dict[str, list[int]]) -> tuple[tuple[NameMatch, tuple[int, ...]], ...]:
+    return tuple((NameMatch.of(key, (pattern,)), tuple(ids)) for pattern, ids in globs.items())

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from policy.conditions import Facts, Failure
+from policy.conditions import Facts
 from policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
 from policy.errors import PolicyError
 from policy.fields import DECISION_FIELDS, check_field
-from policy.model import Policy
+from policy.model import Policy, Rule
 from policy.trace import (
     DEFAULTS,
     ENV,
@@ -73,8 +73,8 @@ class Draft:
         self.values: dict[str, Any] = {}
         self.provenance: dict[str, Provenance] = {}
         self.steps: dict[str, list[Step]] = {stage: [] for stage in STAGES}
-        #: Rule index -> first failure (None = matched), for the rules the index selected.
-        self.rule_results: dict[int, Failure | None] = {}
+        #: Indices of the rules that matched (failures are worked out when the trace is built).
+        self.matched_rules: set[int] = set()
 
     def assign(self, provenance: Provenance) -> None:
         self.values[provenance.field] = provenance.value
@@ -109,10 +109,8 @@ class Resolution:
         draft = self._draft
         steps: list[Step] = [*draft.steps[DEFAULTS]]
         for rule in self.policy.rules:
-            if rule.index in draft.rule_results:
-                failure = draft.rule_results[rule.index]
-            else:
-                failure = rule.when.first_failure(draft.facts)
+            matched = rule.index in draft.matched_rules
+            failure = None if matched else rule.when.first_failure(draft.facts)
             sets = {name: s.value for name, s in rule.set.items()}
             overridden = {}
             if failure is None:
@@ -248,18 +246,19 @@ def _apply_defaults(draft: Draft) -> None:
 def _apply_rules(draft: Draft) -> None:
     facts = draft.facts
     rules = draft.policy.rules
-    results = draft.rule_results
-    for i in draft.policy.index.candidates(facts.architecture, facts.platform):
+    matched = draft.matched_rules
+    setters: dict[str, Rule] = {}
+    for i in draft.policy.index.candidates(facts.architecture, facts.platform, facts.traits):
         rule = rules[i]
-        failure = rule.when.first_failure(facts)
-        results[i] = failure
-        if failure is None:
-            for name, setting in rule.set.items():
-                draft.assign(
-                    Provenance(
-                        name, setting.value, RULES, rule.id, rule.reason, setting.location, rule.ref
-                    )
-                )
+        if rule.when.matches(facts):
+            matched.add(i)
+            # Later wins per field: only the last setter of each field needs a provenance.
+            setters.update(dict.fromkeys(rule.set, rule))
+    for name, rule in setters.items():
+        setting = rule.set[name]
+        draft.assign(
+            Provenance(name, setting.value, RULES, rule.id, rule.reason, setting.location, rule.ref)
+        )
 
 
 def _apply_env(draft: Draft) -> None:
