@@ -114,6 +114,7 @@ def render_trace(steps: tuple[Step, ...], *, color: bool = False) -> list[str]:
 
 def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
     width = max((len(step.name) for step in trace), default=0)
+    stage_width = max((len(step.stage) for step in trace), default=0)
     lines = []
     stage = None
     for step in trace:
@@ -129,9 +130,8 @@ def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
         else:
             mark = " "
             detail = "  ".join(p for p in (_sets(step.sets), s(step.note, "dim")) if p)
-        lines.append(
-            f"  {label:<9} {mark} {step.name:<{width}}  {s(f'{where:<18}', 'dim')} {detail}"
-        )
+        where = s(f"{where:<18}", "dim")
+        lines.append(f"  {label:<{stage_width}} {mark} {step.name:<{width}}  {where} {detail}")
     return lines
 
 
