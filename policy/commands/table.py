@@ -14,9 +14,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "table",
         help="decision matrix: catalog architectures x platforms",
-        description="The decision for every catalog architecture on each platform (no device "
-        "arch, no features). The process environment is not applied; pass --env to apply a "
-        "binding.",
+        description="The decision (policy stages and runner capabilities) for every catalog "
+        "architecture on each platform, with no device arch and no features. The process "
+        "environment is not applied; pass --env to apply a binding.",
     )
     parser.add_argument(
         "--platform",
@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from policy.capabilities import capability_stage
     from policy.context import Context
     from policy.explain import render_table
     from policy.resolve import resolve
@@ -38,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     policy = load(args)
     env, _ = env_of(args, policy, process=False)
     platforms = args.platform or _platforms(policy)
+    stage = capability_stage()
     rows = [
-        resolve(policy, Context(arch, platform, env=env))
+        resolve(policy, Context(arch, platform, env=env), capabilities=stage)
         for arch in policy.catalog
         for platform in platforms
     ]
