@@ -11,6 +11,7 @@ contexts are summarised as compactly as the domain allows
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: The pseudo-field of a change where one side fails to resolve (or both, differently).
 OUTCOME = "outcome"
+#: Text reports wrap context summaries at this width.
+WIDTH = 100
 
 
 @dataclass(frozen=True)
@@ -301,7 +304,16 @@ def render_text(diff: PolicyDiff) -> str:
         for deciders in group.by_deciders:
             lines.append(f"  old: {_decider_text(deciders.old)}")
             lines.append(f"  new: {_decider_text(deciders.new)}")
-            lines.extend(f"    {line}" for line in summarize(deciders.contexts, diff.domain))
+            for line in summarize(deciders.contexts, diff.domain):
+                lines.extend(
+                    textwrap.wrap(
+                        line,
+                        WIDTH,
+                        initial_indent="    ",
+                        subsequent_indent="      ",
+                        break_on_hyphens=False,
+                    )
+                )
         lines.append("")
     return "\n".join(lines)
 

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     from policy.fields import DECISION_FIELDS
     from policy.loader import load_policy_sources
 
-    old = load_policy_sources([read_policy_arg(args.old)], use_cache=False)
-    new = load_policy_sources([read_policy_arg(args.new)], use_cache=False)
+    old = load_policy_sources([read_policy_arg(args.old)])
+    new = load_policy_sources([read_policy_arg(args.new)])
     diff = diff_policies(old, new, args.fields or DECISION_FIELDS)
     if args.json:
         sys.stdout.write(json.dumps(to_json(diff, old, new), indent=2) + "\n")
