@@ -13,7 +13,6 @@ Traits given explicitly win over both.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -205,6 +204,8 @@ def detect_platform() -> tuple[str, str, str]:
 
 def read_model_config(model: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """Read ``model`` (a directory holding config.json, or the file itself)."""
+    import json
+
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"

@@ -10,7 +10,6 @@ import hashlib
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -122,6 +121,8 @@ def _read_cache(key: str) -> Policy | None:
 
 def _write_cache(key: str, policy: Policy) -> None:
     """Write atomically (temp file + rename); an unwritable cache only costs speed."""
+    import tempfile
+
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
