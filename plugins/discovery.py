@@ -184,12 +184,12 @@ def summarize(exc: BaseException) -> str:
         text = str(exc)
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy"))
+    # The line to show is the plugin's own: skip the import system, pluggy and this package.
+    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "plugins"))
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
         if not f.filename.startswith(("<", *machinery))
-        and os.path.abspath(f.filename) != os.path.abspath(__file__)
     ]
     return f"{text} (at {frames[-1].filename}:{frames[-1].lineno})" if frames else text
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from plugins.api import check_api_range
 from policy.fields import CUDAGRAPH_MODES, RUNNER_NAME
+
+if TYPE_CHECKING:
+    from policy.conditions import When
 
 # Boolean facts of the context a runner may require on a platform, with what
 # each one means in a message ("mrv2 requires Triton on cuda").
@@ -120,10 +123,13 @@ class Unsupported:
 
     feature: str  # what it is, for messages: "pipeline parallelism"
     when: Mapping[str, Any]
+    #: ``when`` compiled by the engine, kept with the spec (and in the registry cache).
+    condition: When = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The engine's own parser (one condition language for rules and plugins);
         # it is the one place that imports pydantic, and runs only at declaration.
+        from policy.conditions import build_when
         from policy.errors import PolicyError
         from policy.schema import validate_when
 
@@ -131,9 +137,11 @@ class Unsupported:
         if not isinstance(self.when, Mapping) or not self.when:
             raise _fail("when", f"{self.when!r} must be a non-empty mapping of conditions")
         try:
-            object.__setattr__(self, "when", validate_when(dict(self.when)))
+            when = validate_when(dict(self.when))
         except PolicyError as exc:
             raise _fail("when", str(exc)) from None
+        object.__setattr__(self, "when", when)
+        object.__setattr__(self, "condition", build_when(when))
 
     def to_dict(self) -> dict[str, Any]:
         return {"feature": self.feature, "when": dict(self.when)}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
 from plugins.spec import REQUIRABLE_FACTS
-from policy.conditions import FeatureMatch, NameMatch, build_when
+from policy.conditions import FeatureMatch, NameMatch
 from policy.context import ASSUMED
 from policy.errors import PolicyError
 from policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
@@ -110,9 +110,9 @@ def unsupported_items(
                 )
             )
     for unsupported in spec.unsupported:
-        when = build_when(unsupported.when)
-        if when.matches(draft.facts):
-            observed = ", ".join(_observed(c, draft) for c in when.conditions)
+        condition = unsupported.condition
+        if condition.matches(draft.facts):
+            observed = ", ".join(_observed(c, draft) for c in condition.conditions)
             items.append(
                 ("runner", f"{spec.name} does not support {unsupported.feature} ({observed})")
             )

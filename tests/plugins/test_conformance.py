@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from plugin_builders import EAGER_ONLY, EVERY_MODE, registry_of, spec
 
@@ -25,9 +27,15 @@ class TestMrv1(RunnerPluginConformance):
 class TestMrv2(RunnerPluginConformance):
     plugin = runners.mrv2.plugin
 
-    @pytest.mark.xfail(strict=True, reason="runners.mrv2.runner:MRV2Runner is not written yet")
     def test_factories_importable(self, record) -> None:  # type: ignore[no-untyped-def]
-        super().test_factories_importable(record)
+        if importlib.util.find_spec("runners.mrv2.runner") is None:
+            # The MRV2 runner object is not written yet: the kit must say so, clearly.
+            [finding] = check_factories(record)
+            assert "runners.mrv2.runner:MRV2Runner is not importable: ModuleNotFoundError" in (
+                str(finding)
+            )
+        else:
+            super().test_factories_importable(record)
 
 
 class Declares:
@@ -48,12 +56,13 @@ def messages(findings: list) -> list[str]:
 
 
 def test_unimportable_factory_is_reported_with_the_reason() -> None:
-    record = load_for_conformance(Declares(runners.mrv2.plugin.SPEC), "mrv2-again")
-    [finding] = messages(check_factories(record))
-    assert finding.startswith(
-        "factory: mrv2: runners.mrv2.runner:MRV2Runner is not importable: ModuleNotFoundError: "
-        "No module named 'runners.mrv2.runner'"
+    record = load_for_conformance(
+        Declares(spec("ghost", factory="no_such_runner_pkg.runner:Runner")), "ghost"
     )
+    assert messages(check_factories(record)) == [
+        "factory: ghost: no_such_runner_pkg.runner:Runner is not importable: "
+        "ModuleNotFoundError: No module named 'no_such_runner_pkg'"
+    ]
 
 
 def test_factory_that_is_not_callable() -> None:
