@@ -203,7 +203,8 @@ def _package_dir(name: str) -> str:
 def _watched_files(sources: Sequence[PluginSource], modules_before: set[str]) -> list[str]:
     """The source files the declarations came from: what imports brought in, and each
     plugin's own package (it may have been imported before discovery ran)."""
-    packages = {"plugins", *(s.module.split(".")[0] for s in sources if s.module)}
+    # "policy" too: specs hold compiled conditions (policy.conditions objects).
+    packages = {"plugins", "policy", *(s.module.split(".")[0] for s in sources if s.module)}
     files = set()
     for name, module in list(sys.modules.items()):
         if name not in modules_before or name.split(".")[0] in packages:

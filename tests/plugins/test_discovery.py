@@ -268,3 +268,26 @@ def test_failed_plugin_is_mentioned_only_for_runners_it_may_provide() -> None:
     assert "plugin bad (bad-dist 2) may provide it but failed to load: RuntimeError: boom" in (
         missing
     )
+
+
+def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from policy.cli import main
+
+    _installed(
+        tmp_path,
+        "crashy-dist",
+        {"crashy_plugin": "raise RuntimeError('crash')\n"},
+        {"crashy": "crashy_plugin"},
+    )
+    assert main(["explain", "LlamaForCausalLM", "--platform", "cuda"]) == 0
+    out, _ = capsys.readouterr()
+    assert "runner        mrv2" in out and "crashy" not in out
+    assert (
+        main(["explain", "LlamaForCausalLM", "--platform", "cuda", "--set", "runner=crashy_runner"])
+        == 1
+    )
+    _, err = capsys.readouterr()
+    assert (
+        "plugin crashy (crashy-dist 1.2) may provide it but failed to load: RuntimeError: "
+        "crash (at " in err
+    )
