@@ -19,19 +19,22 @@ from collections.abc import Sequence
 COMMANDS = ("explain", "resolve", "table", "check", "test", "diff", "schema", "plugins")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with only ``command`` (so that running one
+    imports only its module)."""
     parser = argparse.ArgumentParser(
         prog="policy",
         description="Decide, explain and test how an inference engine runs a model.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"policy.commands.{name}").add_parser(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 after --help
