@@ -15,7 +15,6 @@ import hashlib
 import os
 import pickle
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,6 +81,8 @@ def store(settings: Settings, found: Discovery) -> bool:
     registry = found.registry
     if registry.failed() or registry.conflicts:
         return False
+    import tempfile  # only for writing: a warm start never needs it
+
     watched = [_stat(p) for p in sorted({*_search_path(), *found.watched})]
     directory = cache_dir()
     try:
