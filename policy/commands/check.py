@@ -15,8 +15,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="validate and lint a policy",
         description="Validate policy files (everything the loader refuses, duplicate rule ids, "
         "unknown decision values and runners) and lint them over their finite domain "
-        "(unknown architectures, dead and shadowed rules, near-miss name lists, missing refs, "
-        "vague reasons). Exit 0 without errors, 1 with errors (or warnings under --strict).",
+        "(cudagraph modes no runner serves, unknown architectures, dead and shadowed rules, "
+        "near-miss name lists, missing refs, vague reasons). Exit 0 without errors, 1 with "
+        "errors (or warnings under --strict).",
     )
     add_policy_args(parser)
     parser.add_argument("--strict", action="store_true", help="fail on warnings too")
