@@ -46,6 +46,15 @@ def add_context_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "architecture", nargs="?", metavar="ARCH", help="HF architecture, e.g. LlamaForCausalLM"
     )
+    add_context_flags(parser)
+    parser.add_argument(
+        "--model", metavar="PATH", help="model directory or config.json: architecture and traits"
+    )
+    add_policy_args(parser)
+
+
+def add_context_flags(parser: argparse.ArgumentParser) -> None:
+    """--platform, --device-arch, --feature, --env and --set: the context besides the model."""
     parser.add_argument("--platform", help="cuda, rocm, xpu, cpu… (default: detected)")
     parser.add_argument(
         "--device-arch",
@@ -71,10 +80,6 @@ def add_context_args(parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="override a decision field, e.g. runner=mrv1",
     )
-    parser.add_argument(
-        "--model", metavar="PATH", help="model directory or config.json: architecture and traits"
-    )
-    add_policy_args(parser)
 
 
 def load(args: argparse.Namespace) -> Policy:
