@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from policy.commands.common import add_env_args, add_policy_args, env_of, load
+from policy.model import Policy
 
 BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 
@@ -49,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _platforms(policy: object) -> list[str]:
+def _platforms(policy: Policy) -> list[str]:
     named: dict[str, None] = dict.fromkeys(BUILTIN_PLATFORMS)
-    for rule in policy.rules:  # type: ignore[attr-defined]
+    for rule in policy.rules:
         match = rule.when.name_match("platform")
         if match is not None:
             named.update(dict.fromkeys(sorted(match.literals)))
