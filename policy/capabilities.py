@@ -2,11 +2,11 @@
 
 A value from defaults or rules that the runner cannot serve falls back along a
 declared chain (the runner's ``fallback``; cudagraph ``full_and_piecewise ->
-piecewise -> none``, ``full``/``full_decode_only -> none``; breakable and compile
--> false),
-each step recorded with its reason. A value forced by an env binding or an
-override that cannot be served is an error naming every unsupported item and
-how to choose otherwise. Nothing changes without a trace step.
+piecewise -> none``, ``full``/``full_decode_only -> none``; breakable and
+compile -> false), each step recorded with its reason. A value forced by an env
+binding or an override that cannot be served is an error naming every
+unsupported item and how to choose otherwise. Nothing changes without a trace
+step.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def unsupported_items(
 
 
 def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
-    """Check the draft's runner, cudagraph mode and breakable against the runner's spec."""
+    """Check the draft's runner, cudagraph mode and switches against the runner's spec."""
     chosen = _choose_runner(draft, registry)
     name, platform = chosen.spec.name, draft.context.platform
     support = chosen.spec.platforms[platform]
