@@ -277,3 +277,11 @@ def test_importing_policy_and_its_cli_does_not_import_torch() -> None:
         "assert 'pydantic' not in sys.modules and 'yaml' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_unknown_architecture_is_explained_not_refused(capsys) -> None:
+    code, out, _ = run(capsys, "explain", "GlmMoeDSAForCausalLM", "--platform", "rocm")
+    assert code == 0
+    assert "not in the catalog: its traits are unknown" in out
+    assert "did you mean 'GlmMoeDsaForCausalLM'?" in out
+    assert "attention: wanted dsa, observed unknown" in out
