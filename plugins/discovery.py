@@ -113,6 +113,8 @@ def _record(src: PluginSource, status: str, detail: str = "", **provided: Any) -
 
 
 def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
+    from plugins.hookspecs import HOOK_NAMES
+
     plugin = None
     try:
         plugin = src.load()
@@ -120,8 +122,8 @@ def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
         unknown = [hc.name for hc in manager.get_hookcallers(plugin) if not hc.has_spec()]
         if unknown:
             raise _Failure(
-                f"implements unknown hooks {', '.join(unknown)}; "
-                f"the hooks are: interlock_runner_specs, interlock_kernel_specs"
+                f"implements unknown hooks {', '.join(unknown)}; the hooks are: "
+                f"{', '.join(HOOK_NAMES)}"
             )
         runners = _declarations(manager, plugin, "interlock_runner_specs", RunnerSpec)
         incompatible = _incompatibility(runners)
