@@ -111,9 +111,11 @@ class Resolution:
         for rule in self.policy.rules:
             matched = rule.index in draft.matched_rules
             failure = None if matched else rule.when.first_failure(draft.facts)
+            if not matched and failure is None:
+                raise RuntimeError(f"the rule index skipped rule {rule.id!r}, which matches")
             sets = {name: s.value for name, s in rule.set.items()}
             overridden = {}
-            if failure is None:
+            if matched:
                 for name in sets:
                     final = self.provenance[name]
                     if final.source != rule.id:
@@ -124,7 +126,7 @@ class Resolution:
                     name=rule.id,
                     location=rule.location,
                     sets=sets,
-                    matched=failure is None,
+                    matched=matched,
                     failure=failure,
                     reason=rule.reason,
                     ref=rule.ref,
