@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policy.errors import PolicyError
+
 DISABLE_ENV = "INTERLOCK_DISABLE_PLUGINS"
 STRICT_ENV = "INTERLOCK_PLUGINS_STRICT"
 
 
-class PluginError(Exception):
-    """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner)."""
+class PluginError(PolicyError):
+    """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner);
+    a PolicyError, so the CLI reports it like any input error (exit 1)."""
 
 
 @dataclass(frozen=True)

@@ -291,3 +291,17 @@ def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys)
         "plugin crashy (crashy-dist 1.2) may provide it but failed to load: RuntimeError: "
         "crash (at " in err
     )
+
+
+def test_strict_failures_reach_the_cli_as_errors(register_plugin, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from policy.cli import main
+
+    class Raises:
+        @hookimpl
+        def interlock_runner_specs(self) -> list[RunnerSpec]:
+            raise RuntimeError("boom")
+
+    register_plugin(Raises(), "raises")
+    monkeypatch.setenv("INTERLOCK_PLUGINS_STRICT", "1")
+    assert main(["explain", "LlamaForCausalLM", "--platform", "cpu"]) == 1
+    assert "policy: error: INTERLOCK_PLUGINS_STRICT=1: plugin raises" in capsys.readouterr().err
