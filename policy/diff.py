@@ -152,7 +152,9 @@ def _outcome_side(error: str | None) -> Side:
 
 
 def _side(resolution: Resolution, name: str) -> Side:
-    prov = resolution.provenance[name]
+    prov = resolution.provenance.get(name)
+    if prov is None:  # an optional field (capture_sizes) nothing set
+        return Side(None, "not set")
     return Side(prov.value, decider(prov), str(prov.location) if prov.location else None)
 
 

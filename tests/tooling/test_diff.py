@@ -150,6 +150,22 @@ def test_fields_limit_what_is_compared() -> None:
     assert {g.field for g in diff.groups()} == {"runner"}
 
 
+def test_an_optional_field_set_on_one_side_only() -> None:
+    old = load_policy_text(with_rules())
+    new = load_policy_text(
+        with_rules("""\
+  - id: sizes
+    when: {attention: dsa}
+    set: {capture_sizes: [1, 2, 4]}
+    reason: DSA models capture three batch sizes
+""")
+    )
+    (group,) = diff_policies(old, new).groups()
+    assert (group.field, group.old, group.new) == ("capture_sizes", "(unset)", "[1, 2, 4]")
+    (deciders,) = group.by_deciders
+    assert (deciders.old.decider, deciders.new.decider) == ("not set", "rule sizes")
+
+
 def test_an_env_value_only_one_side_declares_is_an_outcome_change() -> None:
     old = load_policy_text(with_rules())
     new = load_policy_text(

@@ -22,6 +22,7 @@ FIELD_VALUES = {
     "cudagraph": st.sampled_from(["none", "piecewise", "full_and_piecewise"]),
     "breakable": st.booleans(),
     "compile": st.booleans(),
+    "capture_sizes": st.sampled_from([[1, 2, 4], [8]]),
 }
 CONDITIONS = {
     "architecture": st.one_of(
