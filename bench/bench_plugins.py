@@ -24,10 +24,15 @@ from policy import Context, load_policy, resolve
 from policy.capabilities import capability_stage
 
 
-def startup(runs: int) -> list[tuple[str, float, float]]:
-    work = Path(tempfile.mkdtemp(prefix="bench-plugins-"))
+def child_env(work: Path) -> dict[str, str]:
+    """Bytecode caching on (as installed), interlock's caches in ``work``."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPYCACHEPREFIX=str(work / "pycache"), INTERLOCK_CACHE_DIR=str(work / "cache"))
+    return env
+
+
+def startup(runs: int, work: Path) -> list[tuple[str, float, float]]:
+    env = child_env(work)
     explain = [*policy_command(), *EXPLAIN]
     cases = {
         "python -c pass": ([sys.executable, "-c", "pass"], env),
@@ -43,7 +48,6 @@ def startup(runs: int) -> list[tuple[str, float, float]]:
     for _ in range(runs):
         for name, (cmd, run_env) in cases.items():
             times[name].append(wall(cmd, run_env))
-    shutil.rmtree(work, ignore_errors=True)
     return [
         (name, statistics.median(w for w, _ in t), statistics.median(c for _, c in t))
         for name, t in times.items()
@@ -78,22 +82,20 @@ def in_process() -> list[tuple[str, tuple[float, float]]]:
     ]
 
 
-def import_cost(runs: int) -> tuple[float, float]:
-    """Median seconds to import what a warm explain needs from the plugin side, measured as
+def import_cost(runs: int, work: Path) -> tuple[float, float]:
+    """Median CPU seconds to import what a warm explain needs from the plugin side, measured as
     (engine + plugins + stage 5) minus (engine alone) in fresh interpreters."""
     engine = "import policy.loader, policy.resolve, policy.context, policy.commands.common"
     with_plugins = engine + "; import plugins, policy.capabilities; plugins.load_registry()"
-    code = "import time; t = time.perf_counter(); {}; print(time.perf_counter() - t)"
+    code = "import time; t = time.process_time(); {}; print(time.process_time() - t)"
+    env = child_env(work)
     samples: dict[str, list[float]] = {"engine": [], "plugins": []}
-    for _ in range(runs):
+    for i in range(runs + 1):
         for name, stmt in (("engine", engine), ("plugins", with_plugins)):
-            out = subprocess.run(
-                [sys.executable, "-c", code.format(stmt)],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            samples[name].append(float(out))
+            cmd = [sys.executable, "-c", code.format(stmt)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+            if i:  # the first round writes bytecode and the caches
+                samples[name].append(float(out))
     return statistics.median(samples["engine"]), statistics.median(samples["plugins"])
 
 
@@ -101,15 +103,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    rows = startup(args.runs)
+    work = Path(tempfile.mkdtemp(prefix="bench-plugins-"))
+    rows = startup(args.runs, work)
     base = rows[0][1]
     print(f"start-up, median of {args.runs} interleaved runs:")
+    base_cpu = rows[0][2]
     for name, w, c in rows:
-        print(f"  {name:<56} {w * 1e3:7.1f} ms wall {c * 1e3:7.1f} ms cpu  {w / base:5.2f}x")
-    engine, both = import_cost(args.runs)
+        print(
+            f"  {name:<56} {w * 1e3:7.1f} ms wall {w / base:5.2f}x  "
+            f"{c * 1e3:7.1f} ms cpu {c / base_cpu:5.2f}x"
+        )
+    engine, both = import_cost(args.runs, work)
+    shutil.rmtree(work, ignore_errors=True)
     print(
-        f"import + load_registry on top of the engine (cache warm): {(both - engine) * 1e3:.1f} ms"
-        f" (engine {engine * 1e3:.1f} ms, engine + plugins {both * 1e3:.1f} ms)"
+        f"import + load_registry on top of the engine (cache warm), cpu: "
+        f"{(both - engine) * 1e3:.1f} ms (engine {engine * 1e3:.1f} ms, "
+        f"engine + plugins {both * 1e3:.1f} ms)"
     )
     print("in process (median of 5 batches):")
     for name, (w, c) in in_process():

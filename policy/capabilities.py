@@ -12,7 +12,6 @@ step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
@@ -51,11 +50,11 @@ class CapabilityError(PolicyError):
         self.forced = forced
 
 
-@dataclass(frozen=True, eq=False)
 class CapabilityStage:
     """The stage as ``policy.resolve`` takes it: hashable (by identity) and callable on a draft."""
 
-    registry: PluginRegistry
+    def __init__(self, registry: PluginRegistry) -> None:
+        self.registry = registry
 
     def __call__(self, draft: Draft) -> None:
         apply_capabilities(draft, self.registry)
