@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from runners.dispatch import KernelTable
 from runners.model.attention import Attention, AttentionMetadata
 from runners.model.config import ModelConfig
-from runners.model.layers import CheckpointSlots, DenseMLP, SelfAttention, empty_weight
+from runners.model.layers import CheckpointSlots, DenseMLP, Linear, SelfAttention, empty_weight
 from runners.model.moe import SparseMoE
 from runners.model.rope import cos_sin_cache
 
@@ -92,10 +92,9 @@ class CausalLM(nn.Module):
             DecoderLayer(config, i, ops, self.cos_sin_cache) for i in range(config.num_layers)
         )
         self.norm = empty_weight(config.hidden_size)
+        # None when tied: the logits then reuse the embedding table.
         self.lm_head = (
-            self.embed_tokens
-            if config.tie_word_embeddings
-            else empty_weight(config.vocab_size, config.hidden_size)
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         )
 
     @property
@@ -121,7 +120,9 @@ class CausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head)
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens)
+        return self.lm_head(hidden)
 
     def checkpoint_slots(self) -> CheckpointSlots:
         """Every checkpoint tensor this model needs, with the view it fills (HF names)."""
@@ -129,5 +130,5 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             yield from layer.checkpoint_slots(f"model.layers.{i}")
         yield "model.norm.weight", self.norm
-        if not self.config.tie_word_embeddings:
-            yield "lm_head.weight", self.lm_head
+        if self.lm_head is not None:
+            yield from self.lm_head.checkpoint_slots("lm_head")

@@ -122,8 +122,10 @@ def test_dummy_weights_are_seeded_and_need_only_a_config(llama_dir):
     assert tokens(llama_dir, load_format="dummy", seed=1) == first
     llm = LLM(str(llama_dir), load_format="dummy", seed=2, num_blocks=16, max_model_len=64)
     llm_same = LLM(str(llama_dir), load_format="dummy", seed=1, num_blocks=16, max_model_len=64)
-    weights = llm.engine.runner.model.layers[0].self_attn.qkv_weight
-    assert not torch.equal(weights, llm_same.engine.runner.model.layers[0].self_attn.qkv_weight)
+    def weights(llm: LLM) -> torch.Tensor:
+        return llm.engine.runner.model.layers[0].self_attn.qkv_proj.weight
+
+    assert not torch.equal(weights(llm), weights(llm_same))
 
 
 def test_demo_model_is_reproducible_and_matches_transformers(tmp_path):

@@ -1,0 +1,198 @@
+"""Model execution benchmark: interlock vs transformers `generate` on the demo model's weights.
+
+Measures, side by side in one process with the runs interleaved (medians of --reps):
+
+* batch-1 decode time per output token, (t(N tokens) - t(1 token)) / (N - 1) for both;
+* output tokens/s with --concurrency requests (prompts of different lengths), against one
+  batched transformers `generate` over the same prompts (left-padded), twice: every request
+  asking for --new-tokens tokens, and requests asking for different numbers of tokens
+  (transformers runs every row to the longest; only requested tokens are counted);
+* batch-1 decode as a fraction of the memory-bandwidth roofline: weight bytes read per
+  token / read bandwidth, the bandwidth measured here by streaming a large buffer.
+
+    .venv/bin/python bench/bench_model.py [--reps 3] [--new-tokens 64] [--threads N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from runners.engine.sampling import SamplingParams
+from runners.llm import LLM
+from runners.model.checkpoint import write_demo_checkpoint
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def read_bandwidth(megabytes: int = 256, reps: int = 7) -> dict[str, float]:
+    """Bytes/s of two streaming reads of a buffer far larger than any cache (median of
+    reps each): a sum, and a one-row GEMV over the buffer as a [4096, N] matrix."""
+    values = megabytes * 2**20 // 4
+    buffer = torch.ones(values, dtype=torch.float32)
+    matrix = buffer.view(4096, -1)
+    row = torch.ones(1, 4096)
+    probes = {"sum": buffer.sum, "gemv": lambda: row @ matrix}
+    result = {}
+    for name, probe in probes.items():
+        probe()
+        result[name] = values * 4 / statistics.median(timed(probe) for _ in range(reps))
+    return result
+
+
+def decode_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: everything but the embedding table
+    (one row of it is read), plus the LM head even when tied to the embedding."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding = model.embed_tokens
+    if model.lm_head is None:  # tied: the table is read whole, as the head
+        return total
+    return total - embedding.numel() * embedding.element_size()
+
+
+def machine() -> dict[str, object]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=32, help="batch-1 prompt length")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: "
+                        "torch's own choice)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    new_tokens, reps, concurrency = args.new_tokens, args.reps, args.concurrency
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(low: int, high: int, count: int) -> list[int]:
+        return torch.randint(low, high + 1, (count,), generator=generator).tolist()
+
+    prompt = draw(3, 31999, args.prompt_len)
+    prompts = [draw(3, 31999, n) for n in draw(8, 64, concurrency)]
+    mixed_outputs = draw(new_tokens // 4, 2 * new_tokens, concurrency)
+
+    llm = LLM("demo", dtype="float32", device="cpu", max_num_seqs=concurrency)
+    with tempfile.TemporaryDirectory() as directory:
+        hf = AutoModelForCausalLM.from_pretrained(
+            write_demo_checkpoint(directory), dtype=torch.float32
+        ).eval()
+
+    def ours(prompts_: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outputs]
+        return [o.token_ids for o in llm.generate(prompts_, params)]
+
+    def theirs(prompts_: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
+        """One batched generate: left-padded prompts, every row runs to the longest output."""
+        width, longest = max(len(p) for p in prompts_), max(outputs)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts_])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_])
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
+                              min_new_tokens=longest, do_sample=False, pad_token_id=0)
+        return [tuple(row[:n]) for row, n in zip(out[:, width:].tolist(), outputs, strict=True)]
+
+    # Also warms both up.
+    same_tokens = ours([prompt], [16]) == theirs([prompt], [16])
+    ours(prompts, [4] * concurrency)
+    theirs(prompts, [4] * concurrency)
+
+    runs = {
+        "batch1_one": ([prompt], [1]),
+        "batch1_many": ([prompt], [new_tokens]),
+        "same_outputs": (prompts, [new_tokens] * concurrency),
+        "mixed_outputs": (prompts, mixed_outputs),
+    }
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(reps):
+        for run, (prompts_, outputs) in runs.items():
+            for engine, generate in (("interlock", ours), ("transformers", theirs)):
+                seconds = timed(lambda g=generate, p=prompts_, o=outputs: g(p, o))
+                samples.setdefault((engine, run), []).append(seconds)
+    median = {key: statistics.median(values) for key, values in samples.items()}
+
+    def compare(metric: Callable[[str], float]) -> dict[str, float]:
+        ours_, theirs_ = metric("interlock"), metric("transformers")
+        return {"interlock": ours_, "transformers": theirs_, "ratio": ours_ / theirs_}
+
+    tpot = compare(lambda e: (median[e, "batch1_many"] - median[e, "batch1_one"])
+                   / (new_tokens - 1) * 1e3)
+    same = compare(lambda e: concurrency * new_tokens / median[e, "same_outputs"])
+    mixed = compare(lambda e: sum(mixed_outputs) / median[e, "mixed_outputs"])
+    bandwidth = read_bandwidth()
+    weight_bytes = decode_weight_bytes(llm.engine.runner.model)
+    roofline_ms = weight_bytes / max(bandwidth.values()) * 1e3
+    figures = {
+        "machine": {**machine(), "transformers": transformers.__version__},
+        "settings": {"reps": reps, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
+                     "concurrency": concurrency, "prompt_lens": [len(p) for p in prompts],
+                     "mixed_max_tokens": mixed_outputs},
+        "greedy_tokens_identical": same_tokens,
+        "batch1_tpot_ms": tpot,
+        "concurrent_same_outputs_tokens_per_s": same,
+        "concurrent_mixed_outputs_tokens_per_s": mixed,
+        "roofline": {
+            "weight_bytes_per_token": weight_bytes,
+            "read_gb_per_s": {k: v / 1e9 for k, v in bandwidth.items()},
+            "roofline_ms": roofline_ms,
+            "fraction": roofline_ms / tpot["interlock"],
+        },
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return
+    m = figures["machine"]
+    print(f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} "
+          f"({m['torch_threads']} threads), transformers {m['transformers']}")
+    print(f"greedy tokens identical to transformers: {same_tokens}")
+    print("| metric | interlock | transformers | ratio |")
+    print("|---|---|---|---|")
+    rows = [
+        ("batch-1 decode, ms per output token", tpot, ".2f"),
+        (f"{concurrency} concurrent, same max_tokens, output tokens/s", same, ".1f"),
+        (f"{concurrency} concurrent, mixed max_tokens, output tokens/s", mixed, ".1f"),
+    ]
+    for label, row, fmt in rows:
+        print(f"| {label} | {row['interlock']:{fmt}} | {row['transformers']:{fmt}} | "
+              f"{row['ratio']:.2f}x |")
+    roof = figures["roofline"]
+    reads = ", ".join(f"{k} {v:.1f}" for k, v in roof["read_gb_per_s"].items())
+    print(f"roofline: {weight_bytes / 1e6:.1f} MB of weights per token / best read "
+          f"({reads} GB/s) = {roof['roofline_ms']:.2f} ms; batch-1 decode at "
+          f"{roof['fraction']:.0%} of roofline")
+
+
+if __name__ == "__main__":
+    main()
