@@ -31,6 +31,8 @@ from typing import Protocol, runtime_checkable
 from runners.model.config import ModelConfig
 
 CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,19 @@ class ModelSpec:
 
     name: str  # "demo" or a Hugging Face model directory
     config: ModelConfig
-    dtype: str  # resolved: float32 | bfloat16 | float16
+    dtype: str  # resolved: one of MODEL_DTYPES
     device: str  # torch device string: "cpu", "cuda", "cuda:1", ...
-    load_format: str = "auto"  # auto | safetensors | dummy
+    load_format: str = "auto"  # one of LOAD_FORMATS
     seed: int = 0  # seed of dummy weights
     max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
+
+    def __post_init__(self) -> None:
+        for key, value, allowed in (("dtype", self.dtype, MODEL_DTYPES),
+                                    ("load_format", self.load_format, LOAD_FORMATS)):
+            if value not in allowed:
+                raise ValueError(
+                    f"{key} {value!r} is not supported; allowed: {', '.join(allowed)}"
+                )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from runners.engine.engine import Engine, EngineConfig
 from runners.engine.kv_cache import plan_kv_cache
 from runners.engine.request import Request
 from runners.engine.sampling import SamplingParams
-from runners.model.checkpoint import LOAD_FORMATS, CheckpointError, resolve_dtype, resolve_model
+from runners.model.checkpoint import resolve_dtype, resolve_model
 from runners.mrv1.runner import MRV1Runner
 
 Prompt = str | Sequence[int]
@@ -60,10 +60,6 @@ class LLM:
         runner: Runner | None = None,
         decision: RunDecision | None = None,
     ) -> None:
-        if load_format not in LOAD_FORMATS:
-            raise CheckpointError(
-                f"load_format {load_format!r} is not supported; allowed: {', '.join(LOAD_FORMATS)}"
-            )
         source = resolve_model(model)
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)

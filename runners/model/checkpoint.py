@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from runners.contract import MODEL_DTYPES
 from runners.dispatch import KernelTable, build_kernel_table
 from runners.model import demo
 from runners.model.config import ModelConfig, load_config
@@ -26,8 +27,7 @@ from runners.model.decoder import CausalLM
 from runners.model.dummy import DummyTensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DTYPE_CHOICES = ("auto", *MODEL_DTYPES)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Buffers some older checkpoints saved; transformers recomputes and ignores them.
@@ -194,16 +194,19 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
 ) -> CausalLM:
-    """Build the model for ``source`` and fill its weights (``dtype`` already resolved)."""
-    if load_format not in LOAD_FORMATS:
+    """Build the model for ``source`` and fill its weights.
+
+    ``dtype`` and ``load_format`` are values a ``ModelSpec`` accepts. The demo's
+    weights are its own seeded ones unless ``load_format="dummy"`` asks for ``seed``'s.
+    """
+    if source.directory is None and load_format == "safetensors":
         raise CheckpointError(
-            f"load_format {load_format!r} is not supported; allowed: {', '.join(LOAD_FORMATS)}"
+            f"the {demo.DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
         )
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
     model = build_model(source.config, ops, dtype, device, max_positions)
     if source.directory is None or load_format == "dummy":
-        seed = demo.DEMO_SEED if source.directory is None else seed
+        if load_format != "dummy":
+            seed = demo.DEMO_SEED
         shapes = {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
         tensors: TensorSource = DummyTensors(shapes, seed, source.config.initializer_range)
     else:

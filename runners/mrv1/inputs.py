@@ -131,13 +131,10 @@ def prepare_host_inputs(
 
 
 def to_device(host: HostInputs, device: torch.device) -> DeviceInputs:
-    """Fresh device tensors for one eager step (zero-copy on the CPU)."""
+    """Fresh device tensors for one eager step (``to`` is a no-op on the CPU)."""
 
     def move(array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if device.type == "cpu":
-            return tensor
-        return tensor.pin_memory().to(device, non_blocking=True)
+        return torch.from_numpy(array).to(device)
 
     metadata = AttentionMetadata(
         slot_mapping=move(host.slot_mapping),

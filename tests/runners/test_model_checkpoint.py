@@ -69,8 +69,14 @@ def test_bad_dtype_and_load_format_list_allowed_values(llama_dir):
     with pytest.raises(CheckpointError, match="dtype 'float64' is not supported; allowed: auto, "
                        "float32, bfloat16, float16"):
         tokens(llama_dir, dtype="float64")
-    with pytest.raises(CheckpointError, match="load_format 'pt' is not supported"):
+    with pytest.raises(ValueError, match="load_format 'pt' is not supported; allowed: auto, "
+                       "safetensors, dummy"):
         tokens(llama_dir, load_format="pt")
+
+
+def test_demo_has_no_checkpoint_files():
+    with pytest.raises(CheckpointError, match="'demo' model has no checkpoint files"):
+        LLM("demo", load_format="safetensors", num_blocks=1)
 
 
 def test_directory_without_weights_or_config(tmp_path, llama_dir):
