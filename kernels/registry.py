@@ -48,7 +48,13 @@ class KernelImpl:
         if callable(self.target):
             return self.target
         module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise KernelError(
+                f"op {self.op!r}: cannot load {self.backend} implementation {self.target!r} "
+                f"from {self.provider}: {exc}"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,9 @@ class KernelRegistry:
     def ops(self) -> list[str]:
         return sorted(self._impls)
 
+    def backends(self) -> list[str]:
+        return sorted({i.backend for impls in self._impls.values() for i in impls})
+
     def implementations(self, op: str) -> list[KernelImpl]:
         if op not in self._impls:
             raise KernelError(f"unknown op {op!r}; known ops: {', '.join(self.ops())}")
@@ -122,7 +131,7 @@ class KernelRegistry:
         impls = self.implementations(op)
         force = force or os.environ.get(FORCE_ENV) or None
         if force is not None:
-            backends = sorted({i.backend for b in self._impls.values() for i in b})
+            backends = self.backends()
             if force not in backends:
                 raise KernelError(
                     f"{FORCE_ENV}={force!r} is not a kernel backend; known: {', '.join(backends)}"

@@ -1,0 +1,66 @@
+"""Triton kernels, registered as backend ``triton`` without importing triton.
+
+The kernel modules are lazy registry targets: triton is imported only when
+the registry loads one. On GPU platforms they compile for the device; on cpu
+they are available only under Triton's interpreter (``TRITON_INTERPRET=1``,
+set before any kernel module is imported), which tests use.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+
+from kernels.registry import DTYPES, PLATFORMS, REGISTRY, KernelImpl
+
+BACKEND = "triton"
+
+KERNELS = {
+    "rms_norm": "kernels.triton.norm:rms_norm",
+    "fused_add_rms_norm": "kernels.triton.norm:fused_add_rms_norm",
+    "silu_and_mul": "kernels.triton.activation:silu_and_mul",
+    "rotary_embedding": "kernels.triton.rotary:rotary_embedding",
+    "store_kv_cache": "kernels.triton.kv_cache:store_kv_cache",
+    "paged_attention": "kernels.triton.attention:paged_attention",
+    "paged_decode_attention": "kernels.triton.attention:paged_decode_attention",
+    "moe_route": "kernels.triton.moe:moe_route",
+    "moe_experts": "kernels.triton.moe:moe_experts",
+    "sample": "kernels.triton.sampling:sample",
+}
+"""op -> lazy "module:function" target."""
+
+
+@functools.cache
+def _import_failure() -> str | None:
+    try:
+        importlib.import_module("triton")
+    except ImportError as exc:
+        return f"triton is not importable ({exc})"
+    return None
+
+
+def unavailable(platform: str) -> str | None:
+    """Why the Triton kernels cannot run on ``platform`` now, or None."""
+    failure = _import_failure()
+    if failure is not None:
+        return failure
+    if platform != "cpu":
+        return None
+    import triton
+
+    if not triton.knobs.runtime.interpret:
+        return ("triton kernels need a GPU; on cpu they run only in Triton's interpreter "
+                "(set TRITON_INTERPRET=1 before the kernels are imported)")
+    runtime = sys.modules.get("kernels.triton.runtime")
+    if runtime is not None and not runtime.INTERPRETED:
+        return ("TRITON_INTERPRET=1 was set after the triton kernels were imported, so they were "
+                "built for a GPU; set it before anything imports kernels.triton modules")
+    return None
+
+
+for _op, _target in KERNELS.items():
+    REGISTRY.register(
+        KernelImpl(_op, BACKEND, _target, frozenset(PLATFORMS), frozenset(DTYPES),
+                   unavailable=unavailable)
+    )

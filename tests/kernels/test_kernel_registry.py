@@ -1,0 +1,158 @@
+"""The kernel registry: default preferences, forcing, refusals with reasons."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from kernel_checks import PLATFORM
+
+import kernels.triton as triton_kernels
+from kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
+from kernels.registry import FORCE_ENV
+
+TRITON_OPS = sorted(triton_kernels.KERNELS)
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FORCE_ENV, raising=False)
+
+
+def _impl(op: str, backend: str, **kwargs: object) -> KernelImpl:
+    fields = {"platforms": frozenset({"cpu", "cuda"}), "dtypes": frozenset({"float32"})}
+    fields.update(kwargs)
+    return KernelImpl(op, backend, lambda: backend, **fields)
+
+
+def test_import_kernels_does_not_import_triton() -> None:
+    code = "import sys, kernels; assert 'triton' not in sys.modules, 'triton was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("op", TRITON_OPS)
+@pytest.mark.parametrize("platform", ["cuda", "rocm", "xpu"])
+def test_gpu_platforms_prefer_triton(op: str, platform: str) -> None:
+    choice = REGISTRY.select(op, platform, "bfloat16")
+    assert choice.impl.backend == "triton"
+    assert choice.reason == f"preferred triton on {platform}"
+
+
+@pytest.mark.parametrize("op", TRITON_OPS)
+def test_cpu_prefers_torch_even_under_the_interpreter(op: str) -> None:
+    choice = REGISTRY.select(op, "cpu", "float32")
+    assert (choice.impl.backend, choice.reason) == ("torch", "preferred torch on cpu")
+
+
+def test_triton_forced_by_argument_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    by_argument = REGISTRY.select("rms_norm", PLATFORM, "float32", force="triton")
+    monkeypatch.setenv(FORCE_ENV, "triton")
+    by_env = REGISTRY.select("rms_norm", PLATFORM, "float32")
+    for choice in (by_argument, by_env):
+        assert choice.impl.backend == "triton" and choice.reason == "forced triton"
+        assert choice.fn.__module__ == "kernels.triton.norm"
+
+
+def test_torch_forced_on_a_gpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FORCE_ENV, "torch")
+    choice = REGISTRY.select("paged_decode_attention", "cuda", "bfloat16")
+    assert (choice.impl.backend, choice.reason) == ("torch", "forced torch")
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(KernelError, match=r"forced for op 'silu_and_mul': .*need a GPU.*"
+                                          r"TRITON_INTERPRET=1"):
+        REGISTRY.select("silu_and_mul", "cpu", "float32", force="triton")
+    # Unforced, the reason is recorded when a preference passes over it.
+    choice = REGISTRY.select("silu_and_mul", "cpu", "float32", preference=["triton", "torch"])
+    assert choice.impl.backend == "torch"
+    assert "triton kernels need a GPU" in choice.reason
+
+
+def test_kernels_built_before_the_interpreter_was_enabled_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "kernels.triton.runtime", SimpleNamespace(INTERPRETED=False))
+    reason = triton_kernels.unavailable("cpu")
+    assert reason is not None and "set after the triton kernels were imported" in reason
+
+
+def test_triton_missing_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_kernels, "_import_failure", lambda: "triton is not importable (x)")
+    assert triton_kernels.unavailable("cuda") == "triton is not importable (x)"
+
+
+def test_forcing_a_backend_without_the_op_names_the_op() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("only_torch", "torch"))
+    registry.register(_impl("both", "torch"))
+    registry.register(_impl("both", "triton"))
+    with pytest.raises(KernelError, match=r"'triton' was forced but has no implementation of op "
+                                          r"'only_torch' \(it has: torch\)"):
+        registry.select("only_torch", "cuda", "float32", force="triton")
+
+
+def test_forcing_an_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(KernelError, match=r"INTERLOCK_KERNELS='cudnn' is not a kernel backend; "
+                                          r"known: torch, triton"):
+        REGISTRY.select("rms_norm", "cuda", "float32", force="cudnn")
+
+
+def test_forcing_a_backend_that_lacks_the_dtype_names_the_op() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("op", "triton"))
+    with pytest.raises(KernelError, match=r"forced for op 'op': triton op does not support "
+                                          r"bfloat16"):
+        registry.select("op", "cuda", "bfloat16", force="triton")
+
+
+def test_preference_falls_through_with_every_reason() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("op", "vendor", platforms=frozenset({"rocm"})))
+    registry.register(_impl("op", "torch"))
+    choice = registry.select("op", "cuda", "float32", preference=["fast", "vendor", "torch"])
+    assert choice.fn() == "torch"
+    assert choice.reason == ("preferred torch on cuda (no fast implementation; vendor op does "
+                             "not run on cuda)")
+    with pytest.raises(KernelError, match=r"no implementation of op 'op' serves cuda/float32"):
+        registry.select("op", "cuda", "float32", preference=["vendor"])
+
+
+def test_duplicate_registration_is_an_error() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("op", "triton", provider="interlock"))
+    with pytest.raises(KernelError, match=r"op 'op': backend 'triton' registered twice \(by "
+                                          r"interlock and acme\)"):
+        registry.register(_impl("op", "triton", provider="acme"))
+
+
+def test_a_plugin_backend_can_be_registered_and_chosen() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("op", "torch"))
+    registry.register(_impl("op", "vendor", provider="acme-kernels"))
+    choice = registry.select("op", "cuda", "float32", preference=["vendor", "torch"])
+    assert (choice.fn(), choice.label) == ("vendor", "vendor (acme-kernels)")
+    assert registry.backends() == ["torch", "vendor"]
+
+
+def test_unknown_op_lists_the_known_ops() -> None:
+    with pytest.raises(KernelError, match=r"unknown op 'layer_norm'; known ops: .*rms_norm"):
+        REGISTRY.select("layer_norm", "cpu", "float32")
+
+
+def test_a_lazy_target_that_fails_to_load_names_the_op() -> None:
+    registry = KernelRegistry()
+    registry.register(KernelImpl("op", "vendor", "no_such_module_xyz:fn", frozenset({"cuda"}),
+                                 frozenset({"float32"}), provider="acme"))
+    with pytest.raises(KernelError, match=r"op 'op': cannot load vendor implementation "
+                                          r"'no_such_module_xyz:fn' from acme"):
+        registry.select("op", "cuda", "float32", force="vendor")
+
+
+def test_every_triton_op_has_a_torch_reference() -> None:
+    for op in TRITON_OPS:
+        assert {i.backend for i in REGISTRY.implementations(op)} == {"torch", "triton"}
