@@ -37,7 +37,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def read_bandwidth(megabytes: int = 256, reps: int = 7) -> dict[str, float]:
+def read_bandwidth(megabytes: int = 512, reps: int = 7) -> dict[str, float]:
     """Bytes/s of two streaming reads of a buffer far larger than any cache (median of
     reps each): a sum, and a one-row GEMV over the buffer as a [4096, N] matrix."""
     values = megabytes * 2**20 // 4
@@ -60,6 +60,33 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     if model.lm_head is None:  # tied: the table is read whole, as the head
         return total
     return total - embedding.numel() * embedding.element_size()
+
+
+def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dict[str, float]:
+    """Median decode step of the engine with every prompt running, and the part of it spent
+    in the decode attention op (timed alone on the same block tables, times the layers)."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    for prompt in prompts:
+        engine.add_request(engine.make_request(prompt, params))
+    engine.step()  # prefill
+    step_times = [timed(engine.step) for _ in range(steps)]
+    runner = engine.runner
+    batch = engine.scheduler.schedule()
+    inputs = runner.prepare(batch)
+    metadata = inputs.attn_metadata
+    layer = runner.model.attention_layers[0]
+    q = torch.randn(len(batch.sequences), layer.num_heads, layer.head_dim)
+    with torch.inference_mode():
+        attention = statistics.median(
+            timed(lambda: layer.attend(q, metadata)) for _ in range(steps)
+        )
+    engine.scheduler.update(runner.execute(batch), time.perf_counter())
+    while engine.has_unfinished():
+        engine.step()
+    return {"step_ms": statistics.median(step_times) * 1e3,
+            "attention_ms": attention * len(runner.model.attention_layers) * 1e3,
+            "context_tokens": int(metadata.seq_lens.max())}
 
 
 def machine() -> dict[str, object]:
@@ -151,6 +178,7 @@ def main() -> None:
                    / (new_tokens - 1) * 1e3)
     same = compare(lambda e: concurrency * new_tokens / median[e, "same_outputs"])
     mixed = compare(lambda e: sum(mixed_outputs) / median[e, "mixed_outputs"])
+    breakdown = decode_step_breakdown(llm, prompts, new_tokens)
     bandwidth = read_bandwidth()
     weight_bytes = decode_weight_bytes(llm.engine.runner.model)
     roofline_ms = weight_bytes / max(bandwidth.values()) * 1e3
@@ -163,6 +191,7 @@ def main() -> None:
         "batch1_tpot_ms": tpot,
         "concurrent_same_outputs_tokens_per_s": same,
         "concurrent_mixed_outputs_tokens_per_s": mixed,
+        "concurrent_decode_step": breakdown,
         "roofline": {
             "weight_bytes_per_token": weight_bytes,
             "read_gb_per_s": {k: v / 1e9 for k, v in bandwidth.items()},
@@ -187,6 +216,10 @@ def main() -> None:
     for label, row, fmt in rows:
         print(f"| {label} | {row['interlock']:{fmt}} | {row['transformers']:{fmt}} | "
               f"{row['ratio']:.2f}x |")
+    kernels = {k.op: k.implementation for k in llm.report().kernels}
+    print(f"{concurrency} sequences decoding (up to {breakdown['context_tokens']} tokens of "
+          f"context): {breakdown['step_ms']:.1f} ms per step, of which paged_decode_attention "
+          f"[{kernels['paged_decode_attention']}] {breakdown['attention_ms']:.1f} ms")
     roof = figures["roofline"]
     reads = ", ".join(f"{k} {v:.1f}" for k, v in roof["read_gb_per_s"].items())
     print(f"roofline: {weight_bytes / 1e6:.1f} MB of weights per token / best read "
