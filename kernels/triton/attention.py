@@ -26,9 +26,15 @@ PARTITION_TOKENS = 512
 """Context tokens per decode program; contexts up to this long take one pass, no merge."""
 
 
+def _head_block(head_size: int) -> int:
+    """Head dimension padded to a power of two of at least one tensor-core tile (16)."""
+    return max(16, triton.next_power_of_2(head_size))
+
+
 @dataclass(frozen=True)
 class _DecodeLaunch:
     block_group: int  # query heads of one KV head, padded to a tensor-core tile
+    block_d: int
     block_n: int  # cache tokens per loop step
     partitions: int
     num_warps: int
@@ -37,9 +43,11 @@ class _DecodeLaunch:
 def _decode_launch(group: int, head_size: int, max_context: int) -> _DecodeLaunch:
     # 8 KiB of bf16 keys per step; 8 warps keep the gathered addresses in registers
     # without spills on sm_90 (see tests/kernels/gpu_compile.py).
+    block_d = _head_block(head_size)
     return _DecodeLaunch(
         block_group=max(16, triton.next_power_of_2(group)),
-        block_n=64 if head_size <= 64 else 32,
+        block_d=block_d,
+        block_n=64 if block_d <= 64 else 32,
         partitions=max(1, triton.cdiv(max_context, PARTITION_TOKENS)),
         num_warps=8,
     )
@@ -48,6 +56,7 @@ def _decode_launch(group: int, head_size: int, max_context: int) -> _DecodeLaunc
 @dataclass(frozen=True)
 class _PrefillLaunch:
     block_m: int  # new tokens per program
+    block_d: int
     block_n: int  # cache tokens per loop step
     num_warps: int
 
@@ -55,8 +64,9 @@ class _PrefillLaunch:
 def _prefill_launch(head_size: int, dtype: torch.dtype) -> _PrefillLaunch:
     # float32 dots run without tensor cores and need narrower key tiles to avoid spills.
     wide = dtype != torch.float32
-    return _PrefillLaunch(block_m=64, block_n=64 if wide else 32,
-                          num_warps=4 if wide and head_size <= 64 else 8)
+    block_d = _head_block(head_size)
+    return _PrefillLaunch(block_m=64, block_d=block_d, block_n=64 if wide else 32,
+                          num_warps=4 if wide and block_d <= 64 else 8)
 
 
 @triton.jit
@@ -82,6 +92,7 @@ def _decode_kernel(
     sliding_window,
     GROUP: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -99,15 +110,17 @@ def _decode_kernel(
     hi = tl.minimum((part + 1) * PARTITION, seq_len)
 
     g = tl.arange(0, BLOCK_GROUP)
-    d = tl.arange(0, HEAD_SIZE)
+    d = tl.arange(0, BLOCK_D)
+    dim_valid = d < HEAD_SIZE
     heads = kv_head * GROUP + g
+    head_mask = (g[:, None] < GROUP) & dim_valid[None, :]
     q = tl.load(q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
-                mask=g[:, None] < GROUP, other=0.0)
+                mask=head_mask, other=0.0)
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full([BLOCK_GROUP], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_GROUP], tl.float32)
-    acc = tl.zeros([BLOCK_GROUP, HEAD_SIZE], tl.float32)
+    acc = tl.zeros([BLOCK_GROUP, BLOCK_D], tl.float32)
     table = block_tables_ptr + seq * block_table_stride
     # Every step holds at least one position in [lo, hi), so m_i is finite after the first.
     for start in range(lo, hi, BLOCK_N):
@@ -116,19 +129,19 @@ def _decode_kernel(
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         rows = (block * cache_block_stride + (pos % BLOCK_SIZE) * cache_slot_stride
                 + kv_head * cache_head_stride)
-        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        kv_mask = valid[:, None] & dim_valid[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
                                             input_precision=DOT_PRECISION)
         m_i = m_new
 
-    head_mask = g[:, None] < GROUP
     if N_PARTITIONS == 1:
         # An empty context (padding sequence) has acc = 0 and gives zeros, as in the reference.
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -152,13 +165,14 @@ def _merge_partitions_kernel(
     out_seq_stride,
     out_head_stride,
     HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     N_PARTITIONS: tl.constexpr,
     BLOCK_PARTITIONS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     parts = tl.arange(0, BLOCK_PARTITIONS)
-    d = tl.arange(0, HEAD_SIZE)
+    d = tl.arange(0, BLOCK_D)
     first_slot = (seq * tl.num_programs(1) + head) * N_PARTITIONS
     in_range = parts < N_PARTITIONS
     part_max = tl.load(part_max_ptr + first_slot + parts, mask=in_range, other=float("-inf"))
@@ -168,10 +182,10 @@ def _merge_partitions_kernel(
     weight = tl.exp(part_max - tl.where(m_all > float("-inf"), m_all, 0.0))
     total = tl.sum(part_sum * weight, axis=0)
     acc = tl.load(part_acc_ptr + (first_slot + parts)[:, None] * HEAD_SIZE + d[None, :],
-                  mask=in_range[:, None], other=0.0)
+                  mask=in_range[:, None] & (d[None, :] < HEAD_SIZE), other=0.0)
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + seq * out_seq_stride + head * out_head_stride + d,
-             out.to(out_ptr.dtype.element_ty))
+             out.to(out_ptr.dtype.element_ty), mask=d < HEAD_SIZE)
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -179,10 +193,6 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     if k_cache.stride() != v_cache.stride() or k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache differ in layout: {tuple(k_cache.shape)} "
                          f"{k_cache.stride()} vs {tuple(v_cache.shape)} {v_cache.stride()}")
-    head_size = k_cache.shape[-1]
-    if head_size != triton.next_power_of_2(head_size):
-        raise ValueError(f"head size {head_size} is not supported; Triton attention needs a "
-                         "power of two (e.g. 64, 128)")
 
 
 def paged_decode_attention(
@@ -204,22 +214,26 @@ def paged_decode_attention(
     launch = _decode_launch(group, head_size, block_tables.shape[1] * block_size)
     dot_dtype, dot_precision = dot_operands(q.dtype)
     out = torch.empty_like(q)
-    partials = (batch, n_heads, launch.partitions)
-    part_acc = torch.empty((*partials, head_size), dtype=torch.float32, device=q.device)
-    part_max = torch.empty(partials, dtype=torch.float32, device=q.device)
-    part_sum = torch.empty(partials, dtype=torch.float32, device=q.device)
+    # One partition writes the output directly and never touches the partial buffers.
+    part_acc = part_max = part_sum = out
+    if launch.partitions > 1:
+        partials = (batch, n_heads, launch.partitions)
+        part_acc = torch.empty((*partials, head_size), dtype=torch.float32, device=q.device)
+        part_max = torch.empty(partials, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty(partials, dtype=torch.float32, device=q.device)
     _decode_kernel[(batch, n_kv_heads, launch.partitions)](
         q, q.stride(0), q.stride(1), k_cache, v_cache, k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), block_tables, block_tables.stride(0), seq_lens, out, out.stride(0),
         out.stride(1), part_acc, part_max, part_sum, scale, sliding_window or 0,
-        GROUP=group, HEAD_SIZE=head_size, BLOCK_SIZE=block_size, BLOCK_GROUP=launch.block_group,
-        BLOCK_N=launch.block_n, PARTITION=PARTITION_TOKENS, N_PARTITIONS=launch.partitions,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, num_warps=launch.num_warps,
+        GROUP=group, HEAD_SIZE=head_size, BLOCK_D=launch.block_d, BLOCK_SIZE=block_size,
+        BLOCK_GROUP=launch.block_group, BLOCK_N=launch.block_n, PARTITION=PARTITION_TOKENS,
+        N_PARTITIONS=launch.partitions, DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision,
+        num_warps=launch.num_warps,
     )
     if launch.partitions > 1:
         _merge_partitions_kernel[(batch, n_heads)](
             part_acc, part_max, part_sum, out, out.stride(0), out.stride(1),
-            HEAD_SIZE=head_size, N_PARTITIONS=launch.partitions,
+            HEAD_SIZE=head_size, BLOCK_D=launch.block_d, N_PARTITIONS=launch.partitions,
             BLOCK_PARTITIONS=triton.next_power_of_2(launch.partitions),
         )
     return out
@@ -249,6 +263,7 @@ def _prefill_kernel(
     sliding_window,
     GROUP: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -267,10 +282,12 @@ def _prefill_kernel(
         rows = first_row + tl.arange(0, BLOCK_M)
         row_valid = rows < q_len
         q_pos = seq_len - q_len + rows
-        d = tl.arange(0, HEAD_SIZE)
+        d = tl.arange(0, BLOCK_D)
+        dim_valid = d < HEAD_SIZE
         tokens = (q_start + rows).to(tl.int64)
+        q_mask = row_valid[:, None] & dim_valid[None, :]
         q = tl.load(q_ptr + tokens[:, None] * q_token_stride + head * q_head_stride + d[None, :],
-                    mask=row_valid[:, None], other=0.0)
+                    mask=q_mask, other=0.0)
         q = q.to(DOT_DTYPE)
 
         hi = seq_len - q_len + tl.minimum(first_row + BLOCK_M, q_len)
@@ -278,7 +295,7 @@ def _prefill_kernel(
         lo = tl.where(sliding_window > 0, tl.maximum(first_pos - sliding_window + 1, 0), 0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_SIZE], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * block_table_stride
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
@@ -286,8 +303,8 @@ def _prefill_kernel(
             block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
             cache_rows = (block * cache_block_stride + (pos % BLOCK_SIZE) * cache_slot_stride
                           + kv_head * cache_head_stride)
-            k = tl.load(k_cache_ptr + cache_rows[:, None] + d[None, :], mask=valid[:, None],
-                        other=0.0)
+            kv_mask = valid[:, None] & dim_valid[None, :]
+            k = tl.load(k_cache_ptr + cache_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
             scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
             allowed = valid[None, :] & (pos[None, :] <= q_pos[:, None])
             if sliding_window > 0:
@@ -299,14 +316,13 @@ def _prefill_kernel(
             p = tl.exp(scores - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + cache_rows[:, None] + d[None, :], mask=valid[:, None],
-                        other=0.0)
+            v = tl.load(v_cache_ptr + cache_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
                                                 input_precision=DOT_PRECISION)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + tokens[:, None] * out_token_stride + head * out_head_stride + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def paged_attention(
@@ -337,6 +353,7 @@ def paged_attention(
         k_cache.stride(2), block_tables, block_tables.stride(0), seq_lens, query_start_loc,
         tile_seq, seq_first_tile, out, out.stride(0), out.stride(1), n_seqs, scale,
         sliding_window or 0, GROUP=n_heads // k_cache.shape[2], HEAD_SIZE=head_size,
+        BLOCK_D=launch.block_d,
         BLOCK_SIZE=k_cache.shape[1], BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
         DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, num_warps=launch.num_warps,
     )

@@ -56,6 +56,7 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
     tables = torch.zeros(t, 128, dtype=torch.int32)  # 2048 tokens: several decode partitions
     small_cache = torch.randn(blocks, bs, 4, 64, dtype=dtype)
     small_tables = torch.zeros(t, 4, dtype=torch.int32)
+    odd_cache = torch.randn(blocks, bs, 2, 80, dtype=dtype)
     lens = torch.full((t,), 10)
     logits = torch.randn(t, 32000)
     return {
@@ -71,6 +72,8 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
             randn(t, hq, d), cache, cache, tables, lens, 0.1),
         "paged_decode_attention/d64-mha-window": lambda: attention.paged_decode_attention(
             randn(t, 4, 64), small_cache, small_cache, small_tables, lens, 0.1, 8),
+        "paged_decode_attention/d80-gqa2": lambda: attention.paged_decode_attention(
+            randn(t, 4, 80), odd_cache, odd_cache, small_tables, lens, 0.1),
         "paged_attention/d128-gqa4": lambda: attention.paged_attention(
             randn(t, hq, d), cache, cache, tables, lens, torch.arange(t + 1), 0.1),
         "paged_attention/d64-mha-window": lambda: attention.paged_attention(
