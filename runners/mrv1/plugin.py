@@ -9,12 +9,22 @@ from __future__ import annotations
 from plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, Unsupported, hookimpl
 
 PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
+# Where graphs are CUDA graphs (torch.cuda serves HIP too) and torch.compile of
+# the graph segments is honoured. Elsewhere graphs replay through the debug
+# backend and compile is declared unsupported: stage 5 turns an automatic
+# compile=true into false with a trace step, and a forced one is an error.
+COMPILED = ("cuda", "rocm")
 
-# As in vLLM: every graph mode, breakable capture (on cpu through the debug
-# replay backend) and torch.compile.
-EVERY_GRAPH_MODE = PlatformSupport(
-    cudagraph=frozenset(CUDAGRAPH_MODES), breakable=True, compile=True
-)
+
+def graph_support(platform: str, requires: frozenset[str] = frozenset()) -> PlatformSupport:
+    """As in vLLM: every graph mode and breakable capture, on every platform."""
+    return PlatformSupport(
+        cudagraph=frozenset(CUDAGRAPH_MODES),
+        breakable=True,
+        compile=platform in COMPILED,
+        requires=requires,
+    )
+
 
 # Declared so that asking for them is an error naming the feature, not a crash mid-run.
 NOT_YET_SUPPORTED = (
@@ -33,7 +43,7 @@ SPEC = RunnerSpec(
     description="classic model runner: per-step input preparation on the host (numpy), "
     "copied into static device buffers",
     plugin_api=">=1.0,<2",
-    platforms={platform: EVERY_GRAPH_MODE for platform in PLATFORMS},
+    platforms={platform: graph_support(platform) for platform in PLATFORMS},
     unsupported=NOT_YET_SUPPORTED,
     factory="runners.mrv1.runner:MRV1Runner",
 )

@@ -6,24 +6,21 @@ it requires Triton, and an automatic choice without it falls back to mrv1.
 
 from __future__ import annotations
 
-from plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, hookimpl
-from runners.mrv1.plugin import EVERY_GRAPH_MODE, NOT_YET_SUPPORTED
+from plugins import RunnerSpec, hookimpl
+from runners.mrv1.plugin import NOT_YET_SUPPORTED, PLATFORMS, graph_support
 
 GPU_PLATFORMS = ("cuda", "rocm", "xpu")
-
-ON_GPU = PlatformSupport(
-    cudagraph=frozenset(CUDAGRAPH_MODES),
-    breakable=True,
-    compile=True,
-    requires=frozenset({"has_triton"}),
-)
+TRITON = frozenset({"has_triton"})
 
 SPEC = RunnerSpec(
     name="mrv2",
     description="model runner V2: request state kept on the device, input preparation by "
     "kernels on the device (Triton on GPU, torch on CPU)",
     plugin_api=">=1.0,<2",
-    platforms={**{platform: ON_GPU for platform in GPU_PLATFORMS}, "cpu": EVERY_GRAPH_MODE},
+    platforms={
+        platform: graph_support(platform, TRITON if platform in GPU_PLATFORMS else frozenset())
+        for platform in PLATFORMS
+    },
     unsupported=NOT_YET_SUPPORTED,
     fallback="mrv1",
     factory="runners.mrv2.runner:MRV2Runner",

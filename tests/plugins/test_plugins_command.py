@@ -51,8 +51,12 @@ def test_text_lists_plugins_runners_and_kernels(register_plugin, capsys) -> None
     assert (code, err) == (0, "")
     assert "mrv2  interlock " in out and "  ok\n" in out
     assert (
-        "cuda, rocm, xpu        cudagraph none, piecewise, full, full_decode_only, "
+        "cuda, rocm             cudagraph none, piecewise, full, full_decode_only, "
         "full_and_piecewise; breakable; torch.compile; requires has_triton" in out
+    )
+    assert (
+        "xpu                    cudagraph none, piecewise, full, full_decode_only, "
+        "full_and_piecewise; breakable; no torch.compile; requires has_triton" in out
     )
     assert (
         "unsupported            pipeline parallelism when {features: "
