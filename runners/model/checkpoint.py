@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
@@ -92,25 +92,30 @@ class SafetensorsFiles:
                     raise CheckpointError(f"{index}: lists shard {file.name}, which does not exist")
             self.origin = str(index)
         elif single.is_file():
-            with safe_open(single, framework="pt") as handle:
-                self.files = dict.fromkeys(handle.keys(), single)
+            self.files = dict.fromkeys(safe_open(single, framework="pt").keys(), single)
             self.origin = str(single)
         else:
             raise CheckpointError(
                 f"{directory}: no weights found; expected {SAFETENSORS} or {SAFETENSORS_INDEX} "
                 "(or load_format='dummy')"
             )
+        # One memory-mapped handle per file, opened on first use.
+        self._handles: dict[Path, Any] = {}
 
     def names(self) -> set[str]:
         return set(self.files)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        with safe_open(self.files[name], framework="pt") as handle:
-            return tuple(handle.get_slice(name).get_shape())
+        return tuple(self._handle(name).get_slice(name).get_shape())
 
     def get(self, name: str) -> torch.Tensor:
-        with safe_open(self.files[name], framework="pt") as handle:
-            return handle.get_tensor(name)
+        return self._handle(name).get_tensor(name)
+
+    def _handle(self, name: str) -> Any:
+        file = self.files[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, framework="pt")
+        return self._handles[file]
 
 
 def _read_weight_map(index: Path) -> dict[str, str]:
@@ -178,9 +183,8 @@ def build_model(
         return CausalLM(config, ops, max_positions)
 
 
-def checkpoint_shapes(config: ModelConfig, ops: KernelTable) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every checkpoint tensor a config needs (no memory allocated)."""
-    model = build_model(config, ops, "float32", "meta", 1)
+def checkpoint_shapes(model: CausalLM) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every checkpoint tensor the model needs."""
     return {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
 
 
@@ -207,7 +211,7 @@ def load_model(
     if source.directory is None or load_format == "dummy":
         if load_format != "dummy":
             seed = demo.DEMO_SEED
-        shapes = {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
+        shapes = checkpoint_shapes(model)
         tensors: TensorSource = DummyTensors(shapes, seed, source.config.initializer_range)
     else:
         tensors = SafetensorsFiles(source.directory)
@@ -220,7 +224,10 @@ def write_demo_checkpoint(directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = demo.demo_config()
-    shapes = checkpoint_shapes(config, build_kernel_table("cpu", "float32"))
+    # Built on the meta device: names and shapes without allocating weights.
+    shapes = checkpoint_shapes(
+        build_model(config, build_kernel_table("cpu", "float32"), "float32", "meta", 1)
+    )
     tensors = DummyTensors(shapes, demo.DEMO_SEED, config.initializer_range)
     save_file({name: tensors.get(name) for name in shapes}, directory / SAFETENSORS)
     (directory / "config.json").write_text(json.dumps(demo.DEMO_CONFIG, indent=2))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 
 class ConfigError(ValueError):
@@ -134,13 +134,13 @@ class _RawConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     architectures: list[str]
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
+    vocab_size: PositiveInt
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt | None = None
+    head_dim: PositiveInt | None = None
     hidden_act: str = "silu"
     rms_norm_eps: float | None = None
     max_position_embeddings: int | None = None

@@ -103,6 +103,8 @@ def test_file_errors_name_the_file_and_key(tmp_path):
         {"architectures": ["LlamaForCausalLM"], **without_vocab}))
     with pytest.raises(ConfigError, match="vocab_size: Field required"):
         load_config(tmp_path)
+    with pytest.raises(ConfigError, match="num_attention_heads: Input should be greater than 0"):
+        parse("LlamaForCausalLM", num_attention_heads=0)
 
 
 def test_eos_ids_and_dtype(tmp_path):
