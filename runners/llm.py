@@ -90,7 +90,8 @@ class LLM:
             kv_cache,
             runner if runner is not None else MRV1Runner(),
             decision if decision is not None else RunDecision(),
-            EngineConfig(max_num_seqs, max_num_batched_tokens, seed),
+            EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         seed=seed),
         )
 
     def generate(
