@@ -146,23 +146,22 @@ def paged_decode_attention(
     """One query per sequence: q [B, Hq, D] -> [B, Hq, D]; seq_len 0 (padding) gives zeros.
 
     Vectorised over the whole block table (no host sync), so it can be captured
-    in a graph.
+    in a graph; SDPA groups the query heads over their shared KV head instead
+    of materialising repeated keys.
     """
-    batch, n_heads, _ = q.shape
-    keys = k_cache[block_tables.long()].flatten(1, 2)  # [B, S, Hk, D]
-    values = v_cache[block_tables.long()].flatten(1, 2)
-    group = n_heads // keys.shape[2]
-    keys = keys.repeat_interleave(group, dim=2)
-    values = values.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bhd,bshd->bhs", q.float(), keys.float()) * scale
-    k_pos = torch.arange(keys.shape[1], device=q.device)[None, :]
+    keys = k_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)  # [B, Hk, S, D]
+    values = v_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)
+    k_pos = torch.arange(keys.shape[2], device=q.device)[None, :]
     q_pos = (seq_lens.long() - 1)[:, None]
     allowed = k_pos <= q_pos
     if sliding_window is not None:
         allowed &= q_pos - k_pos < sliding_window
-    scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhs,bshd->bhd", probs, values.float()).to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None, :], keys, values, attn_mask=allowed[:, None, None, :], scale=scale,
+        enable_gqa=True,
+    )
+    # A padding row (seq_len 0) has every key masked: SDPA yields NaN there.
+    return out[:, :, 0].nan_to_num(0.0)
 
 
 @torch_op("moe_route", "torch")
