@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from plugins.api import PLUGIN_API_VERSION
 from plugins.registry import PluginRegistry
 from plugins.settings import Settings
-from policy.loader import cache_dir
+from policy.disk_cache import read_entry, write_entry
 
 if TYPE_CHECKING:
     from plugins.discovery import Discovery
@@ -58,20 +56,13 @@ def _stat(path: str) -> Stat:
     return (path, st.st_mtime_ns, st.st_size)
 
 
-def _file(key: str) -> Path:
-    return cache_dir() / f"plugins-{key}.pickle"
-
-
 def load(settings: Settings) -> PluginRegistry | None:
     """The cached registry, or None when there is none or anything it came from changed."""
-    try:
-        with open(_file(_key(settings)), "rb") as fh:
-            watched, registry = pickle.load(fh)
-        if any(_stat(entry[0]) != entry for entry in watched):
-            return None
-    except FileNotFoundError:
+    entry = read_entry("plugins", _key(settings))
+    if not isinstance(entry, tuple) or len(entry) != 2:
         return None
-    except Exception:  # written by another version, or damaged: discover afresh and overwrite
+    watched, registry = entry
+    if any(_stat(item[0]) != tuple(item) for item in watched):
         return None
     return registry if isinstance(registry, PluginRegistry) else None
 
@@ -81,20 +72,5 @@ def store(settings: Settings, found: Discovery) -> bool:
     registry = found.registry
     if registry.failed() or registry.conflicts:
         return False
-    import tempfile  # only for writing: a warm start never needs it
-
     watched = [_stat(p) for p in sorted({*_search_path(), *found.watched})]
-    directory = cache_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plugins-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                pickle.dump((watched, registry), fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, _file(_key(settings)))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return False  # an unwritable cache only costs speed
-    return True
+    return write_entry("plugins", _key(settings), (watched, registry))

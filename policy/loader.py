@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from policy.disk_cache import read_entry, write_entry
 from policy.errors import PolicyError
 from policy.model import Policy
 from policy.source import MAX_FILE_BYTES, read_source
@@ -63,24 +63,15 @@ def load_policy_sources(sources: list[tuple[str, bytes]], *, use_cache: bool = T
     revision = hashlib.sha256("".join(sha for _, _, sha in hashed).encode()).hexdigest()[:16]
     key = _cache_key(hashed) if use_cache else ""
     if use_cache:
-        cached = _read_cache(key)
-        if cached is not None:
+        cached = read_entry("policy", key)
+        if isinstance(cached, Policy):
             return cached
     from policy.build import build_policy
 
     policy = build_policy(hashed, revision)
     if use_cache:
-        _write_cache(key, policy)
+        write_entry("policy", key, policy)
     return policy
-
-
-def cache_dir() -> Path:
-    """``$INTERLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/interlock``, else ``~/.cache/interlock``."""
-    explicit = os.environ.get("INTERLOCK_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "interlock"
 
 
 def _code_fingerprint() -> str:
@@ -102,37 +93,3 @@ def _cache_key(hashed: list[tuple[str, bytes, str]]) -> str:
         # Display names are part of the key: they appear in every location.
         h.update(f"\0{name}\0{sha}".encode())
     return h.hexdigest()[:32]
-
-
-def _cache_file(key: str) -> Path:
-    return cache_dir() / f"policy-{key}.pickle"
-
-
-def _read_cache(key: str) -> Policy | None:
-    try:
-        with open(_cache_file(key), "rb") as fh:
-            policy = pickle.load(fh)
-    except FileNotFoundError:
-        return None
-    except Exception:  # a corrupt or stale entry is rebuilt and overwritten
-        return None
-    return policy if isinstance(policy, Policy) else None
-
-
-def _write_cache(key: str, policy: Policy) -> None:
-    """Write atomically (temp file + rename); an unwritable cache only costs speed."""
-    import tempfile
-
-    directory = cache_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".policy-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                pickle.dump(policy, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, _cache_file(key))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from policy import load_policy, make_context, resolve
-from policy.loader import cache_dir
+from policy.disk_cache import cache_dir
 
 
 def entries() -> list[Path]:
