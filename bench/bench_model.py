@@ -73,8 +73,8 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
     step_times = [timed(engine.step) for _ in range(steps)]
     runner = engine.runner
     batch = engine.scheduler.schedule()
-    inputs = runner.prepare(batch)
-    metadata = inputs.attn_metadata
+    inputs, _ = runner.stage(batch, None)  # mrv1 prepares on the host: no state to advance
+    metadata = inputs.metadata
     layer = runner.model.attention_layers[0]
     q = torch.randn(len(batch.sequences), layer.num_heads, layer.head_dim)
     with torch.inference_mode():

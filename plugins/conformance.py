@@ -138,6 +138,85 @@ def check_kernels(record: PluginRecord) -> list[Finding]:
     return found
 
 
-# Checks that execute the runner belong here; they need runners that run
-# models, so the list grows with them. Each takes the record and returns findings.
-MODEL_CHECKS: list[Callable[[PluginRecord], list[Finding]]] = []
+#: A Llama small enough to run anywhere in a blink, with dummy (seeded random) weights.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "initializer_range": 0.1,  # peaked logits: no near-ties for kernel differences to flip
+    "rms_norm_eps": 1e-6,
+}
+TINY_PROMPTS = ([1, 2, 3, 4, 5], [7, 8], [11, 12, 13, 14, 15, 16, 17, 18, 19])
+TINY_MAX_TOKENS = 5
+
+
+def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
+    """Each runner generates on a tiny model on this machine, in every graph mode (and with
+    breakable capture, if declared) it serves here: greedy tokens must equal those of the
+    reference, interlock's mrv1 running eagerly. A runner that does not serve this
+    machine's platform is not run."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from policy.context import detect_platform
+    from runners.contract import RunDecision
+    from runners.mrv1.runner import MRV1Runner
+
+    platform = detect_platform()[0]
+    found = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp)
+        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+        expected = _generate(model, platform, MRV1Runner(), RunDecision())
+        for spec in record.runners:
+            support = spec.platforms.get(platform)
+            if support is None:
+                continue
+            decisions = [RunDecision(spec.name, mode) for mode in support.cudagraph]
+            if support.breakable:
+                decisions.append(RunDecision(spec.name, support.cudagraph[-1], breakable=True))
+            for decision in decisions:
+                what = f"cudagraph={decision.cudagraph}" + (
+                    " breakable" if decision.breakable else ""
+                )
+                try:
+                    tokens = _generate(
+                        model, platform, load_import_path(spec.factory)(), decision
+                    )
+                except Exception as exc:
+                    found.append(Finding("runs", spec.name, f"{what}: {summarize(exc)}"))
+                    continue
+                if tokens != expected:
+                    found.append(
+                        Finding(
+                            "runs", spec.name,
+                            f"{what}: greedy tokens {tokens} differ from the reference "
+                            f"(mrv1, eager) {expected}",
+                        )
+                    )
+    return found
+
+
+def _generate(model: object, platform: str, runner: object, decision: object) -> list[list[int]]:
+    from runners.engine.sampling import SamplingParams
+    from runners.llm import LLM
+
+    llm = LLM(
+        model, load_format="dummy", dtype="float32",
+        device="cpu" if platform == "cpu" else "xpu" if platform == "xpu" else "cuda",
+        max_num_seqs=len(TINY_PROMPTS), max_num_batched_tokens=8, max_model_len=64,
+        runner=runner, decision=decision,
+    )
+    outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(max_tokens=TINY_MAX_TOKENS))
+    return [list(o.token_ids) for o in outputs]
+
+
+#: Checks that execute the runner. Each takes the record and returns findings.
+MODEL_CHECKS: list[Callable[[PluginRecord], list[Finding]]] = [check_runs_tiny_model]

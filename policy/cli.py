@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 #: Subcommands, in ``--help`` order; each is ``policy.commands.<name>``.
-COMMANDS = ("explain", "resolve", "table", "check", "test", "diff", "schema", "plugins")
+COMMANDS = ("explain", "resolve", "table", "check", "test", "diff", "schema", "plugins", "run")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -6,14 +6,18 @@ A runner executes a model for the engine. Its lifecycle is two calls:
    (``runners.dispatch.build_kernel_table``), load the model
    (``runners.model.checkpoint.load_model``), allocate the paged KV cache
    described by ``kv_cache`` and bind it to the model, and prepare whatever
-   the ``decision`` asks for (graph capture, ...).
+   the ``decision`` asks for: capture the graphs of its cudagraph mode (for
+   batches up to ``model.max_num_seqs`` sequences and
+   ``model.max_num_batched_tokens`` tokens), breakable or not. A decision the
+   runner's plugin spec does not declare is an error, never a silent change.
 2. ``execute(batch)`` — once per engine step. ``batch`` holds every sequence
    scheduled this step, prefill chunks and decodes mixed, each with the
    tokens to feed, where they start, its KV block table and how to sample.
    Return one sampled token per sequence that asks for one.
 
 ``report()`` says what the runner actually did: kernel choices, graphs,
-fallbacks. It may be called any time after ``load``.
+fallbacks (e.g. a size whose capture failed and which runs eagerly). It may
+be called any time after ``load``.
 
 The engine owns scheduling and the block allocator: a runner never decides
 which blocks a sequence uses, it only writes K/V into the slots the block
@@ -28,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from runners.graphs.report import GraphReport
 from runners.model.config import ModelConfig
 
 CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
@@ -46,6 +51,8 @@ class ModelSpec:
     load_format: str = "auto"  # one of LOAD_FORMATS
     seed: int = 0  # seed of dummy weights
     max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
+    max_num_seqs: int = 64  # most sequences in one step (sizes graphs and request state)
+    max_num_batched_tokens: int = 2048  # most tokens in one step
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("dtype", self.dtype, MODEL_DTYPES),
@@ -54,6 +61,9 @@ class ModelSpec:
                 raise ValueError(
                     f"{key} {value!r} is not supported; allowed: {', '.join(allowed)}"
                 )
+        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} is invalid; allowed: >= 1")
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,7 @@ class RunnerReport:
     breakable: bool = False
     captured_sizes: tuple[int, ...] = ()
     fallbacks: tuple[str, ...] = field(default=())  # each: what fell back, and why
+    graphs: GraphReport | None = None  # captured keys, failures, replays, eager steps
 
 
 @runtime_checkable

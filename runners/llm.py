@@ -8,7 +8,10 @@
     out.token_ids  # (8 token ids)
 
 A model directory with a ``tokenizer.json`` also accepts text prompts and
-returns text.
+returns text. The runner is the one ``decision.runner`` names (default
+``RunDecision()``: mrv1, no graphs), created through the plugin that
+registers it, or an object given as ``runner``; it serves the decision's
+cudagraph mode, breakable capture and capture sizes.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from runners.engine.kv_cache import plan_kv_cache
 from runners.engine.request import Request
 from runners.engine.sampling import SamplingParams
 from runners.model.checkpoint import resolve_dtype, resolve_model
-from runners.mrv1.runner import MRV1Runner
 
 Prompt = str | Sequence[int]
 
@@ -79,17 +81,20 @@ class LLM:
             load_format=load_format,
             seed=seed,
             max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
         kv_cache = plan_kv_cache(
             config, resolved_dtype, block_size, max_model_len, max_num_seqs,
             num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
         )
         self.tokenizer = _load_tokenizer(source.directory)
+        decision = decision if decision is not None else RunDecision()
         self.engine = Engine(
             spec,
             kv_cache,
-            runner if runner is not None else MRV1Runner(),
-            decision if decision is not None else RunDecision(),
+            runner if runner is not None else runner_from_plugin(decision.runner),
+            decision,
             EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          seed=seed),
         )
@@ -149,6 +154,22 @@ class LLM:
             ttft_s=ttft,
             tpot_s=decode_time / (len(tokens) - 1) if len(tokens) > 1 else 0.0,
         )
+
+
+def runner_from_plugin(name: str) -> Runner:
+    """A fresh runner object from the plugin that registers runner ``name`` (its spec's
+    factory); an unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
+    from plugins import load_import_path, load_registry
+
+    registered = load_registry().runner(name)
+    runner = load_import_path(registered.spec.factory)()
+    if not isinstance(runner, Runner):
+        raise TypeError(
+            f"runner {name!r}: {registered.spec.factory} (plugin {registered.plugin.provider}) "
+            f"built a {type(runner).__name__}, which does not implement runners.contract.Runner "
+            "(load, execute, report)"
+        )
+    return runner
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

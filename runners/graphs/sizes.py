@@ -29,10 +29,13 @@ class CaptureSizes:
     dropped: tuple[int, ...] = ()
 
     @classmethod
-    def choose(cls, requested: Iterable[int] | None, limit: int) -> CaptureSizes:
-        """The decision's sizes (or automatic ones) that a batch of at most ``limit`` can use."""
+    def choose(
+        cls, requested: Iterable[int] | None, limit: int, auto_max: int | None = None
+    ) -> CaptureSizes:
+        """The decision's sizes that a batch of at most ``limit`` can use, or automatic ones
+        up to ``auto_max`` (default: ``limit``)."""
         if requested is None:
-            return cls(auto_capture_sizes(limit))
+            return cls(auto_capture_sizes(min(limit, auto_max or limit)))
         wanted = sorted(set(requested))
         bad = [s for s in wanted if not isinstance(s, int) or s < 1]
         if bad:

@@ -14,7 +14,8 @@ attention output (``layer.attend(q, metadata)`` computes it). This is how a
 backend cuts the forward at attention:
 
 * *piecewise* capture: the segments between split points are captured
-  separately (planned before capture);
+  separately, planned before capture (``CausalLM.pieces`` cuts the forward
+  at every split point, so the split does not need the hook);
 * *breakable* capture: the hook ends the current graph segment, runs
   ``attend`` eagerly into a preallocated output, and starts the next segment
   (break points discovered during capture). The KV-cache store happens before
@@ -111,9 +112,17 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
+        self.store(k, v, metadata)
+        return self.split(q, metadata)
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
+        """Write this step's keys and values into the paged cache (before the split point)."""
         if self.k_cache is None:
             raise RuntimeError(f"layer {self.layer_index}: no KV cache bound (bind_kv_cache)")
         self.ops.store_kv_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
+
+    def split(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """The split point: ``attend``, or the active ``attention_split`` hook."""
         hook = _SPLIT.get()
         if hook is None:
             return self.attend(q, metadata)

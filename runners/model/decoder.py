@@ -10,7 +10,8 @@ syncs, and every attention goes through ``runners.model.attention.Attention``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -22,6 +23,21 @@ from runners.model.config import ModelConfig
 from runners.model.layers import CheckpointSlots, DenseMLP, Linear, SelfAttention, empty_weight
 from runners.model.moe import SparseMoE
 from runners.model.rope import cos_sin_cache
+
+Tensor = torch.Tensor
+PieceFn = Callable[[Tensor | None, Tensor | None], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class ForwardPiece:
+    """Part of the forward between attention split points:
+    ``(attention output before it, residual) -> (q of split, or final hidden; residual)``."""
+
+    run: PieceFn
+    split: Attention | None  # the attention that ends this piece; None for the last
+
+    def __call__(self, attn_out: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        return self.run(attn_out, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -50,6 +66,17 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, residual = self.before_attention(positions, hidden, residual, metadata)
+        return self.after_attention(self.self_attn.attn.split(q, metadata), residual)
+
+    def before_attention(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input norm and attention up to its split point: (q, residual)."""
         if residual is None:
             residual = hidden
             hidden = self.ops.rms_norm(hidden, self.input_norm, self.eps)
@@ -57,9 +84,14 @@ class DecoderLayer(nn.Module):
             hidden, residual = self.ops.fused_add_rms_norm(
                 hidden, residual, self.input_norm, self.eps
             )
-        hidden = self.self_attn(positions, hidden, metadata)
+        return self.self_attn.project(positions, hidden, metadata), residual
+
+    def after_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output projection, post-attention norm and MLP: (hidden, residual)."""
         hidden, residual = self.ops.fused_add_rms_norm(
-            hidden, residual, self.post_attention_norm, self.eps
+            self.self_attn.output(attn_out), residual, self.post_attention_norm, self.eps
         )
         return self.mlp(hidden), residual
 
@@ -118,6 +150,35 @@ class CausalLM(nn.Module):
             hidden, residual = layer(positions, hidden, residual, metadata)
         hidden, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.eps)
         return hidden
+
+    def pieces(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> list[ForwardPiece]:
+        """The forward cut at every attention split point, planned ahead (for piecewise
+        graphs): running the pieces in order with ``split.attend`` between them is
+        ``forward``. Piece 0 embeds and runs layer 0 up to its attention; piece i runs
+        layer i-1 after its attention and layer i up to its own; the last piece finishes
+        the last layer and applies the final norm."""
+        layers = self.layers
+
+        def first(_: torch.Tensor | None, __: torch.Tensor | None) -> tuple[Tensor, Tensor]:
+            hidden = F.embedding(input_ids, self.embed_tokens)
+            return layers[0].before_attention(positions, hidden, None, metadata)
+
+        def middle(index: int) -> PieceFn:
+            def run(attn_out: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+                hidden, residual = layers[index - 1].after_attention(attn_out, residual)
+                return layers[index].before_attention(positions, hidden, residual, metadata)
+
+            return run
+
+        def last(attn_out: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+            hidden, residual = layers[-1].after_attention(attn_out, residual)
+            return self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.eps)
+
+        runs = [first, *(middle(i) for i in range(1, len(layers))), last]
+        splits = [*self.attention_layers, None]
+        return [ForwardPiece(run, split) for run, split in zip(runs, splits, strict=True)]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:

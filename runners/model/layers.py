@@ -87,6 +87,14 @@ class SelfAttention(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
+        q = self.project(positions, hidden, metadata)
+        return self.output(self.attn.split(q, metadata))
+
+    def project(
+        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Everything before the attention split point: q/k/v, norms, rotary, the KV-cache
+        store. Returns q [T, Hq, D]."""
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -99,8 +107,12 @@ class SelfAttention(nn.Module):
             q = q.view(tokens, self.num_heads, self.head_dim)
             k = k.view(tokens, self.num_kv_heads, self.head_dim)
         self.ops.rotary_embedding(positions, q, k, self.cos_sin_cache)
-        out = self.attn(q, k, v, metadata)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        self.attn.store(k, v, metadata)
+        return q
+
+    def output(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """The output projection of the attention output [T, Hq, D] -> [T, H]."""
+        return self.o_proj(attn_out.reshape(attn_out.shape[0], self.q_size))
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
         q, kv = self.q_size, self.kv_size

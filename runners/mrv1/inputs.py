@@ -3,8 +3,9 @@
 ``prepare_host_inputs`` builds every array on the host with numpy, optionally
 padded to a fixed number of tokens, sequences and block-table columns: padding
 tokens have slot -1, padding sequences seq_len 0, so padded rows are
-harmless. A graph runner pads to its captured size and copies the arrays into
-its static buffers; the eager runner uses ``to_device`` instead.
+harmless. For a graph step mrv1 pads to the key's shape and copies the arrays
+into the static buffers (``copy_to_static``); an eager step moves them as
+they are (``to_device``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from runners.contract import ScheduledBatch
+from runners.graphs.buffers import ForwardInputs, SamplingInputs
 from runners.model.attention import AttentionMetadata
 
 
@@ -38,19 +40,6 @@ class HostInputs:
     num_tokens: int  # real (unpadded) tokens
     num_seqs: int  # real (unpadded) sequences
     decode_only: bool
-
-
-@dataclass(frozen=True)
-class DeviceInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    seeds: torch.Tensor
-    steps: torch.Tensor
 
 
 def prepare_host_inputs(
@@ -130,24 +119,49 @@ def prepare_host_inputs(
     )
 
 
-def to_device(host: HostInputs, device: torch.device) -> DeviceInputs:
+def to_device(host: HostInputs, device: torch.device) -> tuple[ForwardInputs, SamplingInputs]:
     """Fresh device tensors for one eager step (``to`` is a no-op on the CPU)."""
 
     def move(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(device)
 
-    metadata = AttentionMetadata(
-        slot_mapping=move(host.slot_mapping),
-        block_tables=move(host.block_tables),
-        seq_lens=move(host.seq_lens),
-        query_start_loc=move(host.query_start_loc),
-        decode_only=host.decode_only,
-    )
-    return DeviceInputs(
+    forward = ForwardInputs(
         input_ids=move(host.input_ids),
         positions=move(host.positions),
-        attn_metadata=metadata,
+        metadata=AttentionMetadata(
+            slot_mapping=move(host.slot_mapping),
+            block_tables=move(host.block_tables),
+            seq_lens=move(host.seq_lens),
+            query_start_loc=move(host.query_start_loc),
+            decode_only=host.decode_only,
+        ),
         logits_indices=move(host.logits_indices),
+    )
+    return forward, sampling_to_device(host, host.num_seqs, device)
+
+
+def copy_to_static(host: HostInputs, target: ForwardInputs) -> None:
+    """Write padded host inputs into a graph key's static views (same shapes)."""
+    metadata = target.metadata
+    for dst, src in (
+        (target.input_ids, host.input_ids),
+        (target.positions, host.positions),
+        (metadata.slot_mapping, host.slot_mapping),
+        (metadata.block_tables, host.block_tables),
+        (metadata.seq_lens, host.seq_lens),
+        (metadata.query_start_loc, host.query_start_loc),
+        (target.logits_indices, host.logits_indices),
+    ):
+        dst.copy_(torch.from_numpy(src))
+
+
+def sampling_to_device(host: HostInputs, count: int, device: torch.device) -> SamplingInputs:
+    """Sampling parameters of the first ``count`` (real) sequences."""
+
+    def move(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array[:count]).to(device)
+
+    return SamplingInputs(
         temperature=move(host.temperature),
         top_k=move(host.top_k),
         top_p=move(host.top_p),

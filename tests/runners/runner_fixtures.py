@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from runners.mrv1.inputs import DeviceInputs
+from runners.graphs.buffers import ForwardInputs
 from runners.mrv1.runner import MRV1Runner
 
 # A different rope scaling, window and head layout per family, so together they cover
@@ -116,13 +116,13 @@ class TinyModels:
 
 
 class RecordingRunner(MRV1Runner):
-    """mrv1 that keeps the logits of every step, for comparing against the oracle."""
+    """mrv1 that keeps the logits of every (eager) step, for comparing against the oracle."""
 
     def __init__(self) -> None:
         super().__init__()
         self.logits: list[torch.Tensor] = []
 
-    def compute_logits(self, inputs: DeviceInputs) -> torch.Tensor:
+    def compute_logits(self, inputs: ForwardInputs) -> torch.Tensor:
         logits = super().compute_logits(inputs)
         self.logits.append(logits.clone())
         return logits

@@ -64,11 +64,11 @@ def test_report_names_every_kernel_choice(llama_llm):
     assert ops["rms_norm"].reason
 
 
-def test_mrv1_is_a_runner_that_refuses_graph_decisions(tiny_models):
+def test_mrv1_is_a_runner_that_refuses_what_its_spec_does_not_serve(tiny_models):
     assert isinstance(MRV1Runner(), Runner)
-    with pytest.raises(RunnerError, match="cannot serve cudagraph=full"):
+    with pytest.raises(RunnerError, match="mrv1 does not serve torch.compile on cpu"):
         LLM(str(tiny_models.path("llama")), num_blocks=16, max_model_len=64,
-            decision=RunDecision(cudagraph="full"))
+            decision=RunDecision(cudagraph="full", compile=True))
     with pytest.raises(ValueError, match="cudagraph 'fast' is not a mode; allowed: none, "
                        "piecewise"):
         RunDecision(cudagraph="fast")

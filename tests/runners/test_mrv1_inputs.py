@@ -66,12 +66,12 @@ def test_padded_forward_matches_unpadded_and_writes_only_real_slots(engine):
     mixed = scheduled_batches(engine)
     decode = ScheduledBatch(mixed.sequences[:2])
     for batch in (mixed, decode):
-        plain = runner.compute_logits(runner.prepare(batch))
+        plain = runner.compute_logits(runner.stage(batch, None)[0])
         host = prepare_host_inputs(batch, runner.block_size, num_tokens=batch.num_tokens + 3,
                                    num_seqs=len(batch.sequences) + 3, table_width=24)
         assert host.decode_only == batch.decode_only == (batch is decode)
         before = [k.flatten(0, 1).clone() for k, _ in runner.kv_caches]
-        padded = runner.compute_logits(to_device(host, runner.device))
+        padded = runner.compute_logits(to_device(host, runner.device)[0])
         torch.testing.assert_close(padded[: len(batch.sequences)], plain, atol=1e-5, rtol=1e-5)
         real_slots = torch.from_numpy(host.slot_mapping[: host.num_tokens])
         untouched = torch.ones(before[0].shape[0], dtype=torch.bool)
@@ -85,7 +85,7 @@ def test_padded_forward_matches_unpadded_and_writes_only_real_slots(engine):
 def test_attention_split_point_sees_every_layer_after_the_kv_store(engine):
     runner = engine.runner
     batch = scheduled_batches(engine)
-    inputs = runner.prepare(batch)
+    inputs, _ = runner.stage(batch, None)
     plain = runner.compute_logits(inputs)
     seen = []
 

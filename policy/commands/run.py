@@ -1,0 +1,318 @@
+"""``policy run``: decide how to run a model, run it through the chosen runner plugin, show it.
+
+The decision is resolved for the model's architecture (traits from its
+config; ``demo`` is the built-in model) exactly as ``policy explain`` would,
+one line on stderr names the runner, cudagraph mode and breakable with the
+policy line that chose each, and the runner is instantiated through the
+plugin that registers it. torch is imported here, inside ``run``, and
+nowhere else in ``policy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from policy.commands.common import add_context_flags, add_policy_args, env_of, load, overrides_of
+from policy.errors import PolicyError
+from policy.fields import parse_scalar
+
+DEMO = "demo"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_PROMPT = (1, 2, 3)
+#: Each decision field `run` acts on, in the order the log line names them.
+LOGGED_FIELDS = ("runner", "cudagraph", "breakable")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a model the way the policy decides",
+        description="Resolve the decision for the model's architecture, run the model through "
+        "the runner plugin it names (graph capture and kernels as decided) and print the "
+        "generated tokens.",
+    )
+    parser.add_argument(
+        "--model", required=True, metavar="PATH|demo",
+        help="a Hugging Face model directory, or `demo` (the built-in model)",
+    )
+    parser.add_argument(
+        "--prompt-token-ids", action="append", type=_token_ids, default=[], metavar="1,2,3",
+        help="a prompt as token ids; repeat for several (default: one prompt, 1,2,3)",
+    )
+    parser.add_argument(
+        "--prompt", action="append", default=[], metavar="TEXT",
+        help="a text prompt (needs the model's tokenizer.json); repeat for several",
+    )
+    parser.add_argument("--max-tokens", type=_positive, default=16, metavar="N")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
+    parser.add_argument("--ignore-eos", action="store_true", help="generate max tokens")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument(
+        "--debug-graphs", action="store_true",
+        help="replay the capture plan eagerly (the debug graph backend) even on a GPU",
+    )
+    add_context_flags(parser)
+    add_policy_args(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--verbose", action="store_true", help="add the trace, kernel choices and captured graphs"
+    )
+    parser.set_defaults(run=run)
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of token ids (e.g. 1,2,3)"
+        ) from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: token ids are integers >= 0")
+    return ids
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from plugins import load_registry
+    from policy.capabilities import capability_stage
+    from policy.resolve import resolve
+
+    policy = load(args)
+    context = _context(args, policy)
+    resolution = resolve(policy, context, overrides_of(args), capabilities=capability_stage())
+    print(f"policy run: {_decided_by(resolution)}", file=sys.stderr)
+    plugin = load_registry().runner(resolution.decision.runner).plugin
+    if args.debug_graphs:
+        from runners.graphs.backends import DEBUG_ENV
+
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        result = _execute(args, resolution)
+    except (ValueError, RuntimeError, LookupError, OSError) as exc:
+        print(f"policy: error: {exc}", file=sys.stderr)
+        return 1
+    document = _document(resolution, plugin.provider, *result, verbose=args.verbose)
+    if args.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        sys.stdout.write(_render_text(resolution, document, verbose=args.verbose))
+    return 0
+
+
+def _context(args: argparse.Namespace, policy: Any) -> Any:
+    """The context of the run: this machine, and the model's architecture and traits."""
+    from policy.context import MODEL_CONFIG, detect_platform, make_context, traits_from_config
+
+    here = detect_platform()[0]
+    if args.platform is not None and args.platform != here:
+        raise PolicyError(
+            f"--platform {args.platform}: policy run executes on this machine, which is {here}; "
+            "use `policy explain` to see the decision for another platform"
+        )
+    env, sources = env_of(args, policy)
+    common = dict(
+        platform=args.platform,
+        device_arch=args.device_arch,
+        features={k: parse_scalar(v) for k, v in args.feature},
+        env=env,
+        sources=sources,
+    )
+    if args.model != DEMO:
+        return make_context(None, model=args.model, **common)
+    from runners.model.demo import DEMO_CONFIG
+
+    context = make_context(DEMO_CONFIG["architectures"][0], **common)
+    traits = traits_from_config(DEMO_CONFIG)
+    facts = {f"traits.{name}": f"{MODEL_CONFIG} ({note})" for name, (_, note) in traits.items()}
+    return replace(
+        context,
+        model_traits={name: value for name, (value, _) in traits.items()},
+        sources={**context.sources, "architecture": f"{MODEL_CONFIG} (demo model)", **facts},
+    )
+
+
+def _decided_by(resolution: Any) -> str:
+    """``runner=mrv2 (defaults, policies.yaml:59) ...``: each field with who chose it."""
+    parts = []
+    for name in LOGGED_FIELDS:
+        value = resolution.decision.to_dict()[name]
+        parts.append(f"{name}={_show(value)} ({_chooser(resolution.provenance[name])})")
+    return ", ".join(parts)
+
+
+def _chooser(prov: Any) -> str:
+    who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
+    return f"{who}, {prov.location}" if prov.location else who
+
+
+def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Run the prompts; returns (outputs, runner report, metrics)."""
+    import torch
+
+    from runners.contract import RunDecision
+    from runners.engine.sampling import SamplingParams
+    from runners.llm import LLM
+
+    decision = resolution.decision
+    prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
+    device = "cpu" if resolution.context.platform == "cpu" else (
+        "xpu" if resolution.context.platform == "xpu" else "cuda"
+    )
+    start = time.perf_counter()
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        device=device,
+        seed=args.seed,
+        max_num_seqs=len(prompts),
+        decision=RunDecision(
+            runner=decision.runner,
+            cudagraph=decision.cudagraph,
+            breakable=decision.breakable,
+            compile=decision.compile,
+            capture_sizes=decision.capture_sizes,
+        ),
+    )
+    loaded = time.perf_counter()
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    outputs = llm.generate(prompts, params)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    done = time.perf_counter()
+    generated = sum(len(o.token_ids) for o in outputs)
+    decoding = [o for o in outputs if len(o.token_ids) > 1]
+    metrics = {
+        "ttft_ms": round(1e3 * sum(o.ttft_s for o in outputs) / len(outputs), 3),
+        "tpot_ms": round(1e3 * sum(o.tpot_s for o in decoding) / len(decoding), 3)
+        if decoding else None,
+        "requests": len(outputs),
+        "output_tokens": generated,
+        "generate_s": round(done - loaded, 4),
+        "output_tokens_per_s": round(generated / (done - loaded), 2),
+        "load_s": round(loaded - start, 4),
+    }
+    return outputs, llm.report(), metrics
+
+
+def _document(
+    resolution: Any,
+    provider: str,
+    outputs: Any,
+    report: Any,
+    metrics: dict[str, Any],
+    *,
+    verbose: bool,
+) -> dict[str, Any]:
+    resolved = resolution.to_dict()
+    graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    document: dict[str, Any] = {
+        "decision": resolved["decision"],
+        "provenance": resolved["provenance"],
+        "context": resolved["context"],
+        "runner": {
+            "name": report.runner, "plugin": provider, "device": report.device,
+            "dtype": report.dtype,
+        },
+        "outputs": [
+            {
+                "prompt_token_ids": list(o.prompt_token_ids),
+                "token_ids": list(o.token_ids),
+                "text": o.text,
+                "finish_reason": o.finish_reason,
+            }
+            for o in outputs
+        ],
+        "metrics": metrics,
+        "kernels": {k.op: k.implementation for k in report.kernels},
+        "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
+    }
+    if verbose:
+        document["trace"] = resolved["trace"]
+        document["kernel_choices"] = {
+            k.op: {"implementation": k.implementation, "reason": k.reason} for k in report.kernels
+        }
+    return document
+
+
+def _render_text(resolution: Any, doc: dict[str, Any], *, verbose: bool) -> str:
+    from policy.explain import render_trace
+
+    ctx = resolution.context
+    runner, graphs, metrics = doc["runner"], doc["graphs"], doc["metrics"]
+    decision = doc["decision"]
+    lines = [
+        f"{ctx.architecture} on {ctx.platform}: runner {runner['name']} from "
+        f"plugin {runner['plugin']}, {runner['device']}, {runner['dtype']}",
+        f"graphs: cudagraph={decision['cudagraph']} breakable={_show(decision['breakable'])} "
+        f"compile={_show(decision['compile'])}; {_graph_summary(graphs)}",
+    ]
+    for fallback in graphs["fallbacks"]:
+        lines.append(f"  fallback: {fallback}")
+    lines.append("")
+    for i, out in enumerate(doc["outputs"]):
+        lines.append(f"[{i}] prompt {out['prompt_token_ids']}")
+        lines.append(f"    -> {out['token_ids']} ({out['finish_reason']})")
+        if out["text"] is not None:
+            lines.append(f"    text: {out['text']!r}")
+    tpot = "-" if metrics["tpot_ms"] is None else f"{metrics['tpot_ms']:.2f} ms"
+    lines += [
+        "",
+        f"ttft {metrics['ttft_ms']:.2f} ms, tpot {tpot}, {metrics['output_tokens']} tokens in "
+        f"{metrics['generate_s']:.3f} s ({metrics['output_tokens_per_s']:.1f} tokens/s); "
+        f"load {metrics['load_s']:.2f} s",
+    ]
+    if verbose:
+        lines += ["", "trace", *render_trace(resolution.trace)]
+        lines += ["", "kernels"]
+        width = max(len(op) for op in doc["kernel_choices"])
+        for op, choice in doc["kernel_choices"].items():
+            lines.append(f"  {op:<{width}}  {choice['implementation']}  ({choice['reason']})")
+        lines += ["", "graphs"]
+        for name, sizes in graphs.get("sizes", {}).items():
+            lines.append(f"  sizes {name}: {', '.join(map(str, sizes)) or '-'}")
+        for graph in graphs.get("captured", []):
+            lines.append(
+                f"  captured {graph['key']}: {graph['segments']} segment(s), "
+                f"{graph['breaks']} eager break(s)"
+            )
+        for key, why in graphs.get("failed", {}).items():
+            lines.append(f"  failed {key}: {why}")
+        for key, count in graphs.get("replays", {}).items():
+            lines.append(f"  replayed {key}: {count} step(s)")
+        for why, count in graphs.get("eager_steps", {}).items():
+            lines.append(f"  eager: {why}: {count} step(s)")
+    return "\n".join(lines) + "\n"
+
+
+def _graph_summary(graphs: dict[str, Any]) -> str:
+    if not graphs or graphs.get("backend") == "none":
+        return "nothing to capture"
+    captured = graphs["captured_sizes"]
+    failed = len(graphs["failed"])
+    sizes = ", ".join(map(str, captured)) or "none"
+    return (
+        f"{graphs['backend']} backend, captured sizes {sizes}"
+        + (f", {failed} capture(s) failed" if failed else "")
+    )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

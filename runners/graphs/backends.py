@@ -1,0 +1,226 @@
+"""Low-level capture backends shared by every runner: ``cuda`` and ``debug``.
+
+Both turn a callable into a replayable segment and a whole forward into a
+breakable program; they differ only in what replay does.
+
+* ``cuda`` records ``torch.cuda.CUDAGraph`` s (the same API serves ROCm/HIP
+  builds of torch) on a side stream. All graphs of a runner share one memory
+  pool; a runner replays one program at a time and reads its outputs before
+  the next, which is what makes the sharing safe.
+* ``debug`` keeps the callables and replays them eagerly, copying results into
+  the outputs the "capture" produced. Capture plans, static buffers, padding,
+  segments and breaks are exactly those of ``cuda``, so a bug that shows up
+  under both is a model bug and one that only shows up under ``cuda`` is a
+  graph bug. It is what runs on CPU and what ``INTERLOCK_DEBUG_GRAPHS=1``
+  (``policy run --debug-graphs``) forces on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from runners.graphs.segments import (
+    AttentionBreak,
+    Outputs,
+    Program,
+    Segment,
+    SegmentedProgram,
+    SegmentFn,
+    as_outputs,
+)
+from runners.model.attention import Attention, AttentionMetadata, attention_split
+
+DEBUG_ENV = "INTERLOCK_DEBUG_GRAPHS"
+BACKENDS = ("auto", "cuda", "debug")
+
+
+class CaptureError(RuntimeError):
+    """A segment could not be captured; the runner runs the affected size eagerly."""
+
+
+class GraphBackend(Protocol):
+    name: str
+
+    def capturing(self) -> AbstractContextManager[None]:
+        """Where captures happen (the cuda backend's side stream)."""
+        ...
+
+    def capture(self, fn: SegmentFn) -> tuple[Segment, Outputs]:
+        """One segment of ``fn`` and its static outputs."""
+        ...
+
+    def capture_breakable(self, fn: SegmentFn) -> Program:
+        """``fn`` cut at every attention split point it reaches while being captured."""
+        ...
+
+
+def select_backend(requested: str, device: torch.device) -> GraphBackend:
+    """``auto``: cuda on a CUDA/ROCm device unless $INTERLOCK_DEBUG_GRAPHS=1, debug elsewhere."""
+    if requested not in BACKENDS:
+        raise ValueError(f"graph backend {requested!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    if requested == "auto":
+        forced_debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        requested = "cuda" if device.type == "cuda" and not forced_debug else "debug"
+    if requested == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"the cuda graph backend needs a CUDA/ROCm device, not {device}")
+        return CudaGraphBackend(device)
+    return DebugGraphBackend()
+
+
+@dataclass(eq=False)
+class CudaSegment:
+    graph: torch.cuda.CUDAGraph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaGraphBackend:
+    name = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device=device)
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        # The legacy default stream cannot be captured: capture on a side stream.
+        current = torch.cuda.current_stream(self.device)
+        torch.cuda.synchronize(self.device)
+        self.stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            current.wait_stream(self.stream)
+            torch.cuda.synchronize(self.device)
+
+    def _begin(self) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=self.pool)
+        return graph
+
+    def capture(self, fn: SegmentFn) -> tuple[Segment, Outputs]:
+        graph = self._begin()
+        try:
+            outputs = as_outputs(fn())
+        except BaseException:
+            _abandon(graph)
+            raise
+        graph.capture_end()
+        return CudaSegment(graph), outputs
+
+    def capture_breakable(self, fn: SegmentFn) -> Program:
+        steps: list[Segment | AttentionBreak] = []
+        graph = self._begin()
+
+        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+            nonlocal graph
+            graph.capture_end()
+            steps.append(CudaSegment(graph))
+            # Allocated between captures: outside the pool, never reused by a segment.
+            brk = AttentionBreak(layer, q, torch.empty_like(q))
+            brk.run(metadata)
+            steps.append(brk)
+            graph = self._begin()
+            return brk.out
+
+        try:
+            with attention_split(split):
+                outputs = as_outputs(fn())
+        except BaseException:
+            _abandon(graph)
+            raise
+        graph.capture_end()
+        steps.append(CudaSegment(graph))
+        return SegmentedProgram(steps, outputs)
+
+
+def _abandon(graph: torch.cuda.CUDAGraph) -> None:
+    """End a capture that raised; CUDA reports the invalidated capture, which is expected."""
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        pass
+
+
+@dataclass(eq=False)
+class DebugSegment:
+    fn: SegmentFn
+    outputs: Outputs
+
+    def replay(self) -> None:
+        for static, fresh in zip(self.outputs, as_outputs(self.fn()), strict=True):
+            static.copy_(fresh)
+
+
+@dataclass(eq=False)
+class DebugBreakableProgram:
+    """Replays the whole forward with every split point routed to its recorded break.
+
+    The code between two breaks is one segment; the breaks' static ``q``/``out``
+    carry the data across, as the cuda program's do.
+    """
+
+    fn: SegmentFn
+    steps: list[AttentionBreak]
+    outputs: Outputs
+
+    @property
+    def segments(self) -> int:
+        return len(self.steps) + 1
+
+    @property
+    def breaks(self) -> int:
+        return len(self.steps)
+
+    def replay(self, metadata: AttentionMetadata) -> Outputs:
+        pending = iter(self.steps)
+
+        def split(layer: Attention, q: torch.Tensor, _: AttentionMetadata) -> torch.Tensor:
+            brk = next(pending, None)
+            if brk is None or brk.layer is not layer:
+                raise CaptureError(
+                    f"replay reached attention layer {layer.layer_index} where capture had "
+                    f"{'no break' if brk is None else f'layer {brk.layer.layer_index}'}"
+                )
+            brk.q.copy_(q)
+            return brk.run(metadata)
+
+        with attention_split(split):
+            DebugSegment(self.fn, self.outputs).replay()
+        if next(pending, None) is not None:
+            raise CaptureError("replay ended before every break recorded at capture was reached")
+        return self.outputs
+
+
+class DebugGraphBackend:
+    name = "debug"
+
+    def capturing(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def capture(self, fn: SegmentFn) -> tuple[Segment, Outputs]:
+        outputs = as_outputs(fn())
+        return DebugSegment(fn, outputs), outputs
+
+    def capture_breakable(self, fn: SegmentFn) -> Program:
+        steps: list[AttentionBreak] = []
+
+        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+            brk = AttentionBreak(layer, torch.empty_like(q), torch.empty_like(q))
+            brk.q.copy_(q)
+            steps.append(brk)
+            return brk.run(metadata)
+
+        with attention_split(split):
+            outputs = as_outputs(fn())
+        return DebugBreakableProgram(fn, steps, outputs)

@@ -1,0 +1,188 @@
+"""The base of the built-in runners: load, graph capture and replay, sampling, report.
+
+A runner subclass brings what makes it that runner:
+
+* ``make_plan`` — its capture plan (sizes, keys, dispatch, capture order);
+* ``stage`` — its input preparation, either into a graph key's static views
+  (padded to the key's shape) or into fresh tensors for an eager step;
+* ``begin_step`` / ``end_step`` — optional per-step state (mrv2 keeps request
+  state on the device).
+
+Kernel dispatch is one ``KernelTable`` chosen from ``kernels.REGISTRY`` at
+load and handed to the model; the base samples with the same table.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from kernels import KernelChoice
+from plugins import RunnerSpec
+from runners.contract import (
+    KernelReport,
+    KVCacheSpec,
+    ModelSpec,
+    RunDecision,
+    RunnerOutput,
+    RunnerReport,
+    ScheduledBatch,
+)
+from runners.dispatch import KernelTable, build_kernel_table, platform_of
+from runners.graphs.buffers import ForwardInputs, SamplingInputs
+from runners.graphs.capture import forward_logits
+from runners.graphs.manager import GraphManager
+from runners.graphs.plan import CapturePlan
+from runners.model.checkpoint import ModelSource, load_model
+from runners.model.decoder import CausalLM
+from runners.model.demo import DEMO
+from runners.model.kv_cache import allocate_kv_cache
+
+
+class RunnerError(RuntimeError):
+    """A runner asked to do something it cannot."""
+
+
+class GraphRunner(ABC):
+    name: ClassVar[str]
+    #: What the runner's plugin declares; ``load`` refuses a decision outside it.
+    runner_spec: ClassVar[RunnerSpec]
+
+    def __init__(
+        self, *, graph_backend: str = "auto", kernel_preference: tuple[str, ...] | None = None
+    ) -> None:
+        """``graph_backend``: ``auto`` (cuda on a GPU, debug elsewhere), ``cuda`` or ``debug``."""
+        self.graph_backend = graph_backend
+        self.kernel_preference = kernel_preference
+        self.model: CausalLM | None = None
+        self.ops: KernelTable | None = None
+        self.graphs: GraphManager | None = None
+
+    @abstractmethod
+    def make_plan(self, model: ModelSpec, decision: RunDecision) -> CapturePlan:
+        """This runner's capture plan for the decision."""
+
+    @abstractmethod
+    def stage(
+        self, batch: ScheduledBatch, target: ForwardInputs | None
+    ) -> tuple[ForwardInputs, SamplingInputs]:
+        """Prepare a step's inputs: into ``target`` (static views, padded to their shape) or,
+        without one, into fresh tensors for an eager step. Sampling inputs cover the real
+        sequences only."""
+
+    def setup(self, model: ModelSpec, kv_cache: KVCacheSpec) -> None:
+        """Runner state beyond the model and the KV cache (called by ``load``)."""
+        return None
+
+    def begin_step(self, batch: ScheduledBatch) -> None:
+        """Before a step's inputs are prepared."""
+        return None
+
+    def end_step(self, batch: ScheduledBatch, inputs: ForwardInputs, sampled: torch.Tensor) -> None:
+        """After sampling, with the step's inputs and the sampled tokens [B] (on the device)."""
+        return None
+
+    def kernel_choices(self) -> tuple[KernelChoice, ...]:
+        """Every op this runner dispatched through the registry, with the reason of each choice."""
+        assert self.ops is not None
+        return self.ops.choices
+
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
+        self.device = torch.device(model.device)
+        platform = platform_of(self.device)
+        self._check(decision, platform)
+        self.model_spec = model
+        self.decision = decision
+        self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference)
+        directory = None if model.name == DEMO else Path(model.name)
+        self.model = load_model(
+            ModelSource(model.name, directory, model.config),
+            self.ops,
+            dtype=model.dtype,
+            device=self.device,
+            max_positions=model.max_model_len,
+            load_format=model.load_format,
+            seed=model.seed,
+        )
+        self.block_size = kv_cache.block_size
+        self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)
+        self.kv_caches = allocate_kv_cache(model.config, kv_cache, model.dtype, self.device)
+        self.model.bind_kv_cache(self.kv_caches)
+        self.setup(model, kv_cache)
+        self.graphs = GraphManager(
+            self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
+            compile=decision.compile,
+        )
+        with torch.inference_mode():
+            self.graphs.capture(self.model)
+
+    @torch.inference_mode()
+    def compute_logits(self, inputs: ForwardInputs) -> torch.Tensor:
+        """An eager forward: logits [B, V] of each sequence's last fed token."""
+        assert self.model is not None
+        return forward_logits(self.model, inputs)
+
+    def _check(self, decision: RunDecision, platform: str) -> None:
+        """The decision must be one this runner's spec declares on ``platform``: stage 5 of
+        the policy never hands it anything else; a hand-made decision gets an error."""
+        support = self.runner_spec.platforms.get(platform)
+        unserved = []
+        if support is None:
+            unserved.append(f"platform {platform}")
+        else:
+            if decision.cudagraph not in support.cudagraph:
+                unserved.append(f"cudagraph={decision.cudagraph}")
+            if decision.breakable and not support.breakable:
+                unserved.append("breakable capture")
+            if decision.compile and not support.compile:
+                unserved.append("torch.compile")
+        if decision.compile and decision.breakable:
+            unserved.append("torch.compile with breakable capture (it runs without compile)")
+        if unserved:
+            raise RunnerError(
+                f"{self.name} does not serve {', '.join(unserved)} on {platform}; its plugin "
+                "declares what it serves, and the policy falls back to that automatically"
+            )
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        if self.model is None or self.graphs is None or self.ops is None:
+            raise RunnerError(f"{self.name}: execute() before load()")
+        self.begin_step(batch)
+        count = len(batch.sequences)
+        chosen = self.graphs.select(batch.num_tokens, count, batch.decode_only)
+        if chosen is None:
+            inputs, sampling = self.stage(batch, None)
+            logits = self.compute_logits(inputs)
+        else:
+            key, program = chosen
+            inputs, sampling = self.stage(batch, self.graphs.inputs(key, batch.decode_only))
+            logits = program.replay(inputs.metadata)[0][:count]
+        sampled = self.ops.sample(
+            logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds,
+            sampling.steps,
+        )
+        self.end_step(batch, inputs, sampled)
+        tokens = sampled.tolist()
+        return RunnerOutput(
+            tuple(t if s.sample else None for t, s in zip(tokens, batch.sequences, strict=True))
+        )
+
+    def report(self) -> RunnerReport:
+        if self.ops is None or self.graphs is None:
+            raise RunnerError(f"{self.name}: report() before load()")
+        graphs = self.graphs.report()
+        return RunnerReport(
+            runner=self.name,
+            device=str(self.device),
+            dtype=self.model_spec.dtype,
+            kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.kernel_choices()),
+            cudagraph=self.decision.cudagraph,
+            breakable=self.decision.breakable,
+            captured_sizes=graphs.captured_sizes,
+            fallbacks=self.graphs.fallbacks(),
+            graphs=graphs,
+        )

@@ -1,0 +1,56 @@
+"""The runner x mode x breakable matrix with real CUDA graphs (``-m gpu``; skipped without one)."""
+
+from __future__ import annotations
+
+import pytest
+from graph_cases import CAPTURE_SIZES, run_case
+
+from runners.contract import CUDAGRAPH_MODES, RunDecision
+from runners.mrv1.runner import MRV1Runner
+from runners.mrv2.runner import MRV2Runner
+
+RUNNERS = {"mrv1": MRV1Runner, "mrv2": MRV2Runner}
+ON_GPU = {"device": "cuda"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("breakable", [False, True], ids=["plain", "breakable"])
+@pytest.mark.parametrize("mode", CUDAGRAPH_MODES)
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_cuda_graphs_give_the_tokens_of_eager(runner, mode, breakable, llama_oracle):
+    eager, _, _ = run_case(
+        llama_oracle.path, RUNNERS[runner](), RunDecision(runner, "none"), **ON_GPU
+    )
+    decision = RunDecision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
+    tokens, routes, report = run_case(llama_oracle.path, RUNNERS[runner](), decision, **ON_GPU)
+
+    assert tokens == eager
+    # float32 on the GPU (Triton kernels, TF32 off) still follows transformers' greedy path.
+    assert tokens == llama_oracle.tokens
+    graphs = report.graphs
+    assert graphs.backend == ("none" if mode == "none" else "cuda")
+    assert not graphs.failed, graphs.failed
+    if mode != "none":
+        assert graphs.replays and graphs.captured_sizes == CAPTURE_SIZES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("runner", list(RUNNERS))
+def test_the_debug_backend_can_be_forced_on_a_gpu(runner, llama_oracle, monkeypatch):
+    monkeypatch.setenv("INTERLOCK_DEBUG_GRAPHS", "1")
+    decision = RunDecision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
+    tokens, _, report = run_case(llama_oracle.path, RUNNERS[runner](), decision, **ON_GPU)
+    assert report.graphs.backend == "debug"
+    assert tokens == llama_oracle.tokens
+
+
+@pytest.mark.gpu
+def test_an_op_cuda_cannot_capture_falls_back_to_eager(llama_oracle, monkeypatch):
+    # The torch reference store_kv_cache indexes with a mask (a host sync), which a
+    # CUDA graph cannot capture: every capture fails, every step runs eagerly.
+    monkeypatch.setenv("INTERLOCK_KERNELS", "torch")
+    decision = RunDecision("mrv1", "full", capture_sizes=CAPTURE_SIZES)
+    tokens, _, report = run_case(llama_oracle.path, MRV1Runner(), decision, **ON_GPU)
+    assert tokens == llama_oracle.tokens
+    assert report.graphs.captured == () and len(report.graphs.failed) == 2 * len(CAPTURE_SIZES)
+    assert len(report.fallbacks) == len(report.graphs.failed)
