@@ -147,8 +147,13 @@ def paged_decode_attention(
 
     Vectorised over the whole block table (no host sync), so it can be captured
     in a graph; SDPA groups the query heads over their shared KV head instead
-    of materialising repeated keys.
+    of materialising repeated keys. On the CPU, where nothing is captured, only
+    the blocks the longest sequence uses are read: a graph's static block
+    table is as wide as the longest sequence the engine allows.
     """
+    if block_tables.device.type == "cpu" and block_tables.shape[1] > 1:
+        used = -(-int(seq_lens.max()) // k_cache.shape[1]) if seq_lens.numel() else 0
+        block_tables = block_tables[:, : max(used, 1)]
     keys = k_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)  # [B, Hk, S, D]
     values = v_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)
     k_pos = torch.arange(keys.shape[2], device=q.device)[None, :]
