@@ -76,7 +76,7 @@ def _prepare_kernel(
             tl.store(tables_ptr + seq * table_stride + c, entry, mask=inside)
     else:
         tl.store(seq_lens_ptr + seq, 0)
-        tl.store(logits_indices_ptr + seq, tl.zeros([], tl.int64))
+        tl.store(logits_indices_ptr + seq, 0)
         for first in range(0, width, BLOCK_W):
             c = first + tl.arange(0, BLOCK_W)
             tl.store(tables_ptr + seq * table_stride + c, tl.zeros([BLOCK_W], tl.int32),

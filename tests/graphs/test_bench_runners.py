@@ -1,0 +1,34 @@
+"""bench/bench_runners.py plumbing on CPU (the figures themselves live in BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parents[2] / "bench" / "bench_runners.py"
+
+
+def test_every_runner_and_mode_is_measured_against_its_own_eager_run():
+    out = subprocess.run(
+        [sys.executable, str(BENCH), "--reps", "1", "--steps", "2", "--batch-sizes", "1",
+         "--json"],
+        capture_output=True, text=True, check=True, timeout=600,
+    )
+    result = json.loads(out.stdout)
+    rows = result["rows"]
+    assert {(r["runner"], r["mode"], r["breakable"]) for r in rows} == {
+        (runner, mode, breakable)
+        for runner in ("mrv1", "mrv2")
+        for mode, breakable in (
+            ("none", False), ("piecewise", False), ("full", False), ("full_decode_only", False),
+            ("full_and_piecewise", False), ("piecewise", True), ("full", True),
+        )
+    }
+    for row in rows:
+        assert row["backend"] == ("none" if row["mode"] == "none" else "debug")
+        assert row["tpot_ms"] > 0 and row["vs_eager"] > 0
+        if row["mode"] == "none":
+            assert row["vs_eager"] == 1.0
+    assert "gpu" not in result  # GPU figures only with a GPU
