@@ -1,4 +1,5 @@
-"""mrv1: the classic model runner (host-side input preparation, eager execution).
+"""mrv1: the classic model runner (host-side input preparation into static buffers).
 
-Torch-free on import; the runner itself lives in ``runners.mrv1.runner``.
+Torch-free on import; the runner itself lives in ``runners.mrv1.runner``, its capture plan
+in ``runners.mrv1.graphs``.
 """

@@ -3,6 +3,7 @@ flagged by `policy check` once gone, and passing its own conformance tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -132,3 +133,16 @@ def test_its_own_tests_pass_installed(workdir: Path) -> None:
     done = run(workdir, "-q", "-p", "no:cacheprovider", "tests", module="pytest", cwd=source)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "failed" not in done.stdout
+
+
+def test_policy_run_executes_a_model_through_it(workdir: Path) -> None:
+    done = run(workdir, "run", "--model", "demo", "--max-tokens", "3", "--json",
+               *policies(workdir))
+    assert done.returncode == 0, done.stderr
+    assert "runner=eager (rules site-eager-for-llama, " in done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["runner"]["name"] == "eager"
+    assert doc["runner"]["plugin"] == "eager (interlock-eager-runner 0.1.0)"
+    assert doc["decision"]["cudagraph"] == "none"  # stage 5: the plugin serves no graphs
+    assert len(doc["outputs"][0]["token_ids"]) == 3
+    assert doc["kernels"]["silu_and_mul"].startswith("eager_example")
