@@ -15,6 +15,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -95,12 +97,9 @@ def run(args: argparse.Namespace) -> int:
     resolution = resolve(policy, context, overrides_of(args), capabilities=capability_stage())
     print(f"policy run: {_decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
-    if args.debug_graphs:
-        from runners.graphs.backends import DEBUG_ENV
-
-        os.environ[DEBUG_ENV] = "1"
     try:
-        result = _execute(args, resolution)
+        with _debug_graphs(args.debug_graphs):
+            result = _execute(args, resolution)
     except (ValueError, RuntimeError, LookupError, OSError) as exc:
         print(f"policy: error: {exc}", file=sys.stderr)
         return 1
@@ -110,6 +109,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_render_text(resolution, document, verbose=args.verbose))
     return 0
+
+
+@contextmanager
+def _debug_graphs(enabled: bool) -> Iterator[None]:
+    """Force the debug graph backend for this run only (runners read it when they load)."""
+    from runners.graphs.backends import DEBUG_ENV
+
+    previous = os.environ.get(DEBUG_ENV)
+    if enabled:
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = previous
 
 
 def _context(args: argparse.Namespace, policy: Any) -> Any:
