@@ -128,6 +128,10 @@ class GraphRunner(ABC):
     def _check(self, decision: RunDecision, platform: str) -> None:
         """The decision must be one this runner's spec declares on ``platform``: stage 5 of
         the policy never hands it anything else; a hand-made decision gets an error."""
+        if decision.runner != self.name:
+            raise RunnerError(
+                f"the decision names runner {decision.runner!r}, but this is {self.name!r}"
+            )
         support = self.runner_spec.platforms.get(platform)
         unserved = []
         if support is None:

@@ -140,3 +140,8 @@ def test_compile_compiles_each_graph_segment_before_capture(llama_oracle, monkey
     assert {g.key for g in report.graphs.captured} == {"full/decode/2t2s", "piecewise/any/2t2s"}
     with pytest.raises(RunnerError, match="torch.compile with breakable capture"):
         run_case(llama_oracle.path, CompilingMRV1(), dataclasses.replace(decision, breakable=True))
+
+
+def test_a_decision_for_another_runner_is_refused(llama_oracle):
+    with pytest.raises(RunnerError, match="the decision names runner 'mrv2', but this is 'mrv1'"):
+        run_case(llama_oracle.path, MRV1Runner(), RunDecision("mrv2", "full"))
