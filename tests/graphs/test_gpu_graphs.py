@@ -10,7 +10,8 @@ from runners.mrv1.runner import MRV1Runner
 from runners.mrv2.runner import MRV2Runner
 
 RUNNERS = {"mrv1": MRV1Runner, "mrv2": MRV2Runner}
-ON_GPU = {"device": "cuda"}
+# Blocks of 16, the size the Triton attention kernels are tuned for.
+ON_GPU = {"device": "cuda", "block_size": 16}
 
 
 @pytest.mark.gpu
@@ -31,7 +32,7 @@ def test_cuda_graphs_give_the_tokens_of_eager(runner, mode, breakable, llama_ora
     assert graphs.backend == ("none" if mode == "none" else "cuda")
     assert not graphs.failed, graphs.failed
     if mode != "none":
-        assert graphs.replays and graphs.captured_sizes == CAPTURE_SIZES
+        assert graphs.replays and set(graphs.captured_sizes) <= set(CAPTURE_SIZES)
 
 
 @pytest.mark.gpu
