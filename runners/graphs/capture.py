@@ -7,6 +7,10 @@
 * ``breakable``: the whole forward handed to the backend, which finds the
   breaks while capturing.
 
+Each key is warmed up first (its functions run once, uncaptured), so kernels
+are compiled, workspaces allocated and, with ``compile``, ``torch.compile``
+has compiled the segments before any capture starts.
+
 ``$INTERLOCK_GRAPHS_FAIL_CAPTURE`` (``all`` or capture sizes, e.g. ``4,8``)
 makes the capture of matching keys raise inside the captured region, as an op
 that cannot be captured would: tests use it to exercise the eager fallback.
