@@ -1,0 +1,71 @@
+"""The debug backend's programs: what they replay, and the checks that catch a wrong one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from runners.contract import RunDecision
+from runners.graphs.backends import CaptureError, DebugGraphBackend, select_backend
+from runners.graphs.buffers import StaticInputs
+from runners.graphs.capture import FAIL_ENV, ForcedFailures, forward_logits
+from runners.graphs.modes import Strategy
+from runners.graphs.plan import GraphKey
+from runners.llm import LLM
+
+
+@pytest.fixture(scope="module")
+def model(llama_oracle):
+    llm = LLM(str(llama_oracle.path), block_size=4, num_blocks=16, max_model_len=32,
+              decision=RunDecision("mrv1"))
+    return llm.engine.runner.model
+
+
+def decode_inputs(model, seq_lens: list[int]):
+    """Static inputs of a decode batch over blocks 0.. with the given lengths."""
+    static = StaticInputs(len(seq_lens), len(seq_lens), 8, torch.device("cpu"))
+    static.fill_padding(len(seq_lens), len(seq_lens))
+    static.input_ids.copy_(torch.arange(3, 3 + len(seq_lens)))
+    static.positions.copy_(torch.tensor(seq_lens) - 1)
+    static.block_tables.copy_(torch.arange(len(seq_lens) * 8).view(-1, 8))
+    static.seq_lens.copy_(torch.tensor(seq_lens))
+    static.logits_indices.copy_(torch.arange(len(seq_lens)))
+    return static.view(len(seq_lens), len(seq_lens), True)
+
+
+def test_a_breakable_program_replays_the_forward_through_its_breaks(model):
+    inputs = decode_inputs(model, [5, 9])
+    with torch.inference_mode():
+        program = DebugGraphBackend().capture_breakable(lambda: forward_logits(model, inputs))
+        assert (program.segments, program.breaks) == (3, 2)
+        expected = forward_logits(model, inputs)
+        inputs.input_ids.copy_(torch.tensor([7, 8]))  # a new step through the same buffers
+        changed = forward_logits(model, inputs)
+        [logits] = program.replay(inputs.metadata)
+    assert not torch.equal(changed, expected)
+    torch.testing.assert_close(logits, changed, atol=0, rtol=0)
+
+
+def test_replay_that_meets_attention_out_of_capture_order_is_an_error(model):
+    inputs = decode_inputs(model, [4])
+    with torch.inference_mode():
+        program = DebugGraphBackend().capture_breakable(lambda: forward_logits(model, inputs))
+        swapped = dataclasses.replace(program, steps=program.steps[::-1])
+        with pytest.raises(CaptureError, match="replay reached attention layer 0 where "
+                           "capture had layer 1"):
+            swapped.replay(inputs.metadata)
+
+
+def test_forced_failures_and_backend_choice(monkeypatch):
+    key = GraphKey(Strategy.FULL, 4, 4, "decode")
+    monkeypatch.setenv(FAIL_ENV, "all")
+    assert ForcedFailures.from_env().applies(key)
+    monkeypatch.setenv(FAIL_ENV, "2,8")
+    assert not ForcedFailures.from_env().applies(key)
+    assert select_backend("auto", torch.device("cpu")).name == "debug"
+    with pytest.raises(ValueError, match="the cuda graph backend needs a CUDA/ROCm device"):
+        select_backend("cuda", torch.device("cpu"))
+    with pytest.raises(ValueError, match="graph backend 'fast' is unknown; allowed: auto"):
+        select_backend("fast", torch.device("cpu"))
