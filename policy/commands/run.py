@@ -51,11 +51,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--prompt", action="append", default=[], metavar="TEXT",
         help="a text prompt (needs the model's tokenizer.json); repeat for several",
     )
-    parser.add_argument("--max-tokens", type=_positive, default=16, metavar="N")
+    parser.add_argument(
+        "--max-tokens", type=_positive, default=16, metavar="N",
+        help="tokens to generate per prompt (default: 16)",
+    )
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
     parser.add_argument("--ignore-eos", action="store_true", help="generate max tokens")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="model dtype (auto: the checkpoint's)"
+    )
     parser.add_argument(
         "--debug-graphs", action="store_true",
         help="replay the capture plan eagerly (the debug graph backend) even on a GPU",
