@@ -1,4 +1,4 @@
-"""Fixtures for the policy tests: an isolated cache dir, the shipped policy, a policy writer."""
+"""Fixtures for the policy tests: an isolated cache dir, the shipped policy, a small base policy."""
 
 from __future__ import annotations
 
@@ -41,14 +41,3 @@ def base() -> str:
     """A small complete policy: two catalog entries, one env binding, no rules."""
     return BASE
 
-
-@pytest.fixture
-def write(tmp_path: Path):
-    """write(name, text) -> path of a policy file under tmp_path."""
-
-    def _write(name: str, text: str) -> Path:
-        path = tmp_path / name
-        path.write_text(text)
-        return path
-
-    return _write

@@ -1,4 +1,4 @@
-"""Fixtures for the tooling tests: isolation from the caller's environment, policy writers."""
+"""Fixtures for the tooling tests: isolation from the caller's environment, policy texts."""
 
 from __future__ import annotations
 
@@ -48,14 +48,3 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def shipped() -> Policy:
     return load_policy([SHIPPED], use_cache=False)
 
-
-@pytest.fixture
-def write(tmp_path: Path):
-    """write(name, text) -> path of a file under tmp_path."""
-
-    def _write(name: str, text: str) -> Path:
-        path = tmp_path / name
-        path.write_text(text)
-        return path
-
-    return _write
