@@ -1,8 +1,12 @@
-"""Shared test configuration."""
+"""Shared test configuration and the fixtures several areas use."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import settings
@@ -27,3 +31,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class CliResult(NamedTuple):
+    """What one `policy` command left: exit code, stdout, stderr."""
+
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """``cli("explain", "X", ...)``: the `policy` command run in-process."""
+    from policy.cli import main
+
+    def run(*argv: object) -> CliResult:
+        code = main([str(arg) for arg in argv])
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[[str, str], Path]:
+    """write(name, text) -> path of a file under tmp_path."""
+
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return _write

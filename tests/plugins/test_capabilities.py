@@ -12,7 +12,6 @@ import policy.context
 from plugins import PlatformSupport, PluginRegistry
 from policy import load_policy_text, make_context, resolve
 from policy.capabilities import CapabilityError, capability_stage
-from policy.cli import main
 from policy.trace import CAPABILITIES
 
 GPU_NEEDS_TRITON = PlatformSupport(
@@ -268,16 +267,10 @@ def test_has_triton_origins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detected.source("features.has_triton") == "detected (triton is not installed)"
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_shipped_policy_without_triton_falls_back_to_mrv1(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_shipped_policy_without_triton_falls_back_to_mrv1(cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("NO_COLOR", "1")
-    code, out, _ = run_cli(
-        capsys, "explain", "LlamaForCausalLM", "--platform", "cuda", "--feature", "has_triton=false"
+    code, out, _ = cli(
+        "explain", "LlamaForCausalLM", "--platform", "cuda", "--feature", "has_triton=false"
     )
     assert code == 0
     assert "runner mrv2 -> mrv1" in out
@@ -285,9 +278,8 @@ def test_shipped_policy_without_triton_falls_back_to_mrv1(capsys, monkeypatch) -
     assert "provided by plugin mrv1 (interlock " in out
 
 
-def test_shipped_policy_forced_mrv2_without_triton_is_an_error(capsys) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = run_cli(
-        capsys,
+def test_shipped_policy_forced_mrv2_without_triton_is_an_error(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli(
         "explain",
         "LlamaForCausalLM",
         "--platform",
@@ -310,9 +302,9 @@ def test_shipped_policy_forced_mrv2_without_triton_is_an_error(capsys) -> None: 
         ("speculative=eagle", "speculative decoding (speculative=eagle)"),
     ],
 )
-def test_shipped_runners_refuse_what_they_cannot_serve(capsys, feature: str, named: str) -> None:  # type: ignore[no-untyped-def]
-    code, _, err = run_cli(
-        capsys, "explain", "LlamaForCausalLM", "--platform", "cuda", "--feature", feature
+def test_shipped_runners_refuse_what_they_cannot_serve(cli, feature: str, named: str) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli(
+        "explain", "LlamaForCausalLM", "--platform", "cuda", "--feature", feature
     )
     assert code == 1
     assert f"mrv2 does not support {named}" in err

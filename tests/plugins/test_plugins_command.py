@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from plugin_builders import EAGER_ONLY, spec
 
 from plugins import KernelSpec, RunnerSpec, hookimpl
-from policy.cli import main
 
 
 class Declares:
@@ -34,20 +32,14 @@ KERNEL = KernelSpec(
 )
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(["plugins", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_text_lists_plugins_runners_and_kernels(register_plugin, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_text_lists_plugins_runners_and_kernels(register_plugin, cli) -> None:  # type: ignore[no-untyped-def]
     register_plugin(
         Declares([spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1")], [KERNEL]),
         "tiny-plugin",
         distribution="tiny-dist",
         version="2.1",
     )
-    code, out, err = run(capsys)
+    code, out, err = cli("plugins")
     assert (code, err) == (0, "")
     assert "mrv2  interlock " in out and "  ok\n" in out
     assert (
@@ -67,23 +59,23 @@ def test_text_lists_plugins_runners_and_kernels(register_plugin, capsys) -> None
     assert "kernel silu_and_mul/mine  cpu  float32  mine.kernels:silu_and_mul" in out
 
 
-def test_failures_are_listed_and_make_the_exit_code(register_plugin, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_failures_are_listed_and_make_the_exit_code(register_plugin, cli) -> None:  # type: ignore[no-untyped-def]
     class Raises:
         @hookimpl
         def interlock_runner_specs(self) -> list[RunnerSpec]:
             raise ValueError("bad config")
 
     register_plugin(Raises(), "raises")
-    code, out, err = run(capsys)
+    code, out, err = cli("plugins")
     assert code == 1
     assert "raises  in-process 0  failed: ValueError: bad config" in out
     assert "policy: problem: plugin raises (in-process 0) failed: ValueError: bad config" in err
 
 
-def test_json_document(register_plugin, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_json_document(register_plugin, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("INTERLOCK_DISABLE_PLUGINS", "mrv2")
     register_plugin(Declares([spec("tiny", {"cpu": EAGER_ONLY})], [KERNEL]), "tiny-plugin")
-    code, out, _ = run(capsys, "--json")
+    code, out, _ = cli("plugins", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["plugin_api"] == "1.0" and doc["problems"] == []
     by_name = {p["name"]: p for p in doc["plugins"]}

@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from policy.cli import main
 from policy.explain import use_color
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 GLM = ("GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950")
 
 
-def test_explain_text_names_the_setter_of_each_field(capsys) -> None:
-    code, out, err = run(capsys, "explain", *GLM)
+def test_explain_text_names_the_setter_of_each_field(cli) -> None:
+    code, out, err = cli("explain", *GLM)
     assert (code, err) == (0, "")
     assert out.startswith("GlmMoeDsaForCausalLM on rocm gfx950\n")
     runner = next(line for line in out.splitlines() if line.strip().startswith("runner"))
@@ -37,16 +29,16 @@ def test_explain_text_names_the_setter_of_each_field(capsys) -> None:
     assert "\033[" not in out  # NO_COLOR is set by the fixture; capsys is no terminal anyway
 
 
-def test_gfx_is_an_alias_of_device_arch(capsys) -> None:
-    _, a, _ = run(capsys, "resolve", "X", "--platform", "rocm", "--gfx", "gfx942")
-    _, b, _ = run(capsys, "resolve", "X", "--platform", "rocm", "--device-arch", "gfx942")
+def test_gfx_is_an_alias_of_device_arch(cli) -> None:
+    _, a, _ = cli("resolve", "X", "--platform", "rocm", "--gfx", "gfx942")
+    _, b, _ = cli("resolve", "X", "--platform", "rocm", "--device-arch", "gfx942")
     assert json.loads(a)["context"]["device_arch"] == "gfx942"
     assert a == b
 
 
-def test_resolve_and_explain_json_are_the_same_document(capsys) -> None:
-    _, resolved, _ = run(capsys, "resolve", *GLM)
-    _, explained, _ = run(capsys, "explain", *GLM, "--json")
+def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
+    _, resolved, _ = cli("resolve", *GLM)
+    _, explained, _ = cli("explain", *GLM, "--json")
     assert resolved == explained
     doc = json.loads(resolved)
     assert set(doc) >= {"decision", "provenance", "trace", "policy"}
@@ -65,23 +57,22 @@ def test_resolve_and_explain_json_are_the_same_document(capsys) -> None:
     assert rules[1]["failure"]["condition"] == "architecture"
 
 
-def test_env_flags_and_process_environment(capsys, monkeypatch) -> None:
+def test_env_flags_and_process_environment(cli, monkeypatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    _, out, _ = run(capsys, "resolve", *GLM)
+    _, out, _ = cli("resolve", *GLM)
     prov = json.loads(out)["provenance"]["runner"]
     assert (prov["value"], prov["source"], prov["reason"]) == (
         "mrv2",
         "VLLM_USE_V2_MODEL_RUNNER",
         "VLLM_USE_V2_MODEL_RUNNER=1 (process environment)",
     )
-    _, out, _ = run(capsys, "resolve", *GLM, "--env", "VLLM_USE_V2_MODEL_RUNNER=0")
+    _, out, _ = cli("resolve", *GLM, "--env", "VLLM_USE_V2_MODEL_RUNNER=0")
     prov = json.loads(out)["provenance"]["runner"]
     assert prov["value"] == "mrv1" and "given with --env" in prov["reason"]
 
 
-def test_set_and_features(capsys) -> None:
-    _, out, _ = run(
-        capsys,
+def test_set_and_features(cli) -> None:
+    _, out, _ = cli(
         "resolve",
         "LlamaForCausalLM",
         "--platform",
@@ -108,10 +99,10 @@ def test_set_and_features(capsys) -> None:
     assert features["ratio"] == 0.5 and features["note"] == "hi"
 
 
-def test_model_flag(capsys, tmp_path) -> None:
+def test_model_flag(cli, tmp_path) -> None:
     config = {"architectures": ["NewDsaForCausalLM"], "index_topk": 64, "num_experts": 8}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    _, out, _ = run(capsys, "explain", "--model", str(tmp_path), "--platform", "rocm")
+    _, out, _ = cli("explain", "--model", str(tmp_path), "--platform", "rocm")
     assert out.startswith("NewDsaForCausalLM on rocm")
     assert "model config (index_topk=64)" in out
     runner = next(line for line in out.splitlines() if line.strip().startswith("runner"))
@@ -138,15 +129,15 @@ def test_model_flag(capsys, tmp_path) -> None:
         ),
     ],
 )
-def test_input_errors_exit_1(capsys, argv: list[str], needle: str) -> None:
-    code, out, err = run(capsys, *argv)
+def test_input_errors_exit_1(cli, argv: list[str], needle: str) -> None:
+    code, out, err = cli(*argv)
     assert code == 1 and out == ""
     assert err.startswith("policy: error: ") and needle in err
 
 
-def test_policy_file_errors_carry_file_line(capsys, write, base) -> None:
+def test_policy_file_errors_carry_file_line(cli, write, base) -> None:
     path = write("bad.yaml", base.replace("breakable: false", "breakable: maybe"))
-    code, _, err = run(capsys, "explain", "X", "--platform", "cuda", "--policy", str(path))
+    code, _, err = cli("explain", "X", "--platform", "cuda", "--policy", str(path))
     assert code == 1
     assert f"{path}:6:" in err and "defaults.breakable" in err
 
@@ -161,24 +152,23 @@ def test_policy_file_errors_carry_file_line(capsys, write, base) -> None:
         ["table", "--format", "xml"],
     ],
 )
-def test_usage_errors_exit_2(capsys, argv: list[str]) -> None:
-    code, _, err = run(capsys, *argv)
+def test_usage_errors_exit_2(cli, argv: list[str]) -> None:
+    code, _, err = cli(*argv)
     assert code == 2 and "usage:" in err
 
 
-def test_help_exits_0(capsys) -> None:
-    code, out, _ = run(capsys, "explain", "--help")
+def test_help_exits_0(cli) -> None:
+    code, out, _ = cli("explain", "--help")
     assert code == 0 and "--gfx" in out and "--model" in out
 
 
-def test_layered_policies_from_flags(capsys, write, base) -> None:
+def test_layered_policies_from_flags(cli, write, base) -> None:
     site = write(
         "site.yaml",
         'schema_version: 1\nversion: "s1"\nrules:\n'
         "  - {id: site, when: {architecture: DenseModel}, set: {runner: mrv1}, reason: site}\n",
     )
-    _, out, _ = run(
-        capsys,
+    _, out, _ = cli(
         "resolve",
         "DenseModel",
         "--platform",
@@ -194,8 +184,8 @@ def test_layered_policies_from_flags(capsys, write, base) -> None:
     assert doc["policy"]["version"] == "t1+s1"
 
 
-def test_table_formats(capsys) -> None:
-    code, out, _ = run(capsys, "table", "--platform", "rocm", "--platform", "cuda")
+def test_table_formats(cli) -> None:
+    code, out, _ = cli("table", "--platform", "rocm", "--platform", "cuda")
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == [
@@ -212,18 +202,18 @@ def test_table_formats(capsys) -> None:
         ["GlmMoeDsaForCausalLM", "rocm", "mrv1", "full_and_piecewise", "false", "true", "-"],
         ["GlmMoeDsaForCausalLM", "cuda", "mrv2", "full_and_piecewise", "true", "false", "-"],
     ]
-    _, out, _ = run(capsys, "table", "--format", "csv", "--platform", "rocm")
+    _, out, _ = cli("table", "--format", "csv", "--platform", "rocm")
     assert "KimiK3ForConditionalGeneration,rocm,mrv2,full_and_piecewise,false,true," in out
-    _, out, _ = run(capsys, "table", "--format", "json", "--env", "VLLM_USE_V2_MODEL_RUNNER=0")
+    _, out, _ = cli("table", "--format", "json", "--env", "VLLM_USE_V2_MODEL_RUNNER=0")
     rows = json.loads(out)
     assert {r["platform"] for r in rows} == {"cuda", "rocm", "xpu", "cpu"}
     assert all(r["runner"] == "mrv1" for r in rows)
     assert rows[0]["set_by"]["runner"] == "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def test_table_ignores_the_process_environment(capsys, monkeypatch) -> None:
+def test_table_ignores_the_process_environment(cli, monkeypatch) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    _, out, _ = run(capsys, "table", "--format", "json", "--platform", "cuda")
+    _, out, _ = cli("table", "--format", "json", "--platform", "cuda")
     assert {r["runner"] for r in json.loads(out)} == {"mrv2"}
 
 
@@ -240,11 +230,11 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch) -> None:
     assert use_color(FakeTty()) is False
 
 
-def test_colour_text(monkeypatch, capsys) -> None:
+def test_colour_text(monkeypatch, cli) -> None:
     from policy import explain
 
     monkeypatch.setattr(explain, "use_color", lambda stream: True)
-    _, out, _ = run(capsys, "explain", *GLM)
+    _, out, _ = cli("explain", *GLM)
     assert "\033[1m" in out and "\033[0m" in out
 
 
@@ -279,8 +269,8 @@ def test_importing_policy_and_its_cli_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-def test_unknown_architecture_is_explained_not_refused(capsys) -> None:
-    code, out, _ = run(capsys, "explain", "GlmMoeDSAForCausalLM", "--platform", "rocm")
+def test_unknown_architecture_is_explained_not_refused(cli) -> None:
+    code, out, _ = cli("explain", "GlmMoeDSAForCausalLM", "--platform", "rocm")
     assert code == 0
     assert "not in the catalog: its traits are unknown" in out
     assert "did you mean 'GlmMoeDsaForCausalLM'?" in out

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "runners"))
 from runner_fixtures import TinyModels  # noqa: E402
-
-from policy.cli import main  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> dict:
-        return json.loads(self.out)
 
 
 @pytest.fixture(scope="session")
@@ -44,13 +31,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def policy_run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+def policy_run(cli: Callable[..., Any]) -> Callable[..., Any]:
     """``policy_run("--model", path, ...)``: `policy run` in-process, with its exit code and
     output."""
-
-    def run(*args: str) -> Result:
-        code = main(["run", *map(str, args)])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
+    return lambda *args: cli("run", *args)
