@@ -9,25 +9,11 @@ import pytest
 from interlock_eager.runner import EagerRunner, EagerRunnerError
 
 from plugins import load_registry
+from plugins.conformance import TINY_LLAMA, TINY_PROMPTS
 from runners.contract import RunDecision
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 from runners.mrv1.runner import MRV1Runner
-
-PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "initializer_range": 0.1,  # peaked logits: no near-ties for float noise to flip
-    "rms_norm_eps": 1e-6,
-}
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +39,9 @@ def llm(model: Path, runner: object, **kw: object) -> LLM:
 
 def test_greedy_tokens_match_mrv1(tiny_model: Path) -> None:
     runner = EagerRunner()
-    tokens = [
-        o.token_ids for o in llm(tiny_model, runner).generate(PROMPTS, SamplingParams(max_tokens=6))
-    ]
-    expected = [
-        o.token_ids
-        for o in llm(tiny_model, MRV1Runner()).generate(PROMPTS, SamplingParams(max_tokens=6))
-    ]
+    prompts, params = list(TINY_PROMPTS), SamplingParams(max_tokens=6)
+    tokens = [o.token_ids for o in llm(tiny_model, runner).generate(prompts, params)]
+    expected = [o.token_ids for o in llm(tiny_model, MRV1Runner()).generate(prompts, params)]
     assert tokens == expected
     report = runner.report()
     assert (report.runner, report.cudagraph, report.fallbacks) == ("eager", "none", ())
