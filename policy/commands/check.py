@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from policy.commands.common import add_policy_args
+from policy.commands.common import add_policy_args, write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             "strict": args.strict,
             "findings": [f.to_dict() for f in findings],
         }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)
     else:
         for finding in findings:
             print(finding)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from typing import Any
 
 from policy.fields import parse_scalar
@@ -82,6 +84,11 @@ def add_context_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def write_json(document: Any) -> None:
+    """A command's ``--json`` output: the document, indented, on stdout."""
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
 def load(args: argparse.Namespace) -> Policy:
     from policy.loader import load_policy
 
@@ -115,19 +122,22 @@ def env_of(
     return env, sources
 
 
-def context_of(args: argparse.Namespace, policy: Policy) -> Any:
-    from policy.context import make_context
-
+def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
+    """The keyword arguments of ``make_context`` that :func:`add_context_flags` collects."""
     env, sources = env_of(args, policy)
-    return make_context(
-        args.architecture,
+    return dict(
         platform=args.platform,
         device_arch=args.device_arch,
-        model=args.model,
         features={k: parse_scalar(v) for k, v in args.feature},
         env=env,
         sources=sources,
     )
+
+
+def context_of(args: argparse.Namespace, policy: Policy) -> Any:
+    from policy.context import make_context
+
+    return make_context(args.architecture, model=args.model, **context_flags_of(args, policy))
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:

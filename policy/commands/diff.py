@@ -8,11 +8,11 @@ repository root). The repository is the one holding the current directory.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+from policy.commands.common import write_json
 from policy.errors import PolicyError
 
 GIT_PREFIX = "git:"
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     new = load_policy_sources([read_policy_arg(args.new)])
     diff = diff_policies(old, new, args.fields or DECISION_FIELDS)
     if args.json:
-        sys.stdout.write(json.dumps(to_json(diff, old, new), indent=2) + "\n")
+        write_json(to_json(diff, old, new))
     else:
         sys.stdout.write(render_text(diff))
     return 1 if args.exit_code and not diff.equal else 0

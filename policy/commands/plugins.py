@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from policy.commands.common import write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             "plugins": [p.to_dict() for p in registry.plugins],
             "problems": problems,
         }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        write_json(doc)
     else:
         lines = [f"plugin API {PLUGIN_API_VERSION}"]
         for plugin in registry.plugins:

@@ -11,7 +11,6 @@ nowhere else in ``policy``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,9 +19,15 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from policy.commands.common import add_context_flags, add_policy_args, env_of, load, overrides_of
+from policy.commands.common import (
+    add_context_flags,
+    add_policy_args,
+    context_flags_of,
+    load,
+    overrides_of,
+    write_json,
+)
 from policy.errors import PolicyError
-from policy.fields import parse_scalar
 
 DEMO = "demo"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -110,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     document = _document(resolution, plugin.provider, *result, verbose=args.verbose)
     if args.json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        write_json(document)
     else:
         sys.stdout.write(_render_text(resolution, document, verbose=args.verbose))
     return 0
@@ -143,14 +148,7 @@ def _context(args: argparse.Namespace, policy: Any) -> Any:
             f"--platform {args.platform}: policy run executes on this machine, which is {here}; "
             "use `policy explain` to see the decision for another platform"
         )
-    env, sources = env_of(args, policy)
-    common = dict(
-        platform=args.platform,
-        device_arch=args.device_arch,
-        features={k: parse_scalar(v) for k, v in args.feature},
-        env=env,
-        sources=sources,
-    )
+    common = context_flags_of(args, policy)
     if args.model != DEMO:
         return make_context(None, model=args.model, **common)
     from runners.model.demo import DEMO_CONFIG
