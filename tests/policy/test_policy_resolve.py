@@ -34,7 +34,7 @@ def policy(base):
     return load_policy_text(base.replace("rules: []\n", RULES_TEXT), "p.yaml")
 
 
-def line(policy, needle: str) -> int:
+def line(needle: str) -> int:
     return next(i for i, text in enumerate(RULES_TEXT.splitlines(), 9) if needle in text)
 
 
@@ -81,7 +81,7 @@ def test_trace_lists_every_rule_in_order_with_failures(policy) -> None:
     assert rules[3].failure.describe() == (
         "features.tensor_parallel_size: wanted > 4, observed not given"
     )
-    assert rules[0].location.line == line(policy, "id: dsa-breakable")
+    assert rules[0].location.line == line("id: dsa-breakable")
     assert [s.stage for s in res.trace] == [DEFAULTS, RULES, RULES, RULES, RULES, ENV]
 
 
