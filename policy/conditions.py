@@ -17,7 +17,6 @@ from typing import Any
 from policy.fields import TRAITS
 
 NAME_KEYS = ("architecture", "platform", "device_arch")
-COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne", "in")
 _GLOB_CHARS = frozenset("*?[")
 
 Scalar = bool | int | float | str
