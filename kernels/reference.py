@@ -96,10 +96,21 @@ def _attend(
     return torch.einsum("hls,shd->lhd", probs, values.float()).to(q.dtype)
 
 
+def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """cache [NB, BS, Hk, D] read through block_tables [B, W] -> [B, W * BS, Hk, D].
+
+    ``index_select`` over the flattened table copies whole blocks; advanced
+    indexing (``cache[block_tables]``) is about 5x slower on the CPU.
+    """
+    rows, width = block_tables.shape
+    blocks = cache.index_select(0, block_tables.reshape(-1).long())
+    return blocks.view(rows, width * cache.shape[1], *cache.shape[2:])
+
+
 def _gather_sequence(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     block_size = cache.shape[1]
     n_blocks = (length + block_size - 1) // block_size
-    return cache[block_table[:n_blocks].long()].flatten(0, 1)[:length]
+    return _gather_blocks(cache, block_table[None, :n_blocks])[0, :length]
 
 
 @torch_op("paged_attention", "torch")
@@ -154,8 +165,8 @@ def paged_decode_attention(
     if block_tables.device.type == "cpu" and block_tables.shape[1] > 1:
         used = -(-int(seq_lens.max()) // k_cache.shape[1]) if seq_lens.numel() else 0
         block_tables = block_tables[:, : max(used, 1)]
-    keys = k_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)  # [B, Hk, S, D]
-    values = v_cache[block_tables.long()].flatten(1, 2).transpose(1, 2)
+    keys = _gather_blocks(k_cache, block_tables).transpose(1, 2)  # [B, Hk, S, D]
+    values = _gather_blocks(v_cache, block_tables).transpose(1, 2)
     k_pos = torch.arange(keys.shape[2], device=q.device)[None, :]
     q_pos = (seq_lens.long() - 1)[:, None]
     allowed = k_pos <= q_pos
