@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride
+from kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class _Launch:
 def _launch(intermediate: int) -> _Launch:
     # Columns are split across programs so wide MLPs still fill the machine at batch 1.
     block = min(triton.next_power_of_2(intermediate), 1024)
-    return _Launch(block, num_warps=max(1, block // 256))
+    return _Launch(block, num_warps=warps_for(block, 256))
 
 
 @triton.jit

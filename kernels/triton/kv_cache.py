@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride
+from kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class _Launch:
 def _launch(n_heads: int, head_size: int) -> _Launch:
     block_heads = triton.next_power_of_2(n_heads)
     block_dim = triton.next_power_of_2(head_size)
-    num_warps = max(1, min(8, block_heads * block_dim // 1024))
+    num_warps = warps_for(block_heads * block_dim, 1024)
     return _Launch(block_heads, block_dim, num_warps)
 
 

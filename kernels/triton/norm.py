@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride
+from kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class _Launch:
 def _launch(hidden: int) -> _Launch:
     block = triton.next_power_of_2(hidden)
     # About 8 elements per thread: 16-byte loads for 16-bit dtypes, no spills.
-    return _Launch(block, num_warps=max(1, min(16, block // 256)))
+    return _Launch(block, num_warps=warps_for(block, 256, most=16))
 
 
 @triton.jit

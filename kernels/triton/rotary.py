@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride
+from kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class _Launch:
 def _launch(max_heads: int, half: int) -> _Launch:
     block_heads = triton.next_power_of_2(max_heads)
     block_half = triton.next_power_of_2(half)
-    num_warps = max(1, min(8, block_heads * block_half // 512))
+    num_warps = warps_for(block_heads * block_half, 512)
     return _Launch(block_heads, block_half, num_warps)
 
 

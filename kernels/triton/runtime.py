@@ -32,6 +32,11 @@ def dot_operands(dtype: torch.dtype) -> tuple[tl.dtype, str | None]:
     return _TL_DTYPES[dtype], None
 
 
+def warps_for(elements: int, per_warp: int, most: int = 8) -> int:
+    """Warps for a tile of ``elements``: one per ``per_warp`` elements, from 1 to ``most``."""
+    return max(1, min(most, elements // per_warp))
+
+
 def unit_stride(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Check the innermost dimension is contiguous, which every kernel's vector loads assume."""
     if tensor.stride(-1) != 1:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride
+from kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class _Launch:
 def _launch(vocab: int) -> _Launch:
     # The cut-off search compares each chunk against 16 candidate keys at once.
     block = min(triton.next_power_of_2(vocab), 1024)
-    return _Launch(block, num_warps=max(1, min(8, block // 128)))
+    return _Launch(block, num_warps=warps_for(block, 128))
 
 
 @triton.jit
