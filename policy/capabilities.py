@@ -19,6 +19,7 @@ from plugins.spec import REQUIRABLE_FACTS
 from policy.conditions import FeatureMatch, NameMatch
 from policy.context import ASSUMED
 from policy.errors import PolicyError
+from policy.fields import show_scalar
 from policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def unsupported_items(
                 (
                     "runner",
                     f"{spec.name} requires {REQUIRABLE_FACTS[name]} on "
-                    f"{platform} ({name}={_show(value)}, {origin})",
+                    f"{platform} ({name}={show_scalar(value)}, {origin})",
                 )
             )
     for unsupported in spec.unsupported:
@@ -167,7 +168,7 @@ def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
             f"runner {name}",
             note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves cudagraph "
             f"{', '.join(support.cudagraph)}; "
-            + "; ".join(f"{f} {_show(getattr(support, f))}" for f in SWITCHES),
+            + "; ".join(f"{f} {show_scalar(getattr(support, f))}" for f in SWITCHES),
         )
     )
 
@@ -245,7 +246,8 @@ def _unservable(
             }
         )
         what = (
-            f"forced {', '.join(f'{f}={_show(forced[f])}' for f in at_fault)} cannot be served"
+            f"forced {', '.join(f'{f}={show_scalar(forced[f])}' for f in at_fault)} "
+            "cannot be served"
             if at_fault
             else "no runner can serve this context"
         )
@@ -299,9 +301,11 @@ def _alternatives(
                 if field == "cudagraph"
                 else f"{name} has {'' if getattr(support, field) else 'no '}{SWITCHES[field]}"
             )
-        hints.append(f"{how} ({field}={_show(forced[field])}); on {platform} {'; '.join(offers)}")
+        hints.append(
+            f"{how} ({field}={show_scalar(forced[field])}); on {platform} {'; '.join(offers)}"
+        )
     if not servable:
-        values = ", ".join(f"{f}={_show(v)}" for f, v in forced.items())
+        values = ", ".join(f"{f}={show_scalar(v)}" for f, v in forced.items())
         hints.append(
             f"no other registered runner serves this context{f' with {values}' if values else ''}"
             f" (registered: {', '.join(registry.runner_names()) or 'none'}); change the context "
@@ -337,7 +341,7 @@ def _origin(prov: Provenance) -> str:
     if prov.stage == ENV:
         return prov.reason or prov.source
     if prov.stage == OVERRIDES:
-        return f"an explicit override ({prov.field}={_show(prov.value)})"
+        return f"an explicit override ({prov.field}={show_scalar(prov.value)})"
     if prov.stage == RULES:
         return f"rule {prov.source}{where}"
     return f"{prov.stage}{where}"
@@ -346,13 +350,8 @@ def _origin(prov: Provenance) -> str:
 def _observed(condition: Any, draft: Draft) -> str:
     facts = draft.facts
     if isinstance(condition, FeatureMatch):
-        return f"{condition.key}={_show(facts.features[condition.key])}"
+        return f"{condition.key}={show_scalar(facts.features[condition.key])}"
     if isinstance(condition, NameMatch):
         return f"{condition.key}={getattr(facts, condition.key)}"
-    return f"{condition.key}={_show(facts.traits[condition.key])}"
+    return f"{condition.key}={show_scalar(facts.traits[condition.key])}"
 
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)

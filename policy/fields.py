@@ -100,3 +100,10 @@ def parse_scalar(text: str) -> bool | int | float | str:
         except ValueError:
             pass
     return text
+
+
+def show_scalar(value: object) -> str:
+    """A value as the policy's YAML spells it (``true``/``false`` for booleans), for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

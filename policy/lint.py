@@ -18,7 +18,7 @@ from typing import Any
 from policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
 from policy.domain import Domain
 from policy.errors import PolicyError
-from policy.fields import DECISION_FIELDS, TRAITS
+from policy.fields import DECISION_FIELDS, TRAITS, show_scalar
 from policy.model import Location, Policy, Rule
 from policy.resolve import resolve
 from policy.source import Path_, SourceDoc
@@ -275,7 +275,7 @@ def near_miss_lists(subject: Subject) -> Iterator[Finding]:
         if best is None:
             continue
         _, _, key, value, missing = best
-        shown = _yaml_scalar(value)
+        shown = show_scalar(value)
         yield subject.finding(
             subject.at(rule, "when", "architecture", key=True),
             WARNING,
@@ -468,12 +468,6 @@ def _error_code(path: str | None) -> str:
 
 def _same(a: Any, b: Any) -> bool:
     return a == b and type(a) is type(b)
-
-
-def _yaml_scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def summary(findings: Sequence[Finding], *, strict: bool = False) -> tuple[int, int, bool]:

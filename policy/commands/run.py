@@ -28,6 +28,7 @@ from policy.commands.common import (
     write_json,
 )
 from policy.errors import PolicyError
+from policy.fields import show_scalar
 
 DEMO = "demo"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -168,7 +169,7 @@ def _decided_by(resolution: Any) -> str:
     parts = []
     for name in LOGGED_FIELDS:
         value = resolution.decision.to_dict()[name]
-        parts.append(f"{name}={_show(value)} ({_chooser(resolution.provenance[name])})")
+        parts.append(f"{name}={show_scalar(value)} ({_chooser(resolution.provenance[name])})")
     return ", ".join(parts)
 
 
@@ -278,8 +279,8 @@ def _render_text(resolution: Any, doc: dict[str, Any], *, verbose: bool) -> str:
     lines = [
         f"{ctx.architecture} on {ctx.platform}: runner {runner['name']} from "
         f"plugin {runner['plugin']}, {runner['device']}, {runner['dtype']}",
-        f"graphs: cudagraph={decision['cudagraph']} breakable={_show(decision['breakable'])} "
-        f"compile={_show(decision['compile'])}; {_graph_summary(graphs)}",
+        f"graphs: cudagraph={decision['cudagraph']} breakable={show_scalar(decision['breakable'])} "
+        f"compile={show_scalar(decision['compile'])}; {_graph_summary(graphs)}",
     ]
     for fallback in graphs["fallbacks"]:
         lines.append(f"  fallback: {fallback}")
@@ -330,8 +331,3 @@ def _graph_summary(graphs: dict[str, Any]) -> str:
         + (f", {failed} capture(s) failed" if failed else "")
     )
 
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
