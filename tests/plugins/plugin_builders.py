@@ -5,12 +5,35 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from plugins import PlatformSupport, PluginRecord, PluginRegistry, RunnerSpec, Unsupported
+from plugins import (
+    KernelSpec,
+    PlatformSupport,
+    PluginRecord,
+    PluginRegistry,
+    RunnerSpec,
+    Unsupported,
+    hookimpl,
+)
 from policy.fields import CUDAGRAPH_MODES
 
 EVERY_MODE = PlatformSupport(cudagraph=CUDAGRAPH_MODES, breakable=True, compile=True)
 EAGER_ONLY = PlatformSupport(cudagraph={"none"})
 PIPELINE = Unsupported("pipeline parallelism", {"features": {"pipeline_parallel_size": {"gt": 1}}})
+
+
+class Declares:
+    """A plugin object declaring the given runner specs (and kernel specs)."""
+
+    def __init__(self, *runners: RunnerSpec, kernels: tuple[KernelSpec, ...] = ()) -> None:
+        self.runners, self.kernels = list(runners), list(kernels)
+
+    @hookimpl
+    def interlock_runner_specs(self) -> list[RunnerSpec]:
+        return self.runners
+
+    @hookimpl
+    def interlock_kernel_specs(self) -> list[KernelSpec]:
+        return self.kernels
 
 
 def spec(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from plugin_builders import EAGER_ONLY, spec
+from plugin_builders import EAGER_ONLY, Declares, spec
 
-from plugins import RunnerSpec, hookimpl
 from policy.lint import lint_sources
 
 POLICY = """\
@@ -21,12 +20,6 @@ rules:
 """
 
 
-class Tiny:
-    @hookimpl
-    def interlock_runner_specs(self) -> list[RunnerSpec]:
-        return [spec("tiny", {"cpu": EAGER_ONLY, "cuda": EAGER_ONLY})]
-
-
 def codes(findings: list) -> list[tuple[str, str]]:
     return [
         (f.code, f.message)
@@ -36,7 +29,7 @@ def codes(findings: list) -> list[tuple[str, str]]:
 
 
 def test_rule_sets_a_mode_its_runner_never_serves(register_plugin) -> None:  # type: ignore[no-untyped-def]
-    register_plugin(Tiny(), "tiny-plugin")
+    register_plugin(Declares(spec("tiny", {"cpu": EAGER_ONLY, "cuda": EAGER_ONLY})), "tiny-plugin")
     found = codes(lint_sources([("site.yaml", POLICY.encode())]))
     assert [c for c, _ in found] == ["unsupported-cudagraph"]
     assert found[0][1].startswith(

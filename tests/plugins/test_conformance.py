@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from plugin_builders import EAGER_ONLY, EVERY_MODE, registry_of, spec
+from plugin_builders import EAGER_ONLY, EVERY_MODE, Declares, registry_of, spec
 
 import runners.mrv1.plugin
 import runners.mrv2.plugin
-from plugins import KernelSpec, RunnerSpec, Unsupported, hookimpl, load_registry
+from plugins import KernelSpec, Unsupported, load_registry
 from plugins.conformance import (
     check_capabilities,
     check_factories,
@@ -36,19 +36,6 @@ class TestMrv2(RunnerPluginConformance):
             )
         else:
             super().test_factories_importable(record)
-
-
-class Declares:
-    def __init__(self, *runners: RunnerSpec, kernels: tuple[KernelSpec, ...] = ()) -> None:
-        self.runners, self.kernels = list(runners), list(kernels)
-
-    @hookimpl
-    def interlock_runner_specs(self) -> list[RunnerSpec]:
-        return self.runners
-
-    @hookimpl
-    def interlock_kernel_specs(self) -> list[KernelSpec]:
-        return self.kernels
 
 
 def messages(findings: list) -> list[str]:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from plugin_builders import make_dist, spec, spec_module
+from plugin_builders import Declares, make_dist, spec, spec_module
 
 import plugins
 from plugins import PlatformSupport, PluginError, RunnerSpec, hookimpl
@@ -30,17 +30,6 @@ def _record(name: str) -> plugins.PluginRecord:
     return next(p for p in plugins.load_registry(refresh=True).plugins if p.name == name)
 
 
-class Provides:
-    """A plugin object declaring the given runner specs."""
-
-    def __init__(self, *specs: RunnerSpec) -> None:
-        self.specs = list(specs)
-
-    @hookimpl
-    def interlock_runner_specs(self) -> list[RunnerSpec]:
-        return self.specs
-
-
 def test_builtins_register_through_entry_points() -> None:
     registry = plugins.load_registry(refresh=True)
     builtins = {p.name: p for p in registry.plugins if p.distribution == "interlock"}
@@ -54,7 +43,7 @@ def test_builtins_register_through_entry_points() -> None:
 
 
 def test_fixture_registers_an_object_for_one_test(register_plugin) -> None:  # type: ignore[no-untyped-def]
-    record = register_plugin(Provides(spec("fixture_runner")), "fixture-plugin")
+    record = register_plugin(Declares(spec("fixture_runner")), "fixture-plugin")
     assert record.status == "ok"
     assert record.distribution == "in-process"
     assert plugins.load_registry().runner("fixture_runner").plugin.name == "fixture-plugin"
@@ -188,12 +177,12 @@ def test_duplicate_runner_names_are_an_error_naming_both(tmp_path: Path) -> None
 def test_duplicate_runner_names_are_fatal_in_strict_mode(register_plugin, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("INTERLOCK_PLUGINS_STRICT", "1")
     with pytest.raises(PluginError, match="registered by two plugins, mrv1 .* and copycat"):
-        register_plugin(Provides(spec("mrv1")), "copycat")
+        register_plugin(Declares(spec("mrv1")), "copycat")
 
 
 def test_same_plugin_name_from_two_distributions() -> None:
     sources = [
-        PluginSource("same", dist, "1", "m", lambda d=dist: Provides(spec(f"r_{d}")))
+        PluginSource("same", dist, "1", "m", lambda d=dist: Declares(spec(f"r_{d}")))
         for dist in ("one", "two")
     ]
     found = discover(sources, Settings()).registry
@@ -259,7 +248,7 @@ def test_failed_plugin_is_mentioned_only_for_runners_it_may_provide() -> None:
         "good-dist",
         "1",
         "m",
-        lambda: Provides(spec("good", {"cpu": PlatformSupport(cudagraph={"none"})})),
+        lambda: Declares(spec("good", {"cpu": PlatformSupport(cudagraph={"none"})})),
     )
     bad = PluginSource("bad", "bad-dist", "2", "m", Raises)
     registry = discover([ok, bad], Settings()).registry

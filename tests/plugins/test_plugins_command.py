@@ -4,23 +4,9 @@ from __future__ import annotations
 
 import json
 
-from plugin_builders import EAGER_ONLY, spec
+from plugin_builders import EAGER_ONLY, Declares, spec
 
 from plugins import KernelSpec, RunnerSpec, hookimpl
-
-
-class Declares:
-    def __init__(self, runners: list[RunnerSpec], kernels: list[KernelSpec] = ()) -> None:  # type: ignore[assignment]
-        self.runners, self.kernels = runners, list(kernels)
-
-    @hookimpl
-    def interlock_runner_specs(self) -> list[RunnerSpec]:
-        return self.runners
-
-    @hookimpl
-    def interlock_kernel_specs(self) -> list[KernelSpec]:
-        return self.kernels
-
 
 KERNEL = KernelSpec(
     op="silu_and_mul",
@@ -34,7 +20,7 @@ KERNEL = KernelSpec(
 
 def test_text_lists_plugins_runners_and_kernels(register_plugin, cli) -> None:  # type: ignore[no-untyped-def]
     register_plugin(
-        Declares([spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1")], [KERNEL]),
+        Declares(spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1"), kernels=(KERNEL,)),
         "tiny-plugin",
         distribution="tiny-dist",
         version="2.1",
@@ -74,7 +60,7 @@ def test_failures_are_listed_and_make_the_exit_code(register_plugin, cli) -> Non
 
 def test_json_document(register_plugin, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("INTERLOCK_DISABLE_PLUGINS", "mrv2")
-    register_plugin(Declares([spec("tiny", {"cpu": EAGER_ONLY})], [KERNEL]), "tiny-plugin")
+    register_plugin(Declares(spec("tiny", {"cpu": EAGER_ONLY}), kernels=(KERNEL,)), "tiny-plugin")
     code, out, _ = cli("plugins", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["plugin_api"] == "1.0" and doc["problems"] == []
