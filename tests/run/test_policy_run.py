@@ -146,12 +146,6 @@ def test_the_demo_model_runs_offline():
     assert doc["runner"]["name"] == "mrv2" and len(doc["outputs"][0]["token_ids"]) == 4
 
 
-def test_importing_the_command_does_not_import_torch():
-    code = "import sys, policy.cli, policy.commands.run; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_debug_graphs_applies_to_the_run_only(policy_run, tiny_llama, monkeypatch):
     monkeypatch.delenv("INTERLOCK_DEBUG_GRAPHS", raising=False)
     doc = policy_run("--model", tiny_llama, "--max-tokens", "2", "--debug-graphs", "--json").json()
