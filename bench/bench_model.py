@@ -29,6 +29,7 @@ import torch
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 from runners.model.checkpoint import write_demo_checkpoint
+from runners.model.layers import Linear
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -62,9 +63,30 @@ def decode_weight_bytes(model: torch.nn.Module) -> int:
     return total - embedding.numel() * embedding.element_size()
 
 
+def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
+    """Milliseconds of one forward's matmuls alone at ``rows`` rows: every projection and the
+    logits head, in model order, on random inputs of their shapes (median of reps).
+    Transformers runs the same products, so this part of a step is common to both engines."""
+    products: list[Callable[[], object]] = []
+    for module in model.modules():
+        if isinstance(module, Linear) and module is not model.lm_head:  # head: below
+            x = torch.randn(rows, module.rows().shape[1])
+            products.append(lambda m=module, x=x: m(x))
+    hidden = torch.randn(rows, model.config.hidden_size)
+    products.append(lambda: model.compute_logits(hidden))
+
+    def forward_products() -> None:
+        for product in products:  # in model order: weights stream as in a step
+            product()
+
+    with torch.inference_mode():
+        return statistics.median(timed(forward_products) for _ in range(reps)) * 1e3
+
+
 def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dict[str, float]:
-    """Median decode step of the engine with every prompt running, and the part of it spent
-    in the decode attention op (timed alone on the same block tables, times the layers)."""
+    """Median decode step of the engine with every prompt running, the part of it spent in
+    the decode attention op (timed alone on the same block tables, times the layers), and
+    the part spent in matmuls (``matmul_ms``)."""
     engine = llm.engine
     params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
     for prompt in prompts:
@@ -86,6 +108,7 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
         engine.step()
     return {"step_ms": statistics.median(step_times) * 1e3,
             "attention_ms": attention * len(runner.model.attention_layers) * 1e3,
+            "matmul_ms": matmul_ms(runner.model, len(batch.sequences), steps),
             "context_tokens": int(metadata.seq_lens.max())}
 
 
@@ -219,7 +242,8 @@ def main() -> None:
     kernels = {k.op: k.implementation for k in llm.report().kernels}
     print(f"{concurrency} sequences decoding (up to {breakdown['context_tokens']} tokens of "
           f"context): {breakdown['step_ms']:.1f} ms per step, of which paged_decode_attention "
-          f"[{kernels['paged_decode_attention']}] {breakdown['attention_ms']:.1f} ms")
+          f"[{kernels['paged_decode_attention']}] {breakdown['attention_ms']:.1f} ms, "
+          f"matmuls (timed alone) {breakdown['matmul_ms']:.1f} ms")
     roof = figures["roofline"]
     reads = ", ".join(f"{k} {v:.1f}" for k, v in roof["read_gb_per_s"].items())
     print(f"roofline: {weight_bytes / 1e6:.1f} MB of weights per token / best read "
