@@ -11,6 +11,10 @@ Measures, side by side in one process with the runs interleaved (medians of --re
   token / read bandwidth, the bandwidth measured here by streaming a large buffer.
 
     .venv/bin/python bench/bench_model.py [--reps 3] [--new-tokens 64] [--threads N] [--json]
+        [--runner mrv1|mrv2] [--cudagraph MODE]
+
+interlock runs the decision the shipped policy resolves for the demo on the CPU unless
+--runner / --cudagraph override it.
 """
 
 from __future__ import annotations
@@ -20,16 +24,21 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 
+from runners.contract import RunDecision
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 from runners.model.checkpoint import write_demo_checkpoint
+from runners.model.demo import demo_config
 from runners.model.layers import Linear
+from runners.mrv1.inputs import prepare_host_inputs, to_device
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -83,6 +92,17 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
         return statistics.median(timed(forward_products) for _ in range(reps)) * 1e3
 
 
+def policy_decision(platform: str) -> RunDecision:
+    """The decision the shipped policy resolves for the demo's architecture on ``platform``
+    (``policy resolve``, capabilities stage included)."""
+    command = [sys.executable, "-m", "policy.cli", "resolve", demo_config().architecture,
+               "--platform", platform]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    return RunDecision(**json.loads(result.stdout)["decision"])
+
+
 def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dict[str, float]:
     """Median decode step of the engine with every prompt running, the part of it spent in
     the decode attention op (timed alone on the same block tables, times the layers), and
@@ -95,7 +115,9 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
     step_times = [timed(engine.step) for _ in range(steps)]
     runner = engine.runner
     batch = engine.scheduler.schedule()
-    inputs, _ = runner.stage(batch, None)  # mrv1 prepares on the host: no state to advance
+    # The attention metadata of this batch, built on the host apart from the runner (whose
+    # own preparation may advance its state); execute() below prepares it as usual.
+    inputs, _ = to_device(prepare_host_inputs(batch, runner.block_size), runner.device)
     metadata = inputs.metadata
     layer = runner.model.attention_layers[0]
     q = torch.randn(len(batch.sequences), layer.num_heads, layer.head_dim)
@@ -136,8 +158,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: "
                         "torch's own choice)")
+    parser.add_argument("--runner", default=None, help="interlock runner (default: the "
+                        "shipped policy's decision for the demo on the CPU)")
+    parser.add_argument("--cudagraph", default=None, help="cudagraph mode (default: the "
+                        "policy's)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
+    decision = policy_decision("cpu")
+    if args.runner is not None or args.cudagraph is not None:
+        decision = RunDecision(
+            runner=args.runner or decision.runner, cudagraph=args.cudagraph or decision.cudagraph,
+            breakable=decision.breakable, compile=decision.compile,
+            capture_sizes=decision.capture_sizes,
+        )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -154,7 +187,7 @@ def main() -> None:
     prompts = [draw(3, 31999, n) for n in draw(8, 64, concurrency)]
     mixed_outputs = draw(new_tokens // 4, 2 * new_tokens, concurrency)
 
-    llm = LLM("demo", dtype="float32", device="cpu", max_num_seqs=concurrency)
+    llm = LLM("demo", dtype="float32", device="cpu", max_num_seqs=concurrency, decision=decision)
     with tempfile.TemporaryDirectory() as directory:
         hf = AutoModelForCausalLM.from_pretrained(
             write_demo_checkpoint(directory), dtype=torch.float32
@@ -207,6 +240,8 @@ def main() -> None:
     roofline_ms = weight_bytes / max(bandwidth.values()) * 1e3
     figures = {
         "machine": {**machine(), "transformers": transformers.__version__},
+        "decision": {"runner": decision.runner, "cudagraph": decision.cudagraph,
+                     "breakable": decision.breakable, "compile": decision.compile},
         "settings": {"reps": reps, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
                      "concurrency": concurrency, "prompt_lens": [len(p) for p in prompts],
                      "mixed_max_tokens": mixed_outputs},
@@ -228,6 +263,8 @@ def main() -> None:
     m = figures["machine"]
     print(f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} "
           f"({m['torch_threads']} threads), transformers {m['transformers']}")
+    print(f"interlock: runner {decision.runner}, cudagraph={decision.cudagraph}, breakable="
+          f"{decision.breakable}, compile={decision.compile}")
     print(f"greedy tokens identical to transformers: {same_tokens}")
     print("| metric | interlock | transformers | ratio |")
     print("|---|---|---|---|")
