@@ -15,7 +15,6 @@ load and handed to the model; the base samples with the same table.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -36,9 +35,8 @@ from runners.graphs.buffers import ForwardInputs, SamplingInputs
 from runners.graphs.capture import forward_logits
 from runners.graphs.manager import GraphManager
 from runners.graphs.plan import CapturePlan
-from runners.model.checkpoint import ModelSource, load_model
+from runners.model.checkpoint import load_model
 from runners.model.decoder import CausalLM
-from runners.model.demo import DEMO
 from runners.model.kv_cache import allocate_kv_cache
 
 
@@ -97,16 +95,7 @@ class GraphRunner(ABC):
         self.model_spec = model
         self.decision = decision
         self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference)
-        directory = None if model.name == DEMO else Path(model.name)
-        self.model = load_model(
-            ModelSource(model.name, directory, model.config),
-            self.ops,
-            dtype=model.dtype,
-            device=self.device,
-            max_positions=model.max_model_len,
-            load_format=model.load_format,
-            seed=model.seed,
-        )
+        self.model = load_model(model, self.ops, self.device)
         self.block_size = kv_cache.block_size
         self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)
         self.kv_caches = allocate_kv_cache(model.config, kv_cache, model.dtype, self.device)

@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runners.contract import MODEL_DTYPES
+from runners.contract import MODEL_DTYPES, ModelSpec
 from runners.dispatch import KernelTable, build_kernel_table
 from runners.model import demo
 from runners.model.config import ModelConfig, load_config
@@ -188,33 +188,24 @@ def checkpoint_shapes(model: CausalLM) -> dict[str, tuple[int, ...]]:
     return {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
 
 
-def load_model(
-    source: ModelSource,
-    ops: KernelTable,
-    *,
-    dtype: str,
-    device: str | torch.device,
-    max_positions: int,
-    load_format: str = "auto",
-    seed: int = 0,
-) -> CausalLM:
-    """Build the model for ``source`` and fill its weights.
+def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) -> CausalLM:
+    """Build the model a runner is asked for and fill its weights.
 
-    ``dtype`` and ``load_format`` are values a ``ModelSpec`` accepts. The demo's
-    weights are its own seeded ones unless ``load_format="dummy"`` asks for ``seed``'s.
+    The demo's weights are its own seeded ones unless ``load_format="dummy"``
+    asks for ``spec.seed``'s.
     """
-    if source.directory is None and load_format == "safetensors":
+    directory = None if spec.name == demo.DEMO else Path(spec.name)
+    if directory is None and spec.load_format == "safetensors":
         raise CheckpointError(
             f"the {demo.DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
         )
-    model = build_model(source.config, ops, dtype, device, max_positions)
-    if source.directory is None or load_format == "dummy":
-        if load_format != "dummy":
-            seed = demo.DEMO_SEED
+    model = build_model(spec.config, ops, spec.dtype, device, spec.max_model_len)
+    if directory is None or spec.load_format == "dummy":
+        seed = spec.seed if spec.load_format == "dummy" else demo.DEMO_SEED
         shapes = checkpoint_shapes(model)
-        tensors: TensorSource = DummyTensors(shapes, seed, source.config.initializer_range)
+        tensors: TensorSource = DummyTensors(shapes, seed, spec.config.initializer_range)
     else:
-        tensors = SafetensorsFiles(source.directory)
+        tensors = SafetensorsFiles(directory)
     load_weights(model, tensors)
     return model.eval()
 

@@ -8,8 +8,6 @@ are prepared with torch directly on the device, every step runs eagerly.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from kernels import REGISTRY
@@ -26,8 +24,7 @@ from runners.contract import (
 )
 from runners.dispatch import build_kernel_table, platform_of
 from runners.model.attention import AttentionMetadata
-from runners.model.checkpoint import ModelSource, load_model
-from runners.model.demo import DEMO
+from runners.model.checkpoint import load_model
 from runners.model.kv_cache import allocate_kv_cache
 
 # The plugin's own backend (it implements silu_and_mul) before the registry's usual choice.
@@ -60,16 +57,7 @@ class EagerRunner:
         platform = platform_of(self.device)
         preference = (OWN_BACKEND, *default_preference(platform))
         self.ops = build_kernel_table(platform, model.dtype, preference)
-        directory = None if model.name == DEMO else Path(model.name)
-        self.model = load_model(
-            ModelSource(model.name, directory, model.config),
-            self.ops,
-            dtype=model.dtype,
-            device=self.device,
-            max_positions=model.max_model_len,
-            load_format=model.load_format,
-            seed=model.seed,
-        )
+        self.model = load_model(model, self.ops, self.device)
         self.block_size = kv_cache.block_size
         self.model.bind_kv_cache(
             allocate_kv_cache(model.config, kv_cache, model.dtype, self.device)
