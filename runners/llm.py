@@ -8,21 +8,40 @@
     out.token_ids  # (8 token ids)
 
 A model directory with a ``tokenizer.json`` also accepts text prompts and
-returns text. The runner is the one ``decision.runner`` names (default
-``RunDecision()``: mrv1, no graphs), created through the plugin that
-registers it, or an object given as ``runner``; it serves the decision's
-cudagraph mode, breakable capture and capture sizes.
+returns text. Without a ``decision`` the policy decides, exactly as
+``policy run`` does (``policy.model_run``): for the model's architecture and
+traits on the device's platform, under the layered policy (``policy=`` files,
+else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
+bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
+one INFO line on the ``interlock`` logger names who chose the runner,
+cudagraph mode and breakable. The runner is the one the decision names,
+created through the plugin that registers it, or an object given as
+``runner`` (which then needs an explicit ``decision``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Tokenizer
 
+from policy.context import detect_platform, has_triton_fact
+from policy.loader import load_policy
+from policy.model_run import (
+    GIVEN_BY_CALLER,
+    LOGGED_FIELDS,
+    decided_by,
+    decision_line,
+    device_for,
+    process_env,
+    resolve_model_run,
+)
 from runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
 from runners.engine.engine import Engine, EngineConfig
 from runners.engine.kv_cache import plan_kv_cache
@@ -30,7 +49,11 @@ from runners.engine.request import Request
 from runners.engine.sampling import SamplingParams
 from runners.model.checkpoint import resolve_dtype, resolve_model
 
+if TYPE_CHECKING:
+    from policy.resolve import Decision, Resolution
+
 Prompt = str | Sequence[int]
+LOG = logging.getLogger("interlock")
 
 
 @dataclass(frozen=True)
@@ -61,8 +84,29 @@ class LLM:
         max_model_len: int | None = None,
         runner: Runner | None = None,
         decision: RunDecision | None = None,
+        policy: Sequence[str | os.PathLike[str]] | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
         source = resolve_model(model)
+        if decision is None:
+            if runner is not None:
+                raise ValueError(
+                    f"runner={type(runner).__name__} object given without a decision: pass "
+                    "decision=RunDecision(...) saying how to run it (the policy decides only "
+                    "for the runners plugins register)"
+                )
+            self.resolution: Resolution | None = _resolve(model, device, policy, overrides)
+            decision = run_decision(self.resolution.decision)
+            decided = decided_by(self.resolution)
+        else:
+            if policy is not None or overrides:
+                raise ValueError(
+                    "policy= and overrides= shape the policy's decision; with an explicit "
+                    "decision= they would be ignored: give one or the other"
+                )
+            self.resolution = None
+            decided = _given_by_caller(decision)
+        LOG.info("LLM %s: %s", source.name, decided)
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)
         limit = config.max_position_embeddings
@@ -77,7 +121,7 @@ class LLM:
             name=source.name,
             config=config,
             dtype=resolved_dtype,
-            device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            device=device or _detected_device(),
             load_format=load_format,
             seed=seed,
             max_model_len=max_model_len,
@@ -89,7 +133,6 @@ class LLM:
             num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
         )
         self.tokenizer = _load_tokenizer(source.directory)
-        decision = decision if decision is not None else RunDecision()
         self.engine = Engine(
             spec,
             kv_cache,
@@ -170,6 +213,48 @@ def runner_from_plugin(name: str) -> Runner:
             "(load, execute, report)"
         )
     return runner
+
+
+def run_decision(decision: Decision) -> RunDecision:
+    """The part of a policy decision a runner acts on."""
+    return RunDecision(
+        runner=decision.runner,
+        cudagraph=decision.cudagraph,
+        breakable=decision.breakable,
+        compile=decision.compile,
+        capture_sizes=decision.capture_sizes,
+    )
+
+
+def _resolve(
+    model: str | Path,
+    device: str | None,
+    policy_paths: Sequence[str | os.PathLike[str]] | None,
+    overrides: Mapping[str, Any] | None,
+) -> Resolution:
+    """The policy's decision for ``model``: the platform is the given device's, else detected."""
+    policy = load_policy(policy_paths)
+    env, sources = process_env(policy)
+    platform = None
+    features: dict[str, Any] = {}
+    kind = torch.device(device).type if device is not None else None
+    if kind in ("cpu", "xpu"):  # cuda is detected: the device cannot tell CUDA from ROCm
+        platform = kind
+        sources["platform"] = f"given (device={device!r})"
+        # This machine runs it, so Triton is probed, not assumed as for a named platform.
+        features["has_triton"], sources["features.has_triton"] = has_triton_fact(True)
+    return resolve_model_run(
+        policy, model, overrides, platform=platform, features=features, env=env, sources=sources
+    )
+
+
+def _given_by_caller(decision: RunDecision) -> str:
+    values = {name: getattr(decision, name) for name in LOGGED_FIELDS}
+    return decision_line(values, dict.fromkeys(LOGGED_FIELDS, GIVEN_BY_CALLER))
+
+
+def _detected_device() -> str:
+    return device_for(detect_platform()[0])
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

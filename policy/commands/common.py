@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from policy.fields import parse_scalar
 from policy.model import Policy
 
-PROCESS_ENV = "process environment"
 GIVEN_ENV = "given with --env"
 
 
@@ -102,14 +100,10 @@ def env_of(
     ``--env``; returns ``(env, sources)``. An ``--env`` name the policy does not bind is an
     error."""
     from policy.errors import PolicyError
+    from policy.model_run import process_env
     from policy.suggest import hint
 
-    env: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    for name in policy.env if process else ():
-        if name in os.environ:
-            env[name] = os.environ[name]
-            sources[f"env.{name}"] = PROCESS_ENV
+    env, sources = process_env(policy) if process else ({}, {})
     for name, value in args.env:
         if name not in policy.env:
             declared = ", ".join(policy.env) or "none"

@@ -1,11 +1,11 @@
 """``policy run``: decide how to run a model, run it through the chosen runner plugin, show it.
 
 The decision is resolved for the model's architecture (traits from its
-config; ``demo`` is the built-in model) exactly as ``policy explain`` would,
-one line on stderr names the runner, cudagraph mode and breakable with the
-policy line that chose each, and the runner is instantiated through the
-plugin that registers it. torch is imported here, inside ``run``, and
-nowhere else in ``policy``.
+config; ``demo`` is the built-in model) by ``policy.model_run``, the path
+``runners.llm.LLM`` takes too; one line on stderr names the runner, cudagraph
+mode and breakable with the policy line that chose each, and the runner is
+instantiated through the plugin that registers it. torch is imported only
+inside ``run`` (and where the platform is detected).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from policy.commands.common import (
@@ -30,11 +29,8 @@ from policy.commands.common import (
 from policy.errors import PolicyError
 from policy.fields import show_scalar
 
-DEMO = "demo"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PROMPT = (1, 2, 3)
-#: Each decision field `run` acts on, in the order the log line names them.
-LOGGED_FIELDS = ("runner", "cudagraph", "breakable")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -100,13 +96,14 @@ def _positive(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from plugins import load_registry
-    from policy.capabilities import capability_stage
-    from policy.resolve import resolve
+    from policy.model_run import decided_by, resolve_model_run
 
     policy = load(args)
-    context = _context(args, policy)
-    resolution = resolve(policy, context, overrides_of(args), capabilities=capability_stage())
-    print(f"policy run: {_decided_by(resolution)}", file=sys.stderr)
+    _check_platform(args.platform)
+    resolution = resolve_model_run(
+        policy, args.model, overrides_of(args), **context_flags_of(args, policy)
+    )
+    print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     try:
         with _debug_graphs(args.debug_graphs):
@@ -139,58 +136,28 @@ def _debug_graphs(enabled: bool) -> Iterator[None]:
             os.environ[DEBUG_ENV] = previous
 
 
-def _context(args: argparse.Namespace, policy: Any) -> Any:
-    """The context of the run: this machine, and the model's architecture and traits."""
-    from policy.context import MODEL_CONFIG, detect_platform, make_context, traits_from_config
+def _check_platform(platform: str | None) -> None:
+    """A run happens here: ``--platform`` may only name this machine's platform."""
+    from policy.context import detect_platform
 
     here = detect_platform()[0]
-    if args.platform is not None and args.platform != here:
+    if platform is not None and platform != here:
         raise PolicyError(
-            f"--platform {args.platform}: policy run executes on this machine, which is {here}; "
+            f"--platform {platform}: policy run executes on this machine, which is {here}; "
             "use `policy explain` to see the decision for another platform"
         )
-    common = context_flags_of(args, policy)
-    if args.model != DEMO:
-        return make_context(None, model=args.model, **common)
-    from runners.model.demo import DEMO_CONFIG
-
-    context = make_context(DEMO_CONFIG["architectures"][0], **common)
-    traits = traits_from_config(DEMO_CONFIG)
-    facts = {f"traits.{name}": f"{MODEL_CONFIG} ({note})" for name, (_, note) in traits.items()}
-    return replace(
-        context,
-        model_traits={name: value for name, (value, _) in traits.items()},
-        sources={**context.sources, "architecture": f"{MODEL_CONFIG} (demo model)", **facts},
-    )
-
-
-def _decided_by(resolution: Any) -> str:
-    """``runner=mrv2 (defaults, policies.yaml:59) ...``: each field with who chose it."""
-    parts = []
-    for name in LOGGED_FIELDS:
-        value = resolution.decision.to_dict()[name]
-        parts.append(f"{name}={show_scalar(value)} ({_chooser(resolution.provenance[name])})")
-    return ", ".join(parts)
-
-
-def _chooser(prov: Any) -> str:
-    who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
-    return f"{who}, {prov.location}" if prov.location else who
 
 
 def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[str, Any]]:
     """Run the prompts; returns (outputs, runner report, metrics)."""
     import torch
 
-    from runners.contract import RunDecision
+    from policy.model_run import device_for
     from runners.engine.sampling import SamplingParams
-    from runners.llm import LLM
+    from runners.llm import LLM, run_decision
 
-    decision = resolution.decision
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
-    device = "cpu" if resolution.context.platform == "cpu" else (
-        "xpu" if resolution.context.platform == "xpu" else "cuda"
-    )
+    device = device_for(resolution.context.platform)
     start = time.perf_counter()
     llm = LLM(
         args.model,
@@ -198,13 +165,7 @@ def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[
         device=device,
         seed=args.seed,
         max_num_seqs=len(prompts),
-        decision=RunDecision(
-            runner=decision.runner,
-            cudagraph=decision.cudagraph,
-            breakable=decision.breakable,
-            compile=decision.compile,
-            capture_sizes=decision.capture_sizes,
-        ),
+        decision=run_decision(resolution.decision),
     )
     loaded = time.perf_counter()
     params = SamplingParams(

@@ -18,7 +18,8 @@ GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
 
 @pytest.fixture
 def llama_llm(tiny_models) -> LLM:
-    return LLM(str(tiny_models.path("llama")), num_blocks=16, max_model_len=64)
+    return LLM(str(tiny_models.path("llama")), num_blocks=16, max_model_len=64,
+               decision=RunDecision())
 
 
 def test_prompts_as_one_or_many_token_lists(llama_llm):
@@ -40,7 +41,7 @@ def test_text_in_and_out_with_a_tokenizer(tiny_models, tmp_path):
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    llm = LLM(str(directory), num_blocks=16, max_model_len=64)
+    llm = LLM(str(directory), num_blocks=16, max_model_len=64, decision=RunDecision())
     [from_text] = llm.generate("w4 w5 w6", GREEDY)
     [from_ids] = llm.generate([[4, 5, 6]], GREEDY)
     assert from_text.token_ids == from_ids.token_ids
@@ -48,7 +49,8 @@ def test_text_in_and_out_with_a_tokenizer(tiny_models, tmp_path):
 
 
 def test_an_oversized_request_is_rejected_before_anything_runs(tiny_models):
-    llm = LLM(str(tiny_models.path("llama")), num_blocks=2, max_model_len=64)
+    llm = LLM(str(tiny_models.path("llama")), num_blocks=2, max_model_len=64,
+              decision=RunDecision())
     with pytest.raises(RequestRejected, match=r"needs 4 KV blocks .* the cache has only 2"):
         llm.generate([[1, 2], list(range(60))], [GREEDY, SamplingParams(max_tokens=4)])
     assert not llm.engine.has_unfinished()

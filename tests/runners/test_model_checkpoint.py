@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from runners.contract import RunDecision
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 from runners.model.checkpoint import CheckpointError, write_demo_checkpoint
@@ -16,6 +17,7 @@ from runners.model.config import ConfigError
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65]
+EAGER = RunDecision()  # the checkpoint is the subject here, not the decision
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def llama_dir(tiny_models, tmp_path):
 
 
 def tokens(path, **kwargs) -> tuple[int, ...]:
-    llm = LLM(str(path), num_blocks=16, max_model_len=64, **kwargs)
+    llm = LLM(str(path), num_blocks=16, max_model_len=64, decision=RunDecision(), **kwargs)
     return llm.generate([PROMPT], GREEDY)[0].token_ids
 
 
@@ -111,13 +113,13 @@ def test_tied_checkpoint_may_carry_an_lm_head_copy(tiny_models, tmp_path):
 
 def test_half_precision_dtypes_load_and_auto_follows_the_checkpoint(llama_dir):
     for dtype in ("bfloat16", "float16"):
-        llm = LLM(str(llama_dir), dtype=dtype, num_blocks=16, max_model_len=64)
+        llm = LLM(str(llama_dir), dtype=dtype, num_blocks=16, max_model_len=64, decision=EAGER)
         assert llm.engine.runner.model.embed_tokens.dtype == getattr(torch, dtype)
         assert len(llm.generate([PROMPT], GREEDY)[0].token_ids) == GREEDY.max_tokens
     config = json.loads((llama_dir / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (llama_dir / "config.json").write_text(json.dumps(config))
-    llm = LLM(str(llama_dir), num_blocks=16, max_model_len=64)
+    llm = LLM(str(llama_dir), num_blocks=16, max_model_len=64, decision=EAGER)
     assert llm.engine.runner.model.embed_tokens.dtype == torch.bfloat16
     assert llm.engine.runner.kv_caches[0][0].dtype == torch.bfloat16
 
@@ -126,8 +128,10 @@ def test_dummy_weights_are_seeded_and_need_only_a_config(llama_dir):
     (llama_dir / "model.safetensors").unlink()
     first = tokens(llama_dir, load_format="dummy", seed=1)
     assert tokens(llama_dir, load_format="dummy", seed=1) == first
-    llm = LLM(str(llama_dir), load_format="dummy", seed=2, num_blocks=16, max_model_len=64)
-    llm_same = LLM(str(llama_dir), load_format="dummy", seed=1, num_blocks=16, max_model_len=64)
+    llm = LLM(str(llama_dir), load_format="dummy", seed=2, num_blocks=16, max_model_len=64,
+              decision=EAGER)
+    llm_same = LLM(str(llama_dir), load_format="dummy", seed=1, num_blocks=16, max_model_len=64,
+                   decision=EAGER)
     def weights(llm: LLM) -> torch.Tensor:
         return llm.engine.runner.model.layers[0].self_attn.qkv_proj.weight
 
@@ -137,11 +141,11 @@ def test_dummy_weights_are_seeded_and_need_only_a_config(llama_dir):
 def test_demo_model_is_reproducible_and_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    demo = LLM("demo", num_blocks=8)
+    demo = LLM("demo", num_blocks=8, decision=EAGER)
     params = sum(p.numel() for p in demo.engine.runner.model.parameters())
     assert 45e6 < params < 60e6
     ours = demo.generate([PROMPT], GREEDY)[0].token_ids
-    assert LLM("demo", num_blocks=8).generate([PROMPT], GREEDY)[0].token_ids == ours
+    assert LLM("demo", num_blocks=8, decision=EAGER).generate([PROMPT], GREEDY)[0].token_ids == ours
 
     hf = AutoModelForCausalLM.from_pretrained(write_demo_checkpoint(tmp_path / "demo"))
     with torch.no_grad():

@@ -6,6 +6,7 @@ import pytest
 import torch
 from runner_fixtures import NEW_TOKENS, PROMPTS, TINY_CONFIGS
 
+from runners.contract import RunDecision
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 
@@ -13,7 +14,9 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def make_llm(path, runner=None, **kwargs) -> LLM:
-    options = {"block_size": 4, "num_blocks": 128, "max_model_len": 128, **kwargs}
+    """Eager mrv1 unless told otherwise: parity with transformers is the subject here."""
+    options = {"block_size": 4, "num_blocks": 128, "max_model_len": 128,
+               "decision": RunDecision(), **kwargs}
     return LLM(str(path), dtype="float32", runner=runner, **options)
 
 

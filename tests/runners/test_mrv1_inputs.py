@@ -7,7 +7,7 @@ import pytest
 import torch
 from runner_fixtures import PROMPTS
 
-from runners.contract import Sampling, ScheduledBatch, ScheduledSequence
+from runners.contract import RunDecision, Sampling, ScheduledBatch, ScheduledSequence
 from runners.engine.sampling import SamplingParams
 from runners.llm import LLM
 from runners.model.attention import attention_split
@@ -46,7 +46,8 @@ def test_padding_rows_are_inert_and_decode_padding_keeps_one_token_per_row():
 
 @pytest.fixture
 def engine(tiny_models):
-    llm = LLM(str(tiny_models.path("llama")), block_size=4, num_blocks=64, max_model_len=96)
+    llm = LLM(str(tiny_models.path("llama")), block_size=4, num_blocks=64, max_model_len=96,
+              decision=RunDecision())
     return llm.engine
 
 

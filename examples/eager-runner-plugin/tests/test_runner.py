@@ -24,6 +24,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def llm(model: Path, runner: object, **kw: object) -> LLM:
+    """The runner object with ``decision`` (default: eager, no graphs)."""
+    kw.setdefault("decision", RunDecision())
     return LLM(
         model,
         load_format="dummy",

@@ -1,0 +1,101 @@
+"""Deciding how to run one model on this machine: the resolution `policy run` and
+``runners.llm.LLM`` share, and the line naming who chose each field it acts on.
+
+torch is imported only where the platform is detected (``policy.context``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from policy.context import MODEL_CONFIG, PROCESS_ENV, Context, make_context, traits_from_config
+from policy.fields import show_scalar
+from policy.model import Policy
+from policy.trace import Provenance
+
+if TYPE_CHECKING:
+    # Not at run time: importing the submodule would shadow ``policy.resolve``, the function
+    # the package exports lazily, for code that imports it afterwards.
+    from policy.resolve import Resolution
+
+DEMO = "demo"
+#: Each decision field a run acts on, in the order the log line names them.
+LOGGED_FIELDS = ("runner", "cudagraph", "breakable")
+GIVEN_BY_CALLER = "given by the caller"
+
+
+def resolve_model_run(
+    policy: Policy,
+    model: str | os.PathLike[str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    platform: str | None = None,
+    device_arch: str | None = None,
+    features: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> Resolution:
+    """The decision for running ``model`` (a model directory, or ``demo``: the built-in
+    model) under ``policy``, for its architecture and config-derived traits, with the
+    capabilities of the registered runner plugins. The keywords are ``make_context``'s
+    (platform detected when None). Raises ``PolicyError`` (``CapabilityError`` when
+    something forced is unsupported)."""
+    from policy.capabilities import capability_stage
+    from policy.resolve import resolve
+
+    context = _model_context(
+        model, platform=platform, device_arch=device_arch, features=features, env=env,
+        sources=sources,
+    )
+    return resolve(policy, context, overrides, capabilities=capability_stage())
+
+
+def process_env(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
+    """``(env, sources)``: the values the process environment gives the policy's bindings."""
+    env = {name: os.environ[name] for name in policy.env if name in os.environ}
+    return env, {f"env.{name}": PROCESS_ENV for name in env}
+
+
+def device_for(platform: str) -> str:
+    """The torch device type that runs a model on ``platform`` (ROCm is ``cuda`` to torch)."""
+    return platform if platform in ("cpu", "xpu") else "cuda"
+
+
+def decided_by(resolution: Resolution) -> str:
+    """``runner=mrv2 (defaults, policies.yaml:59), ...``: each field with who chose it."""
+    decision = resolution.decision.to_dict()
+    return decision_line(
+        {name: decision[name] for name in LOGGED_FIELDS},
+        {name: _chooser(resolution.provenance[name]) for name in LOGGED_FIELDS},
+    )
+
+
+def decision_line(values: Mapping[str, Any], choosers: Mapping[str, str]) -> str:
+    """The one format of that line: ``name=value (who chose it)`` per logged field."""
+    return ", ".join(
+        f"{name}={show_scalar(values[name])} ({choosers[name]})" for name in LOGGED_FIELDS
+    )
+
+
+def _chooser(prov: Provenance) -> str:
+    who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
+    return f"{who}, {prov.location}" if prov.location else who
+
+
+def _model_context(model: str | os.PathLike[str], **common: Any) -> Context:
+    """The context of the run: the model's architecture and traits, and ``common``."""
+    if os.fspath(model) != DEMO:
+        return make_context(None, model=model, **common)
+    from runners.model.demo import DEMO_CONFIG
+
+    context = make_context(DEMO_CONFIG["architectures"][0], **common)
+    traits = traits_from_config(DEMO_CONFIG)
+    facts = {f"traits.{name}": f"{MODEL_CONFIG} ({note})" for name, (_, note) in traits.items()}
+    return replace(
+        context,
+        model_traits={name: value for name, (value, _) in traits.items()},
+        sources={**context.sources, "architecture": f"{MODEL_CONFIG} (demo model)", **facts},
+    )
