@@ -20,9 +20,9 @@ _EXPORTS = {
     "load_policy_text": "policy.loader",
     "Context": "policy.context",
     "make_context": "policy.context",
-    "Decision": "policy.resolve",
-    "Resolution": "policy.resolve",
-    "resolve": "policy.resolve",
+    "Decision": "policy.resolution",
+    "Resolution": "policy.resolution",
+    "resolve": "policy.resolution",
     "parse_when": "policy.conditions",
     "Facts": "policy.conditions",
 }
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from policy.errors import PolicyError
     from policy.loader import load_policy, load_policy_text
     from policy.model import Policy
-    from policy.resolve import Decision, Resolution, resolve
+    from policy.resolution import Decision, Resolution, resolve
 
 
 def __getattr__(name: str) -> Any:

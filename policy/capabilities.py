@@ -23,7 +23,7 @@ from policy.fields import show_scalar
 from policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
 
 if TYPE_CHECKING:
-    from policy.resolve import Draft
+    from policy.resolution import Draft
 
 #: The next cudagraph mode to try when one is unsupported; `none` is always served.
 DOWNGRADE = {
@@ -52,7 +52,7 @@ class CapabilityError(PolicyError):
 
 
 class CapabilityStage:
-    """The stage as ``policy.resolve`` takes it: hashable (by identity) and callable on a draft."""
+    """Stage 5 as ``policy.resolution`` takes it: hashable (by identity), callable on a draft."""
 
     def __init__(self, registry: PluginRegistry) -> None:
         self.registry = registry

@@ -21,7 +21,7 @@ from policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
 from policy.errors import PolicyError
 from policy.fields import DECISION_FIELDS
 from policy.model import Policy
-from policy.resolve import Resolution, resolve
+from policy.resolution import Resolution, resolve
 from policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: The pseudo-field of a change where one side fails to resolve (or both, differently).

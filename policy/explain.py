@@ -8,7 +8,7 @@ from typing import IO, Any
 
 from policy.conditions import Failure
 from policy.fields import DECISION_FIELDS
-from policy.resolve import Resolution
+from policy.resolution import Resolution
 from policy.trace import RULES, Provenance, Step
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}

@@ -20,7 +20,7 @@ from policy.domain import Domain
 from policy.errors import PolicyError
 from policy.fields import DECISION_FIELDS, TRAITS, show_scalar
 from policy.model import Location, Policy, Rule
-from policy.resolve import resolve
+from policy.resolution import resolve
 from policy.source import Path_, SourceDoc
 from policy.suggest import hint
 from policy.trace import RULES

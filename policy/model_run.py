@@ -17,9 +17,7 @@ from policy.model import Policy
 from policy.trace import Provenance
 
 if TYPE_CHECKING:
-    # Not at run time: importing the submodule would shadow ``policy.resolve``, the function
-    # the package exports lazily, for code that imports it afterwards.
-    from policy.resolve import Resolution
+    from policy.resolution import Resolution
 
 DEMO = "demo"
 #: Each decision field a run acts on, in the order the log line names them.
@@ -44,7 +42,7 @@ def resolve_model_run(
     (platform detected when None). Raises ``PolicyError`` (``CapabilityError`` when
     something forced is unsupported)."""
     from policy.capabilities import capability_stage
-    from policy.resolve import resolve
+    from policy.resolution import resolve
 
     context = _model_context(
         model, platform=platform, device_arch=device_arch, features=features, env=env,

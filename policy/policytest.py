@@ -19,7 +19,7 @@ from policy.errors import PolicyError
 from policy.explain import render_trace
 from policy.lint import rule_deciders
 from policy.model import Policy
-from policy.resolve import CapabilityCheck, Resolution, resolve
+from policy.resolution import CapabilityCheck, Resolution, resolve
 from policy.suggest import hint
 from policy.testfile import LoadedCase
 from policy.trace import ENV, RULES, Provenance, Step

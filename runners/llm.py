@@ -50,7 +50,7 @@ from runners.engine.sampling import SamplingParams
 from runners.model.checkpoint import resolve_dtype, resolve_model
 
 if TYPE_CHECKING:
-    from policy.resolve import Decision, Resolution
+    from policy.resolution import Decision, Resolution
 
 Prompt = str | Sequence[int]
 LOG = logging.getLogger("interlock")

@@ -150,7 +150,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 def resolve_args(args: argparse.Namespace) -> Any:
     """Load, build the context and resolve: the shared body of explain and resolve."""
     from policy.capabilities import capability_stage
-    from policy.resolve import resolve
+    from policy.resolution import resolve
 
     policy = load(args)
     context = context_of(args, policy)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from policy.capabilities import capability_stage
     from policy.context import Context
     from policy.explain import render_table
-    from policy.resolve import resolve
+    from policy.resolution import resolve
 
     policy = load(args)
     env, _ = env_of(args, policy, process=False)

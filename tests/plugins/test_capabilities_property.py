@@ -16,7 +16,7 @@ from policy.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
 from policy.conditions import Facts
 from policy.context import Context
 from policy.fields import CUDAGRAPH_MODES
-from policy.resolve import Draft
+from policy.resolution import Draft
 from policy.trace import CAPABILITIES, DEFAULTS, ENV, OVERRIDES, RULES, Provenance
 
 NAMES = ("r0", "r1", "r2", "r3")

@@ -263,7 +263,7 @@ def test_importing_policy_and_its_cli_does_not_import_torch() -> None:
     # Every command module, `policy run` included: commands import torch only when they run.
     code = (
         "import importlib, pkgutil, sys, policy.commands\n"
-        "import policy, policy.cli, policy.resolve, policy.loader, policy.explain\n"
+        "import policy, policy.cli, policy.resolution, policy.loader, policy.explain\n"
         "for m in pkgutil.iter_modules(policy.commands.__path__):\n"
         "    importlib.import_module('policy.commands.' + m.name)\n"
         "assert 'policy.commands.run' in sys.modules\n"
