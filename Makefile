@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # a multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0+cu130".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint clean
 
 install: $(VENV)/.installed
 
