@@ -74,6 +74,19 @@ def store_kv_cache(
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
 
 
+def _visible(q_positions: torch.Tensor, num_keys: int, sliding_window: int | None) -> torch.Tensor:
+    """Which of keys 0..num_keys-1 each query position may attend to: [Q, num_keys] bool.
+
+    Causal, and within the sliding window (q - k < window) when there is one.
+    """
+    k_pos = torch.arange(num_keys, device=q_positions.device)[None, :]
+    q_pos = q_positions[:, None]
+    allowed = k_pos <= q_pos
+    if sliding_window is not None:
+        allowed &= q_pos - k_pos < sliding_window
+    return allowed
+
+
 def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -87,10 +100,7 @@ def _attend(
     keys = keys.repeat_interleave(group, dim=1)
     values = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("lhd,shd->hls", q.float(), keys.float()) * scale
-    k_pos = torch.arange(keys.shape[0], device=q.device)
-    allowed = k_pos[None, :] <= q_positions[:, None]
-    if sliding_window is not None:
-        allowed &= q_positions[:, None] - k_pos[None, :] < sliding_window
+    allowed = _visible(q_positions, keys.shape[0], sliding_window)
     scores = scores.masked_fill(~allowed[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hls,shd->lhd", probs, values.float()).to(q.dtype)
@@ -167,11 +177,7 @@ def paged_decode_attention(
         block_tables = block_tables[:, : max(used, 1)]
     keys = _gather_blocks(k_cache, block_tables).transpose(1, 2)  # [B, Hk, S, D]
     values = _gather_blocks(v_cache, block_tables).transpose(1, 2)
-    k_pos = torch.arange(keys.shape[2], device=q.device)[None, :]
-    q_pos = (seq_lens.long() - 1)[:, None]
-    allowed = k_pos <= q_pos
-    if sliding_window is not None:
-        allowed &= q_pos - k_pos < sliding_window
+    allowed = _visible(seq_lens.long() - 1, keys.shape[2], sliding_window)
     out = torch.nn.functional.scaled_dot_product_attention(
         q[:, :, None, :], keys, values, attn_mask=allowed[:, None, None, :], scale=scale,
         enable_gqa=True,
