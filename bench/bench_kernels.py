@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kernels import REGISTRY
-from kernels import reference as ref
+from interlock.kernels import REGISTRY
+from interlock.kernels import reference as ref
 
 Outputs = Callable[[tuple, object], tuple[torch.Tensor, ...]]
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from bench_policy import EXPLAIN, per_call, policy_command, wall
 
-import plugins
-from policy import Context, load_policy, resolve
-from policy.capabilities import capability_stage
+from interlock import plugins
+from interlock.policy import Context, load_policy, resolve
+from interlock.policy.capabilities import capability_stage
 
 
 def child_env(work: Path) -> dict[str, str]:

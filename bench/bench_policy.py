@@ -23,14 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from policy import Context, Facts, load_policy, load_policy_text, resolve
+from interlock.policy import Context, Facts, load_policy, load_policy_text, resolve
 
 EXPLAIN = ["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950"]
 
 
 def policy_command() -> list[str]:
     script = shutil.which("policy", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "policy.cli"]
+    return [script] if script else [sys.executable, "-m", "interlock.policy.cli"]
 
 
 def wall(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from policy.diff import diff_policies
-from policy.lint import lint_sources
-from policy.loader import load_policy
+from interlock.policy.diff import diff_policies
+from interlock.policy.lint import lint_sources
+from interlock.policy.loader import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "policies.yaml"
@@ -28,7 +28,7 @@ SHIPPED = REPO / "policies.yaml"
 
 def policy_command() -> list[str]:
     script = shutil.which("policy", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "policy.cli"]
+    return [script] if script else [sys.executable, "-m", "interlock.policy.cli"]
 
 
 def wall(cmd: list[str]) -> float:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from kernels import reference as _reference  # noqa: F401  (registers the torch ops)
-from kernels import triton as _triton  # noqa: F401  (registers the Triton ops, lazily)
-from kernels.registry import REGISTRY, KernelChoice, KernelError, KernelImpl, KernelRegistry
+from interlock.kernels import reference as _reference  # noqa: F401  (registers the torch ops)
+from interlock.kernels import triton as _triton  # noqa: F401  (registers the Triton ops, lazily)
+from interlock.kernels.registry import (
+    REGISTRY,
+    KernelChoice,
+    KernelError,
+    KernelImpl,
+    KernelRegistry,
+)
 
 __all__ = ["REGISTRY", "KernelChoice", "KernelError", "KernelImpl", "KernelRegistry"]

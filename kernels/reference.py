@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.registry import REGISTRY
+from interlock.kernels.registry import REGISTRY
 
 torch_op = REGISTRY.implement  # all ops below: backend "torch", every platform and dtype
 

@@ -2,7 +2,7 @@
 
 Plugin authors need ``hookimpl`` and the spec models::
 
-    from plugins import RunnerSpec, PlatformSupport, hookimpl
+    from interlock.plugins import RunnerSpec, PlatformSupport, hookimpl
 
 The host reads ``load_registry()``. Importing this package does not import
 pluggy: ``hookimpl``/``hookspec`` load it on first use, so a cached
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
-from plugins.manager import add_plugin, load_registry, remove_plugin, reset
-from plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner
-from plugins.settings import PluginError
-from plugins.spec import (
+from interlock.plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
+from interlock.plugins.manager import add_plugin, load_registry, remove_plugin, reset
+from interlock.plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner
+from interlock.plugins.settings import PluginError
+from interlock.plugins.spec import (
     KernelSpec,
     PlatformSupport,
     RunnerSpec,
@@ -25,7 +25,7 @@ from plugins.spec import (
     Unsupported,
     load_import_path,
 )
-from policy.fields import CUDAGRAPH_MODES
+from interlock.policy.fields import CUDAGRAPH_MODES
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -52,7 +52,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("hookimpl", "hookspec"):
-        from plugins import hookspecs
+        from interlock.plugins import hookspecs
 
         return getattr(hookspecs, name)
     raise AttributeError(f"module 'plugins' has no attribute {name!r}")

@@ -16,13 +16,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from plugins.api import PLUGIN_API_VERSION
-from plugins.registry import PluginRegistry
-from plugins.settings import Settings
-from policy.disk_cache import read_entry, write_entry
+from interlock.plugins.api import PLUGIN_API_VERSION
+from interlock.plugins.registry import PluginRegistry
+from interlock.plugins.settings import Settings
+from interlock.policy.disk_cache import read_entry, write_entry
 
 if TYPE_CHECKING:
-    from plugins.discovery import Discovery
+    from interlock.plugins.discovery import Discovery
 
 NO_CACHE_ENV = "INTERLOCK_NO_PLUGIN_CACHE"
 #: Bump when the pickled dataclasses change shape in a way file stats would not reveal.

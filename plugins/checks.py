@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plugins.registry import PluginRegistry
+from interlock.plugins.registry import PluginRegistry
 
 
 def unserved_cudagraph(

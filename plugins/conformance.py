@@ -1,4 +1,4 @@
-"""The conformance checks a runner plugin runs against itself (see ``plugins.testing``).
+"""The conformance checks a runner plugin runs against itself (see ``interlock.plugins.testing``).
 
 Each check returns findings (empty when the plugin conforms), so the same
 checks serve pytest, a CI script or an interactive session.
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plugins.discovery import PluginSource, Settings, discover, summarize
-from plugins.registry import PluginRecord, PluginRegistry
-from plugins.spec import load_import_path
+from interlock.plugins.discovery import PluginSource, Settings, discover, summarize
+from interlock.plugins.registry import PluginRecord, PluginRegistry
+from interlock.plugins.spec import load_import_path
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def check_factories(record: PluginRecord) -> list[Finding]:
 
 def check_kernels(record: PluginRecord) -> list[Finding]:
     """Kernel specs name known ops and importable functions (imports kernels, hence torch)."""
-    from kernels import REGISTRY
+    from interlock.kernels import REGISTRY
 
     found = []
     for spec in record.kernels:
@@ -165,9 +165,9 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     import tempfile
     from pathlib import Path
 
-    from policy.context import detect_platform
-    from runners.contract import RunDecision
-    from runners.mrv1.runner import MRV1Runner
+    from interlock.policy.context import detect_platform
+    from interlock.runners.contract import RunDecision
+    from interlock.runners.mrv1.runner import MRV1Runner
 
     platform = detect_platform()[0]
     found = []
@@ -205,8 +205,8 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
 
 
 def _generate(model: object, platform: str, runner: object, decision: object) -> list[list[int]]:
-    from runners.engine.sampling import SamplingParams
-    from runners.llm import LLM
+    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.llm import LLM
 
     llm = LLM(
         model, load_format="dummy", dtype="float32",

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from plugins.api import ENTRY_POINT_GROUP, api_incompatibility
-from plugins.registry import PluginRecord, PluginRegistry
-from plugins.settings import STRICT_ENV, PluginError, Settings
-from plugins.spec import KernelSpec, RunnerSpec, SpecError
+from interlock.plugins.api import ENTRY_POINT_GROUP, api_incompatibility
+from interlock.plugins.registry import PluginRecord, PluginRegistry
+from interlock.plugins.settings import STRICT_ENV, PluginError, Settings
+from interlock.plugins.spec import KernelSpec, RunnerSpec, SpecError
 
 SpecT = TypeVar("SpecT", RunnerSpec, KernelSpec)
 
@@ -68,7 +68,7 @@ def entry_point_sources() -> list[PluginSource]:
 def discover(sources: Sequence[PluginSource], settings: Settings) -> Discovery:
     import pluggy
 
-    from plugins.hookspecs import PROJECT, Hooks
+    from interlock.plugins.hookspecs import PROJECT, Hooks
 
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(Hooks)
@@ -113,7 +113,7 @@ def _record(src: PluginSource, status: str, detail: str = "", **provided: Any) -
 
 
 def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
-    from plugins.hookspecs import HOOK_NAMES
+    from interlock.plugins.hookspecs import HOOK_NAMES
 
     plugin = None
     try:
@@ -187,7 +187,7 @@ def summarize(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     # The line to show is the plugin's own: skip the import system, pluggy and this package.
-    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "plugins"))
+    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "interlock.plugins"))
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pluggy
 
-from plugins.spec import KernelSpec, RunnerSpec
+from interlock.plugins.spec import KernelSpec, RunnerSpec
 
 PROJECT = "interlock"
 

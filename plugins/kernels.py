@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from plugins.discovery import summarize
-from plugins.manager import load_registry
-from plugins.registry import PluginRegistry
-from plugins.settings import STRICT_ENV, PluginError
-from plugins.spec import KernelSpec, load_import_path
+from interlock.plugins.discovery import summarize
+from interlock.plugins.manager import load_registry
+from interlock.plugins.registry import PluginRegistry
+from interlock.plugins.settings import STRICT_ENV, PluginError
+from interlock.plugins.spec import KernelSpec, load_import_path
 
 
 @dataclass
@@ -35,7 +35,7 @@ def install_plugin_kernels(
     plugin whose kernels cannot be installed is reported in ``failed`` and its
     other kernels are still tried; with ``INTERLOCK_PLUGINS_STRICT=1`` it raises.
     """
-    from kernels.registry import KernelImpl
+    from interlock.kernels.registry import KernelImpl
 
     plugin_registry = plugin_registry or load_registry()
     report = KernelInstall()

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from plugins import cache
-from plugins.registry import PluginRegistry
-from plugins.settings import Settings
+from interlock.plugins import cache
+from interlock.plugins.registry import PluginRegistry
+from interlock.plugins.settings import Settings
 
 if TYPE_CHECKING:
-    from plugins.discovery import PluginSource
+    from interlock.plugins.discovery import PluginSource
 
 _in_process: dict[str, PluginSource] = {}
 _memo: dict[tuple, PluginRegistry] = {}
@@ -33,7 +33,7 @@ def load_registry(env: Mapping[str, str] | None = None, *, refresh: bool = False
     registry = cache.load(settings) if use_cache and not refresh else None
     if registry is None:
         # Only a cache miss pays for importlib.metadata, pluggy and the plugins' modules.
-        from plugins.discovery import discover, entry_point_sources
+        from interlock.plugins.discovery import discover, entry_point_sources
 
         found = discover([*entry_point_sources(), *_in_process.values()], settings)
         if use_cache:
@@ -47,7 +47,7 @@ def add_plugin(
     plugin: object, name: str, *, distribution: str = "in-process", version: str = "0"
 ) -> None:
     """Register a plugin object without installing it (tests, notebooks)."""
-    from plugins.discovery import PluginSource
+    from interlock.plugins.discovery import PluginSource
 
     if name in _in_process:
         raise ValueError(f"an in-process plugin named {name!r} is already registered")

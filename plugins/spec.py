@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugins.api import check_api_range
-from policy.fields import CUDAGRAPH_MODES, RUNNER_NAME
+from interlock.plugins.api import check_api_range
+from interlock.policy.fields import CUDAGRAPH_MODES, RUNNER_NAME
 
 if TYPE_CHECKING:
-    from policy.conditions import When
+    from interlock.policy.conditions import When
 
 # Boolean facts of the context a runner may require on a platform, with what
 # each one means in a message ("mrv2 requires Triton on cuda").
@@ -129,9 +129,9 @@ class Unsupported:
     def __post_init__(self) -> None:
         # The engine's own parser (one condition language for rules and plugins);
         # it is the one place that imports pydantic, and runs only at declaration.
-        from policy.conditions import build_when
-        from policy.errors import PolicyError
-        from policy.schema import validate_when
+        from interlock.policy.conditions import build_when
+        from interlock.policy.errors import PolicyError
+        from interlock.policy.schema import validate_when
 
         _text("feature", self.feature)
         if not isinstance(self.when, Mapping) or not self.when:

@@ -3,10 +3,10 @@
 In a plugin's own tests::
 
     # conftest.py
-    pytest_plugins = ["plugins.testing"]
+    pytest_plugins = ["interlock.plugins.testing"]
 
     # test_conformance.py
-    from plugins.testing import RunnerPluginConformance
+    from interlock.plugins.testing import RunnerPluginConformance
     import my_plugin
 
     class TestMyPlugin(RunnerPluginConformance):
@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import pytest
 
-from plugins.conformance import (
+from interlock.plugins.conformance import (
     MODEL_CHECKS,
     Finding,
     check_capabilities,
@@ -35,8 +35,8 @@ from plugins.conformance import (
     check_loads,
     load_for_conformance,
 )
-from plugins.manager import add_plugin, load_registry, remove_plugin
-from plugins.registry import PluginRecord
+from interlock.plugins.manager import add_plugin, load_registry, remove_plugin
+from interlock.plugins.registry import PluginRecord
 
 RegisterPlugin = Callable[..., PluginRecord]
 
@@ -45,7 +45,7 @@ RegisterPlugin = Callable[..., PluginRecord]
 def register_plugin() -> Iterator[RegisterPlugin]:
     """``register_plugin(obj, name, distribution=..., version=...)`` -> its PluginRecord.
 
-    The plugin is part of ``plugins.load_registry()`` until the test ends.
+    The plugin is part of ``interlock.plugins.load_registry()`` until the test ends.
     """
     names: list[str] = []
 

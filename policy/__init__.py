@@ -2,7 +2,7 @@
 
 The public API is loaded lazily so that ``import policy`` stays cheap::
 
-    from policy import load_policy, make_context, resolve
+    from interlock.policy import load_policy, make_context, resolve
     res = resolve(load_policy(), make_context("GlmMoeDsaForCausalLM", platform="rocm"))
     res.decision.runner, res.provenance["runner"].source
 """
@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from interlock import __version__
 
 _EXPORTS = {
-    "PolicyError": "policy.errors",
-    "Policy": "policy.model",
-    "load_policy": "policy.loader",
-    "load_policy_text": "policy.loader",
-    "Context": "policy.context",
-    "make_context": "policy.context",
-    "Decision": "policy.resolution",
-    "Resolution": "policy.resolution",
-    "resolve": "policy.resolution",
-    "parse_when": "policy.conditions",
-    "Facts": "policy.conditions",
+    "PolicyError": "interlock.policy.errors",
+    "Policy": "interlock.policy.model",
+    "load_policy": "interlock.policy.loader",
+    "load_policy_text": "interlock.policy.loader",
+    "Context": "interlock.policy.context",
+    "make_context": "interlock.policy.context",
+    "Decision": "interlock.policy.resolution",
+    "Resolution": "interlock.policy.resolution",
+    "resolve": "interlock.policy.resolution",
+    "parse_when": "interlock.policy.conditions",
+    "Facts": "interlock.policy.conditions",
 }
 
 __all__ = [
@@ -43,12 +43,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from policy.conditions import Facts, parse_when
-    from policy.context import Context, make_context
-    from policy.errors import PolicyError
-    from policy.loader import load_policy, load_policy_text
-    from policy.model import Policy
-    from policy.resolution import Decision, Resolution, resolve
+    from interlock.policy.conditions import Facts, parse_when
+    from interlock.policy.context import Context, make_context
+    from interlock.policy.errors import PolicyError
+    from interlock.policy.loader import load_policy, load_policy_text
+    from interlock.policy.model import Policy
+    from interlock.policy.resolution import Decision, Resolution, resolve
 
 
 def __getattr__(name: str) -> Any:

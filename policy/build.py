@@ -6,13 +6,21 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.conditions import build_when
-from policy.errors import PolicyError
-from policy.fields import REQUIRED_FIELDS, check_field
-from policy.index import RuleIndex
-from policy.model import CatalogEntry, EnvBinding, Location, Policy, PolicyFile, Rule, Setting
-from policy.schema import SCHEMA_VERSION, PolicyFileModel, validate_file
-from policy.source import Path_, SourceDoc, parse_yaml
+from interlock.policy.conditions import build_when
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import REQUIRED_FIELDS, check_field
+from interlock.policy.index import RuleIndex
+from interlock.policy.model import (
+    CatalogEntry,
+    EnvBinding,
+    Location,
+    Policy,
+    PolicyFile,
+    Rule,
+    Setting,
+)
+from interlock.policy.schema import SCHEMA_VERSION, PolicyFileModel, validate_file
+from interlock.policy.source import Path_, SourceDoc, parse_yaml
 
 
 @dataclass

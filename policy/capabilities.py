@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
-from plugins.spec import REQUIRABLE_FACTS
-from policy.conditions import FeatureMatch, NameMatch
-from policy.context import ASSUMED
-from policy.errors import PolicyError
-from policy.fields import show_scalar
-from policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
+from interlock.plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
+from interlock.plugins.spec import REQUIRABLE_FACTS
+from interlock.policy.conditions import FeatureMatch, NameMatch
+from interlock.policy.context import ASSUMED
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import show_scalar
+from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
 
 if TYPE_CHECKING:
-    from policy.resolution import Draft
+    from interlock.policy.resolution import Draft
 
 #: The next cudagraph mode to try when one is unsupported; `none` is always served.
 DOWNGRADE = {
@@ -52,7 +52,8 @@ class CapabilityError(PolicyError):
 
 
 class CapabilityStage:
-    """Stage 5 as ``policy.resolution`` takes it: hashable (by identity), callable on a draft."""
+    """Stage 5 as ``interlock.policy.resolution`` takes it: hashable (by identity), callable
+    on a draft."""
 
     def __init__(self, registry: PluginRegistry) -> None:
         self.registry = registry

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fnmatch import translate
 from typing import Any
 
-from policy.fields import TRAITS
+from interlock.policy.fields import TRAITS
 
 NAME_KEYS = ("architecture", "platform", "device_arch")
 _GLOB_CHARS = frozenset("*?[")
@@ -226,9 +226,9 @@ def build_when(data: Mapping[str, Any]) -> When:
 def parse_when(data: Mapping[str, Any]) -> When:
     """Validate a `when` mapping (the policy-file syntax) and build it; for plugins and tools.
 
-    Raises :class:`policy.errors.PolicyError` naming the offending key and value.
+    Raises :class:`interlock.policy.errors.PolicyError` naming the offending key and value.
     """
-    from policy.schema import validate_when
+    from interlock.policy.schema import validate_when
 
     return build_when(validate_when(data))
 

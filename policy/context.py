@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policy.errors import PolicyError
-from policy.fields import TRAITS
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import TRAITS
 
 GIVEN = "given"
 DETECTED = "detected"

@@ -2,7 +2,7 @@
 
 Both policies are resolved (stages 1-4, without a runner's capabilities, which
 belong to the installed plugins rather than to the policy) on every context of
-:class:`policy.domain.Domain` over both; a change is a field whose value
+:class:`interlock.policy.domain.Domain` over both; a change is a field whose value
 differs, reported with what decided it on each side. Changes are grouped by
 (field, old value, new value), then by the pair of deciders, and their
 contexts are summarised as compactly as the domain allows
@@ -16,13 +16,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.context import Context
-from policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
-from policy.errors import PolicyError
-from policy.fields import DECISION_FIELDS
-from policy.model import Policy
-from policy.resolution import Resolution, resolve
-from policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
+from interlock.policy.context import Context
+from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import DECISION_FIELDS
+from interlock.policy.model import Policy
+from interlock.policy.resolution import Resolution, resolve
+from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: The pseudo-field of a change where one side fails to resolve (or both, differently).
 OUTCOME = "outcome"

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from policy.conditions import FeatureMatch, NameMatch, When, is_glob
-from policy.context import Context
-from policy.model import Policy
+from interlock.policy.conditions import FeatureMatch, NameMatch, When, is_glob
+from interlock.policy.context import Context
+from interlock.policy.model import Policy
 
 #: Platforms every domain includes: those interlock detects by itself.
 BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")

@@ -6,10 +6,10 @@ import json
 import os
 from typing import IO, Any
 
-from policy.conditions import Failure
-from policy.fields import DECISION_FIELDS
-from policy.resolution import Resolution
-from policy.trace import RULES, Provenance, Step
+from interlock.policy.conditions import Failure
+from interlock.policy.fields import DECISION_FIELDS
+from interlock.policy.resolution import Resolution
+from interlock.policy.trace import RULES, Provenance, Step
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 #: Items of a wanted list shown in text before "… +N more" (JSON always has them all).
@@ -85,7 +85,7 @@ def _context_lines(res: Resolution, s: _Style) -> list[str]:
     if res.in_catalog:
         arch_note += f", in the catalog at {res.policy.catalog[ctx.architecture].location}"
     else:
-        from policy.suggest import hint
+        from interlock.policy.suggest import hint
 
         arch_note += ", not in the catalog: its traits are unknown unless read from --model"
         arch_note += hint(ctx.architecture, res.policy.catalog)

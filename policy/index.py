@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.conditions import NameMatch, TraitMatch, is_glob
-from policy.model import Rule
+from interlock.policy.conditions import NameMatch, TraitMatch, is_glob
+from interlock.policy.model import Rule
 
 _CACHE_LIMIT = 4096
 

@@ -22,9 +22,9 @@ SCHEMA_FILES = {
 def json_schema(kind: str) -> dict[str, Any]:
     """The JSON Schema of ``kind`` (``policy`` or ``tests``)."""
     if kind == "policy":
-        from policy.schema import PolicyFileModel as model
+        from interlock.policy.schema import PolicyFileModel as model
     elif kind == "tests":
-        from policy.testfile import TestsFileModel as model
+        from interlock.policy.testfile import TestsFileModel as model
     else:
         raise ValueError(f"unknown schema {kind!r}; known: {', '.join(SCHEMA_FILES)}")
     schema = model.model_json_schema()

@@ -3,7 +3,7 @@
 A check is a function ``(subject) -> Iterable[Finding]`` listed in :data:`CHECKS`;
 a new one is one function and one line there. The :class:`Subject` gives checks
 the layered policy, each file's source positions and, computed once on demand,
-which rules match and decide where in :class:`policy.domain.Domain`.
+which rules match and decide where in :class:`interlock.policy.domain.Domain`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
-from policy.domain import Domain
-from policy.errors import PolicyError
-from policy.fields import DECISION_FIELDS, TRAITS, show_scalar
-from policy.model import Location, Policy, Rule
-from policy.resolution import resolve
-from policy.source import Path_, SourceDoc
-from policy.suggest import hint
-from policy.trace import RULES
+from interlock.policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
+from interlock.policy.domain import Domain
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import DECISION_FIELDS, TRAITS, show_scalar
+from interlock.policy.model import Location, Policy, Rule
+from interlock.policy.resolution import resolve
+from interlock.policy.source import Path_, SourceDoc
+from interlock.policy.suggest import hint
+from interlock.policy.trace import RULES
 
 ERROR = "error"
 WARNING = "warning"
@@ -163,8 +163,8 @@ def unknown_runners(subject: Subject) -> Iterator[Finding]:
 def unserved_cudagraph_modes(subject: Subject) -> Iterator[Finding]:
     """Warnings: a rule sets a cudagraph mode that no registered runner (the rule's own runner
     when it sets one) serves on a platform the rule can match; stage 5 would always downgrade."""
-    from plugins import load_registry
-    from plugins.checks import unserved_cudagraph
+    from interlock.plugins import load_registry
+    from interlock.plugins.checks import unserved_cudagraph
 
     registry = load_registry()
     for rule in subject.policy.rules:
@@ -336,7 +336,7 @@ CHECKS: tuple[Check, ...] = (
 
 def registered_runners() -> RunnerCheck:
     """Runner names as the plugin registry knows them (the built-in runners are plugins too)."""
-    from plugins import load_registry
+    from interlock.plugins import load_registry
 
     registry = load_registry()
     names = set(registry.runner_names())
@@ -362,10 +362,10 @@ def lint_paths(
     *,
     runners: Sequence[str] | None = None,
 ) -> list[Finding]:
-    """Check the policy files that :func:`policy.loader.policy_paths` picks for ``paths``;
+    """Check the policy files that :func:`interlock.policy.loader.policy_paths` picks for ``paths``;
     ``runners`` defaults to the registered ones."""
-    from policy.loader import policy_paths
-    from policy.source import read_source
+    from interlock.policy.loader import policy_paths
+    from interlock.policy.source import read_source
 
     sources: list[tuple[str, bytes]] = []
     findings: list[Finding] = []
@@ -384,9 +384,9 @@ def lint_sources(
 ) -> list[Finding]:
     """Check layered ``(display name, content)`` sources: loader errors first; only a policy
     that loads is linted. ``runners`` defaults to the registered ones."""
-    from policy.loader import load_policy_sources
-    from policy.schema import validate_file
-    from policy.source import parse_yaml
+    from interlock.policy.loader import load_policy_sources
+    from interlock.policy.schema import validate_file
+    from interlock.policy.source import parse_yaml
 
     findings: list[Finding] = []
     docs: dict[str, SourceDoc] = {}

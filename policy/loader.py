@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from policy.disk_cache import read_entry, write_entry
-from policy.errors import PolicyError
-from policy.model import Policy
-from policy.source import MAX_FILE_BYTES, read_source
+from interlock.policy.disk_cache import read_entry, write_entry
+from interlock.policy.errors import PolicyError
+from interlock.policy.model import Policy
+from interlock.policy.source import MAX_FILE_BYTES, read_source
 
 #: Bump when the pickled dataclasses change shape in a way file stats would not reveal.
 CACHE_FORMAT = 1
@@ -66,7 +66,7 @@ def load_policy_sources(sources: list[tuple[str, bytes]], *, use_cache: bool = T
         cached = read_entry("policy", key)
         if isinstance(cached, Policy):
             return cached
-    from policy.build import build_policy
+    from interlock.policy.build import build_policy
 
     policy = build_policy(hashed, revision)
     if use_cache:
@@ -76,7 +76,7 @@ def load_policy_sources(sources: list[tuple[str, bytes]], *, use_cache: bool = T
 
 def _code_fingerprint() -> str:
     """Identifies the code that pickled an entry: format, Python, and the policy modules' stats."""
-    from policy import __version__
+    from interlock.policy import __version__
 
     parts = [str(CACHE_FORMAT), __version__, sys.version]
     with os.scandir(_PACKAGE_DIR) as entries:

@@ -1,7 +1,7 @@
 """Deciding how to run one model on this machine: the resolution `policy run` and
-``runners.llm.LLM`` share, and the line naming who chose each field it acts on.
+``interlock.runners.llm.LLM`` share, and the line naming who chose each field it acts on.
 
-torch is imported only where the platform is detected (``policy.context``).
+torch is imported only where the platform is detected (``interlock.policy.context``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from policy.context import MODEL_CONFIG, PROCESS_ENV, Context, make_context, traits_from_config
-from policy.fields import show_scalar
-from policy.model import Policy
-from policy.trace import Provenance
+from interlock.policy.context import (
+    MODEL_CONFIG,
+    PROCESS_ENV,
+    Context,
+    make_context,
+    traits_from_config,
+)
+from interlock.policy.fields import show_scalar
+from interlock.policy.model import Policy
+from interlock.policy.trace import Provenance
 
 if TYPE_CHECKING:
-    from policy.resolution import Resolution
+    from interlock.policy.resolution import Resolution
 
 DEMO = "demo"
 #: Each decision field a run acts on, in the order the log line names them.
@@ -41,8 +47,8 @@ def resolve_model_run(
     capabilities of the registered runner plugins. The keywords are ``make_context``'s
     (platform detected when None). Raises ``PolicyError`` (``CapabilityError`` when
     something forced is unsupported)."""
-    from policy.capabilities import capability_stage
-    from policy.resolution import resolve
+    from interlock.policy.capabilities import capability_stage
+    from interlock.policy.resolution import resolve
 
     context = _model_context(
         model, platform=platform, device_arch=device_arch, features=features, env=env,
@@ -87,7 +93,7 @@ def _model_context(model: str | os.PathLike[str], **common: Any) -> Context:
     """The context of the run: the model's architecture and traits, and ``common``."""
     if os.fspath(model) != DEMO:
         return make_context(None, model=model, **common)
-    from runners.model.demo import DEMO_CONFIG
+    from interlock.runners.model.demo import DEMO_CONFIG
 
     context = make_context(DEMO_CONFIG["architectures"][0], **common)
     traits = traits_from_config(DEMO_CONFIG)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from policy.policytest import TestRun
-    from policy.testfile import LoadedCase
+    from interlock.policy.policytest import TestRun
+    from interlock.policy.testfile import LoadedCase
 
 SUFFIX = ".tests.yaml"
 #: Tests file name -> the run its items add their results to (for the coverage summary).
@@ -34,11 +34,11 @@ class PolicyCaseFailed(Exception):
 
 class PolicyTestsFile(pytest.File):
     def collect(self) -> list[pytest.Item]:
-        from policy.errors import PolicyError
-        from policy.loader import load_policy_sources
-        from policy.policytest import TestRun
-        from policy.source import read_source
-        from policy.testfile import load_tests, policy_path_for
+        from interlock.policy.errors import PolicyError
+        from interlock.policy.loader import load_policy_sources
+        from interlock.policy.policytest import TestRun
+        from interlock.policy.source import read_source
+        from interlock.policy.testfile import load_tests, policy_path_for
 
         name = self._display(self.path)
         policy_path = policy_path_for(self.path)
@@ -71,8 +71,8 @@ class PolicyCaseItem(pytest.Item):
         self.run = run
 
     def runtest(self) -> None:
-        from policy.capabilities import capability_stage
-        from policy.policytest import render_result, run_case
+        from interlock.policy.capabilities import capability_stage
+        from interlock.policy.policytest import render_result, run_case
 
         result = run_case(self.run.policy, self.case, capabilities=capability_stage())
         self.run.results.append(result)
@@ -93,7 +93,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     runs = {name: run for name, run in config.stash.get(_RUNS, {}).items() if run.results}
     if not runs:
         return
-    from policy.policytest import render_coverage
+    from interlock.policy.policytest import render_coverage
 
     terminalreporter.section("policy rule coverage")
     for name, run in runs.items():

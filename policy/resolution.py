@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from policy.conditions import Facts
-from policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
-from policy.errors import PolicyError
-from policy.fields import DECISION_FIELDS, check_field
-from policy.model import Policy, Rule
-from policy.trace import (
+from interlock.policy.conditions import Facts
+from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
+from interlock.policy.errors import PolicyError
+from interlock.policy.fields import DECISION_FIELDS, check_field
+from interlock.policy.model import Policy, Rule
+from interlock.policy.trace import (
     DEFAULTS,
     ENV,
     IMPLIED,

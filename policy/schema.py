@@ -1,7 +1,7 @@
 """The policy file format (schema_version 1) as pydantic models; errors mapped to file:line:col.
 
 Only the loader (on a cache miss) and tools that validate `when` mappings import
-this module; the resolver works on the plain dataclasses of :mod:`policy.model`.
+this module; the resolver works on the plain dataclasses of :mod:`interlock.policy.model`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from policy.errors import PolicyError, dotted
-from policy.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
-from policy.source import Path_, SourceDoc
-from policy.suggest import hint
+from interlock.policy.errors import PolicyError, dotted
+from interlock.policy.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
+from interlock.policy.source import Path_, SourceDoc
+from interlock.policy.suggest import hint
 
 SCHEMA_VERSION = 1
 

@@ -23,10 +23,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from policy.errors import PolicyError
-from policy.model import Location
-from policy.schema import DecisionFields, EnvName, Name, RuleId, Scalar, validate_doc
-from policy.source import SourceDoc, parse_yaml, read_source
+from interlock.policy.errors import PolicyError
+from interlock.policy.model import Location
+from interlock.policy.schema import DecisionFields, EnvName, Name, RuleId, Scalar, validate_doc
+from interlock.policy.source import SourceDoc, parse_yaml, read_source
 
 TESTS_SCHEMA_VERSION = 1
 #: ``X.tests.yaml`` holds the cases of the policy ``X.yaml`` beside it.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.conditions import Failure
-from policy.model import Location
+from interlock.policy.conditions import Failure
+from interlock.policy.model import Location
 
 DEFAULTS = "defaults"
 RULES = "rules"

@@ -3,8 +3,8 @@
 A runner executes a model for the engine. Its lifecycle is two calls:
 
 1. ``load(model, kv_cache, decision)`` — once. Build the kernel dispatch
-   (``runners.dispatch.build_kernel_table``), load the model
-   (``runners.model.checkpoint.load_model``), allocate the paged KV cache
+   (``interlock.runners.dispatch.build_kernel_table``), load the model
+   (``interlock.runners.model.checkpoint.load_model``), allocate the paged KV cache
    described by ``kv_cache`` and bind it to the model, and prepare whatever
    the ``decision`` asks for: capture the graphs of its cudagraph mode (for
    batches up to ``model.max_num_seqs`` sequences and
@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from runners.graphs.report import GraphReport
-from runners.model.config import ModelConfig
+from interlock.runners.graphs.report import GraphReport
+from interlock.runners.model.config import ModelConfig
 
 CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")

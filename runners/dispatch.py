@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from kernels import REGISTRY, KernelChoice
+from interlock.kernels import REGISTRY, KernelChoice
 
 
 @dataclass(frozen=True)

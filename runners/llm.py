@@ -1,7 +1,7 @@
 """The Python API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
-    from runners.llm import LLM
-    from runners.engine.sampling import SamplingParams
+    from interlock.runners.llm import LLM
+    from interlock.runners.engine.sampling import SamplingParams
 
     llm = LLM("demo")
     [out] = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
@@ -9,7 +9,7 @@
 
 A model directory with a ``tokenizer.json`` also accepts text prompts and
 returns text. Without a ``decision`` the policy decides, exactly as
-``policy run`` does (``policy.model_run``): for the model's architecture and
+``policy run`` does (``interlock.policy.model_run``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
-from policy.context import detect_platform, has_triton_fact
-from policy.loader import load_policy
-from policy.model_run import (
+from interlock.policy.context import detect_platform, has_triton_fact
+from interlock.policy.loader import load_policy
+from interlock.policy.model_run import (
     GIVEN_BY_CALLER,
     LOGGED_FIELDS,
     decided_by,
@@ -42,15 +42,15 @@ from policy.model_run import (
     process_env,
     resolve_model_run,
 )
-from runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
-from runners.engine.engine import Engine, EngineConfig
-from runners.engine.kv_cache import plan_kv_cache
-from runners.engine.request import Request
-from runners.engine.sampling import SamplingParams
-from runners.model.checkpoint import resolve_dtype, resolve_model
+from interlock.runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
+from interlock.runners.engine.engine import Engine, EngineConfig
+from interlock.runners.engine.kv_cache import plan_kv_cache
+from interlock.runners.engine.request import Request
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
 
 if TYPE_CHECKING:
-    from policy.resolution import Decision, Resolution
+    from interlock.policy.resolution import Decision, Resolution
 
 Prompt = str | Sequence[int]
 LOG = logging.getLogger("interlock")
@@ -202,7 +202,7 @@ class LLM:
 def runner_from_plugin(name: str) -> Runner:
     """A fresh runner object from the plugin that registers runner ``name`` (its spec's
     factory); an unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
-    from plugins import load_import_path, load_registry
+    from interlock.plugins import load_import_path, load_registry
 
     registered = load_registry().runner(name)
     runner = load_import_path(registered.spec.factory)()

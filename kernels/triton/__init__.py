@@ -12,21 +12,21 @@ import functools
 import importlib
 import sys
 
-from kernels.registry import DTYPES, PLATFORMS, REGISTRY, KernelImpl
+from interlock.kernels.registry import DTYPES, PLATFORMS, REGISTRY, KernelImpl
 
 BACKEND = "triton"
 
 KERNELS = {
-    "rms_norm": "kernels.triton.norm:rms_norm",
-    "fused_add_rms_norm": "kernels.triton.norm:fused_add_rms_norm",
-    "silu_and_mul": "kernels.triton.activation:silu_and_mul",
-    "rotary_embedding": "kernels.triton.rotary:rotary_embedding",
-    "store_kv_cache": "kernels.triton.kv_cache:store_kv_cache",
-    "paged_attention": "kernels.triton.attention:paged_attention",
-    "paged_decode_attention": "kernels.triton.attention:paged_decode_attention",
-    "moe_route": "kernels.triton.moe:moe_route",
-    "moe_experts": "kernels.triton.moe:moe_experts",
-    "sample": "kernels.triton.sampling:sample",
+    "rms_norm": "interlock.kernels.triton.norm:rms_norm",
+    "fused_add_rms_norm": "interlock.kernels.triton.norm:fused_add_rms_norm",
+    "silu_and_mul": "interlock.kernels.triton.activation:silu_and_mul",
+    "rotary_embedding": "interlock.kernels.triton.rotary:rotary_embedding",
+    "store_kv_cache": "interlock.kernels.triton.kv_cache:store_kv_cache",
+    "paged_attention": "interlock.kernels.triton.attention:paged_attention",
+    "paged_decode_attention": "interlock.kernels.triton.attention:paged_decode_attention",
+    "moe_route": "interlock.kernels.triton.moe:moe_route",
+    "moe_experts": "interlock.kernels.triton.moe:moe_experts",
+    "sample": "interlock.kernels.triton.sampling:sample",
 }
 """op -> lazy "module:function" target."""
 
@@ -52,7 +52,7 @@ def unavailable(platform: str) -> str | None:
     if not triton.knobs.runtime.interpret:
         return ("triton kernels need a GPU; on cpu they run only in Triton's interpreter "
                 "(set TRITON_INTERPRET=1 before the kernels are imported)")
-    runtime = sys.modules.get("kernels.triton.runtime")
+    runtime = sys.modules.get("interlock.kernels.triton.runtime")
     if runtime is not None and not runtime.INTERPRETED:
         return ("TRITON_INTERPRET=1 was set after the triton kernels were imported, so they were "
                 "built for a GPU; set it before anything imports kernels.triton modules")

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import dot_operands, tile_groups, unit_stride
+from interlock.kernels.triton.runtime import dot_operands, tile_groups, unit_stride
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton.runtime import unit_stride, warps_for
+from interlock.kernels.triton.runtime import unit_stride, warps_for
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""Subcommands of ``policy``; see :mod:`policy.cli` for the contract each module follows."""
+"""Subcommands of ``policy``; :mod:`interlock.policy.cli` states the contract of each module."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy.commands.common import add_policy_args, write_json
+from interlock.policy.commands.common import add_policy_args, write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.lint import lint_paths, summary
+    from interlock.policy.lint import lint_paths, summary
 
     findings = lint_paths(args.policy)
     errors, warnings, failed = summary(findings, strict=args.strict)

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from policy.fields import parse_scalar
-from policy.model import Policy
+from interlock.policy.fields import parse_scalar
+from interlock.policy.model import Policy
 
 GIVEN_ENV = "given with --env"
 
@@ -88,7 +88,7 @@ def write_json(document: Any) -> None:
 
 
 def load(args: argparse.Namespace) -> Policy:
-    from policy.loader import load_policy
+    from interlock.policy.loader import load_policy
 
     return load_policy(args.policy)
 
@@ -99,9 +99,9 @@ def env_of(
     """Values of the policy's env bindings: the process environment (if ``process``), then
     ``--env``; returns ``(env, sources)``. An ``--env`` name the policy does not bind is an
     error."""
-    from policy.errors import PolicyError
-    from policy.model_run import process_env
-    from policy.suggest import hint
+    from interlock.policy.errors import PolicyError
+    from interlock.policy.model_run import process_env
+    from interlock.policy.suggest import hint
 
     env, sources = process_env(policy) if process else ({}, {})
     for name, value in args.env:
@@ -129,14 +129,14 @@ def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]
 
 
 def context_of(args: argparse.Namespace, policy: Policy) -> Any:
-    from policy.context import make_context
+    from interlock.policy.context import make_context
 
     return make_context(args.architecture, model=args.model, **context_flags_of(args, policy))
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
-    from policy.errors import PolicyError
-    from policy.fields import parse_field
+    from interlock.policy.errors import PolicyError
+    from interlock.policy.fields import parse_field
 
     overrides = {}
     for name, text in args.set:
@@ -149,8 +149,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_args(args: argparse.Namespace) -> Any:
     """Load, build the context and resolve: the shared body of explain and resolve."""
-    from policy.capabilities import capability_stage
-    from policy.resolution import resolve
+    from interlock.policy.capabilities import capability_stage
+    from interlock.policy.resolution import resolve
 
     policy = load(args)
     context = context_of(args, policy)

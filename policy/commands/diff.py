@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from policy.commands.common import write_json
-from policy.errors import PolicyError
+from interlock.policy.commands.common import write_json
+from interlock.policy.errors import PolicyError
 
 GIT_PREFIX = "git:"
 DEFAULT_GIT_PATH = "policies.yaml"
@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fields(text: str) -> list[str]:
-    from policy.fields import DECISION_FIELDS
+    from interlock.policy.fields import DECISION_FIELDS
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     for name in names:
@@ -58,9 +58,9 @@ def _fields(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.diff import diff_policies, render_text, to_json
-    from policy.fields import DECISION_FIELDS
-    from policy.loader import load_policy_sources
+    from interlock.policy.diff import diff_policies, render_text, to_json
+    from interlock.policy.fields import DECISION_FIELDS
+    from interlock.policy.loader import load_policy_sources
 
     old = load_policy_sources([read_policy_arg(args.old)])
     new = load_policy_sources([read_policy_arg(args.new)])
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def read_policy_arg(spec: str) -> tuple[str, bytes]:
     """``(display name, content)`` of a policy file or a ``git:REV[:path]`` revision."""
     if not spec.startswith(GIT_PREFIX):
-        from policy.source import read_source
+        from interlock.policy.source import read_source
 
         return spec, read_source(Path(spec), spec)
     rev, _, path = spec[len(GIT_PREFIX) :].partition(":")
@@ -86,7 +86,7 @@ def read_policy_arg(spec: str) -> tuple[str, bytes]:
 
 
 def _git_show(rev: str, path: str, spec: str) -> bytes:
-    from policy.source import MAX_FILE_BYTES
+    from interlock.policy.source import MAX_FILE_BYTES
 
     try:
         done = subprocess.run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy.commands.common import add_context_args, resolve_args
+from interlock.policy.commands.common import add_context_args, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy import explain
+    from interlock.policy import explain
 
     resolution = resolve_args(args)
     if args.json:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from policy.commands.common import write_json
+from interlock.policy.commands.common import write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plugins import PLUGIN_API_VERSION, load_registry
+    from interlock.plugins import PLUGIN_API_VERSION, load_registry
 
     registry = load_registry(refresh=True)
     problems = [f"plugin {p.provider} {p.status_line}" for p in registry.failed()]

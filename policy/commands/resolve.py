@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy.commands.common import add_context_args, resolve_args
+from interlock.policy.commands.common import add_context_args, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.explain import render_json
+    from interlock.policy.explain import render_json
 
     sys.stdout.write(render_json(resolve_args(args)))
     return 0

@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.jsonschema import render
+    from interlock.policy.jsonschema import render
 
     sys.stdout.write(render(args.kind))
     return 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policy.commands.common import add_env_args, add_policy_args, env_of, load
-from policy.model import Policy
+from interlock.policy.commands.common import add_env_args, add_policy_args, env_of, load
+from interlock.policy.model import Policy
 
 BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 
@@ -32,10 +32,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.capabilities import capability_stage
-    from policy.context import Context
-    from policy.explain import render_table
-    from policy.resolution import resolve
+    from interlock.policy.capabilities import capability_stage
+    from interlock.policy.context import Context
+    from interlock.policy.explain import render_table
+    from interlock.policy.resolution import resolve
 
     policy = load(args)
     env, _ = env_of(args, policy, process=False)

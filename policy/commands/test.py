@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from policy.commands.common import add_policy_args
+from interlock.policy.commands.common import add_policy_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,13 +41,13 @@ def _percent(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.capabilities import capability_stage
-    from policy.commands.common import load
-    from policy.errors import PolicyError
-    from policy.explain import use_color
-    from policy.loader import policy_paths
-    from policy.policytest import render_result, render_summary, run_cases
-    from policy.testfile import load_tests, tests_path_for
+    from interlock.policy.capabilities import capability_stage
+    from interlock.policy.commands.common import load
+    from interlock.policy.errors import PolicyError
+    from interlock.policy.explain import use_color
+    from interlock.policy.loader import policy_paths
+    from interlock.policy.policytest import render_result, render_summary, run_cases
+    from interlock.policy.testfile import load_tests, tests_path_for
 
     policy = load(args)
     paths = [Path(f) for f in args.files]

@@ -8,10 +8,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runners.contract import KVCacheSpec, ModelSpec, RunDecision, Runner, RunnerReport
-from runners.engine.request import Request
-from runners.engine.sampling import SamplingParams
-from runners.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig
+from interlock.runners.contract import KVCacheSpec, ModelSpec, RunDecision, Runner, RunnerReport
+from interlock.runners.engine.request import Request
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig
 
 
 @dataclass(frozen=True)

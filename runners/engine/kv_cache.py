@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from runners.contract import KVCacheSpec
-from runners.model.config import ModelConfig
+from interlock.runners.contract import KVCacheSpec
+from interlock.runners.model.config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from runners.engine.sampling import SamplingParams
+from interlock.runners.engine.sampling import SamplingParams
 
 
 class RequestStatus(Enum):

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
-from runners.engine.kv_cache import BlockAllocator, blocks_for
-from runners.engine.request import Request, RequestStatus
+from interlock.runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
+from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
+from interlock.runners.engine.request import Request, RequestStatus
 
 
 class RequestRejected(ValueError):

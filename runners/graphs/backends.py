@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from runners.graphs.segments import (
+from interlock.runners.graphs.segments import (
     AttentionBreak,
     Outputs,
     Program,
@@ -34,7 +34,7 @@ from runners.graphs.segments import (
     SegmentFn,
     as_outputs,
 )
-from runners.model.attention import Attention, AttentionMetadata, attention_split
+from interlock.runners.model.attention import Attention, AttentionMetadata, attention_split
 
 DEBUG_ENV = "INTERLOCK_DEBUG_GRAPHS"
 BACKENDS = ("auto", "cuda", "debug")

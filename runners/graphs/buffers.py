@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runners.model.attention import AttentionMetadata
+from interlock.runners.model.attention import AttentionMetadata
 
 
 @dataclass(frozen=True)

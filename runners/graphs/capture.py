@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from runners.graphs.backends import CaptureError, GraphBackend
-from runners.graphs.buffers import ForwardInputs
-from runners.graphs.modes import Strategy
-from runners.graphs.plan import GraphKey
-from runners.graphs.segments import (
+from interlock.runners.graphs.backends import CaptureError, GraphBackend
+from interlock.runners.graphs.buffers import ForwardInputs
+from interlock.runners.graphs.modes import Strategy
+from interlock.runners.graphs.plan import GraphKey
+from interlock.runners.graphs.segments import (
     AttentionBreak,
     Outputs,
     Program,
@@ -38,7 +38,7 @@ from runners.graphs.segments import (
     SegmentedProgram,
     SegmentFn,
 )
-from runners.model.decoder import CausalLM, ForwardPiece
+from interlock.runners.model.decoder import CausalLM, ForwardPiece
 
 FAIL_ENV = "INTERLOCK_GRAPHS_FAIL_CAPTURE"
 

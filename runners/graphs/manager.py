@@ -7,13 +7,13 @@ from collections import Counter
 
 import torch
 
-from runners.graphs.backends import GraphBackend, select_backend
-from runners.graphs.buffers import ForwardInputs, StaticInputs
-from runners.graphs.capture import ForcedFailures, capture_program
-from runners.graphs.plan import CapturePlan, GraphKey
-from runners.graphs.report import CapturedGraph, GraphReport
-from runners.graphs.segments import Program
-from runners.model.decoder import CausalLM
+from interlock.runners.graphs.backends import GraphBackend, select_backend
+from interlock.runners.graphs.buffers import ForwardInputs, StaticInputs
+from interlock.runners.graphs.capture import ForcedFailures, capture_program
+from interlock.runners.graphs.plan import CapturePlan, GraphKey
+from interlock.runners.graphs.report import CapturedGraph, GraphReport
+from interlock.runners.graphs.segments import Program
+from interlock.runners.model.decoder import CausalLM
 
 
 class GraphManager:

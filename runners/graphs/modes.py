@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from runners.contract import CUDAGRAPH_MODES
+from interlock.runners.contract import CUDAGRAPH_MODES
 
 
 class Strategy(str, Enum):

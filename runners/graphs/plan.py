@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from runners.graphs.modes import Strategy, eager_reason, strategy_for
-from runners.graphs.sizes import CaptureSizes
+from interlock.runners.graphs.modes import Strategy, eager_reason, strategy_for
+from interlock.runners.graphs.sizes import CaptureSizes
 
 #: Which batches a key serves: pure decode, mixed, or both (attention eager between segments).
 BATCH_KINDS = ("decode", "mixed", "any")

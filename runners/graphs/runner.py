@@ -19,9 +19,9 @@ from typing import ClassVar
 
 import torch
 
-from kernels import KernelChoice
-from plugins import RunnerSpec
-from runners.contract import (
+from interlock.kernels import KernelChoice
+from interlock.plugins import RunnerSpec
+from interlock.runners.contract import (
     KernelReport,
     KVCacheSpec,
     ModelSpec,
@@ -30,14 +30,14 @@ from runners.contract import (
     RunnerReport,
     ScheduledBatch,
 )
-from runners.dispatch import KernelTable, build_kernel_table, platform_of
-from runners.graphs.buffers import ForwardInputs, SamplingInputs
-from runners.graphs.capture import forward_logits
-from runners.graphs.manager import GraphManager
-from runners.graphs.plan import CapturePlan
-from runners.model.checkpoint import load_model
-from runners.model.decoder import CausalLM
-from runners.model.kv_cache import allocate_kv_cache
+from interlock.runners.dispatch import KernelTable, build_kernel_table, platform_of
+from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
+from interlock.runners.graphs.capture import forward_logits
+from interlock.runners.graphs.manager import GraphManager
+from interlock.runners.graphs.plan import CapturePlan
+from interlock.runners.model.checkpoint import load_model
+from interlock.runners.model.decoder import CausalLM
+from interlock.runners.model.kv_cache import allocate_kv_cache
 
 
 class RunnerError(RuntimeError):

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from runners.model.attention import Attention, AttentionMetadata
+from interlock.runners.model.attention import Attention, AttentionMetadata
 
 Outputs = tuple[torch.Tensor, ...]
 SegmentFn = Callable[[], Outputs]

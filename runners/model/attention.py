@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from runners.dispatch import KernelTable
+from interlock.runners.dispatch import KernelTable
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from runners.contract import MODEL_DTYPES, ModelSpec
-from runners.dispatch import KernelTable, build_kernel_table
-from runners.model import demo
-from runners.model.config import ModelConfig, load_config
-from runners.model.decoder import CausalLM
-from runners.model.dummy import DummyTensors
+from interlock.runners.contract import MODEL_DTYPES, ModelSpec
+from interlock.runners.dispatch import KernelTable, build_kernel_table
+from interlock.runners.model import demo
+from interlock.runners.model.config import ModelConfig, load_config
+from interlock.runners.model.decoder import CausalLM
+from interlock.runners.model.dummy import DummyTensors
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *MODEL_DTYPES)

@@ -5,7 +5,7 @@ Llama, Mistral, Qwen2/3 and their MoE variants differ only in what their
 dense MLP per layer) and in checkpoint names, so one class serves them all.
 
 The forward is written to be capturable: tensors in, tensors out, no host
-syncs, and every attention goes through ``runners.model.attention.Attention``.
+syncs, and every attention goes through ``interlock.runners.model.attention.Attention``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runners.dispatch import KernelTable
-from runners.model.attention import Attention, AttentionMetadata
-from runners.model.config import ModelConfig
-from runners.model.layers import CheckpointSlots, DenseMLP, Linear, SelfAttention, empty_weight
-from runners.model.moe import SparseMoE
-from runners.model.rope import cos_sin_cache
+from interlock.runners.dispatch import KernelTable
+from interlock.runners.model.attention import Attention, AttentionMetadata
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.layers import (
+    CheckpointSlots,
+    DenseMLP,
+    Linear,
+    SelfAttention,
+    empty_weight,
+)
+from interlock.runners.model.moe import SparseMoE
+from interlock.runners.model.rope import cos_sin_cache
 
 Tensor = torch.Tensor
 PieceFn = Callable[[Tensor | None, Tensor | None], tuple[Tensor, Tensor]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runners.model.config import ModelConfig, parse_config
+from interlock.runners.model.config import ModelConfig, parse_config
 
 DEMO = "demo"
 DEMO_SEED = 20260901

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from runners.contract import KVCacheSpec
-from runners.model.checkpoint import DTYPES
-from runners.model.config import ModelConfig
+from interlock.runners.contract import KVCacheSpec
+from interlock.runners.model.checkpoint import DTYPES
+from interlock.runners.model.config import ModelConfig
 
 
 def allocate_kv_cache(

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runners.dispatch import KernelTable
-from runners.model.attention import Attention, AttentionMetadata
-from runners.model.config import ModelConfig
+from interlock.runners.dispatch import KernelTable
+from interlock.runners.model.attention import Attention, AttentionMetadata
+from interlock.runners.model.config import ModelConfig
 
 CheckpointSlots = Iterator[tuple[str, torch.Tensor]]  # (checkpoint tensor name, view to fill)
 

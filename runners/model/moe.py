@@ -6,9 +6,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from runners.dispatch import KernelTable
-from runners.model.config import ModelConfig
-from runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
+from interlock.runners.dispatch import KernelTable
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
 
 # Checkpoint names of an expert's (gate, up, down) projections, per naming style.
 EXPERT_NAMES = {

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from runners.model.config import RopeConfig
+from interlock.runners.model.config import RopeConfig
 
 
 def cos_sin_cache(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """mrv1: the classic model runner (host-side input preparation into static buffers).
 
-Torch-free on import; the runner itself lives in ``runners.mrv1.runner``, its capture plan
-in ``runners.mrv1.graphs``.
+Torch-free on import; the runner itself lives in ``interlock.runners.mrv1.runner``, its capture plan
+in ``interlock.runners.mrv1.graphs``.
 """

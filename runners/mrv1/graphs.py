@@ -9,9 +9,9 @@ first; at each size the decode graph, then the mixed one.
 
 from __future__ import annotations
 
-from runners.graphs.modes import Strategy
-from runners.graphs.plan import BATCH_KINDS, CapturePlan, GraphKey, Route
-from runners.graphs.sizes import CaptureSizes
+from interlock.runners.graphs.modes import Strategy
+from interlock.runners.graphs.plan import BATCH_KINDS, CapturePlan, GraphKey, Route
+from interlock.runners.graphs.sizes import CaptureSizes
 
 
 class MRV1Plan(CapturePlan):

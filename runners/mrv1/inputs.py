@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runners.contract import ScheduledBatch
-from runners.graphs.buffers import ForwardInputs, SamplingInputs
-from runners.model.attention import AttentionMetadata
+from interlock.runners.contract import ScheduledBatch
+from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
+from interlock.runners.model.attention import AttentionMetadata
 
 
 @dataclass(frozen=True)

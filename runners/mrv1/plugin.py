@@ -6,7 +6,7 @@ runner. Cheap to import: declarations only, the runner is loaded by path.
 
 from __future__ import annotations
 
-from plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, Unsupported, hookimpl
+from interlock.plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, Unsupported, hookimpl
 
 PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 # Where graphs are CUDA graphs (torch.cuda serves HIP too) and torch.compile of
@@ -45,7 +45,7 @@ SPEC = RunnerSpec(
     plugin_api=">=1.0,<2",
     platforms={platform: graph_support(platform) for platform in PLATFORMS},
     unsupported=NOT_YET_SUPPORTED,
-    factory="runners.mrv1.runner:MRV1Runner",
+    factory="interlock.runners.mrv1.runner:MRV1Runner",
 )
 
 

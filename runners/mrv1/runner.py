@@ -1,21 +1,26 @@
 """mrv1: per-step input preparation on the host (numpy), copied into static device buffers.
 
 The classic runner: each step's inputs are built on the host from the
-scheduled batch (``runners.mrv1.inputs``), padded to the graph key's shape and
+scheduled batch (``interlock.runners.mrv1.inputs``), padded to the graph key's shape and
 copied into its static buffers, or moved as they are for an eager step. Its
-capture plan is ``runners.mrv1.graphs.MRV1Plan``; graph capture, replay,
+capture plan is ``interlock.runners.mrv1.graphs.MRV1Plan``; graph capture, replay,
 kernel dispatch and sampling come from the shared base.
 """
 
 from __future__ import annotations
 
-from runners.contract import ModelSpec, RunDecision, ScheduledBatch
-from runners.graphs.buffers import ForwardInputs, SamplingInputs
-from runners.graphs.runner import GraphRunner, RunnerError
-from runners.graphs.sizes import CaptureSizes
-from runners.mrv1.graphs import MRV1Plan
-from runners.mrv1.inputs import copy_to_static, prepare_host_inputs, sampling_to_device, to_device
-from runners.mrv1.plugin import SPEC
+from interlock.runners.contract import ModelSpec, RunDecision, ScheduledBatch
+from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
+from interlock.runners.graphs.runner import GraphRunner, RunnerError
+from interlock.runners.graphs.sizes import CaptureSizes
+from interlock.runners.mrv1.graphs import MRV1Plan
+from interlock.runners.mrv1.inputs import (
+    copy_to_static,
+    prepare_host_inputs,
+    sampling_to_device,
+    to_device,
+)
+from interlock.runners.mrv1.plugin import SPEC
 
 __all__ = ["MRV1Runner", "RunnerError"]
 

@@ -11,9 +11,9 @@ largest first.
 
 from __future__ import annotations
 
-from runners.graphs.modes import Strategy
-from runners.graphs.plan import CapturePlan, GraphKey, Route
-from runners.graphs.sizes import CaptureSizes
+from interlock.runners.graphs.modes import Strategy
+from interlock.runners.graphs.plan import CapturePlan, GraphKey, Route
+from interlock.runners.graphs.sizes import CaptureSizes
 
 
 class MRV2Plan(CapturePlan):

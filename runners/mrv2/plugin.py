@@ -6,8 +6,8 @@ it requires Triton, and an automatic choice without it falls back to mrv1.
 
 from __future__ import annotations
 
-from plugins import RunnerSpec, hookimpl
-from runners.mrv1.plugin import NOT_YET_SUPPORTED, PLATFORMS, graph_support
+from interlock.plugins import RunnerSpec, hookimpl
+from interlock.runners.mrv1.plugin import NOT_YET_SUPPORTED, PLATFORMS, graph_support
 
 GPU_PLATFORMS = ("cuda", "rocm", "xpu")
 TRITON = frozenset({"has_triton"})
@@ -23,7 +23,7 @@ SPEC = RunnerSpec(
     },
     unsupported=NOT_YET_SUPPORTED,
     fallback="mrv1",
-    factory="runners.mrv2.runner:MRV2Runner",
+    factory="interlock.runners.mrv2.runner:MRV2Runner",
 )
 
 

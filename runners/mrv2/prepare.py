@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import REGISTRY, KernelImpl
-from kernels.registry import DTYPES, PLATFORMS
-from kernels.triton import unavailable as triton_unavailable
-from runners.graphs.buffers import ForwardInputs
-from runners.mrv2.states import RequestStates, StepRows
+from interlock.kernels import REGISTRY, KernelImpl
+from interlock.kernels.registry import DTYPES, PLATFORMS
+from interlock.kernels.triton import unavailable as triton_unavailable
+from interlock.runners.graphs.buffers import ForwardInputs
+from interlock.runners.mrv2.states import RequestStates, StepRows
 
 OP = "mrv2_prepare_inputs"
 
@@ -104,7 +104,7 @@ def prepare_inputs(
 
 REGISTRY.register(
     KernelImpl(
-        OP, "triton", "runners.mrv2.prepare_triton:prepare_inputs", frozenset(PLATFORMS),
+        OP, "triton", "interlock.runners.mrv2.prepare_triton:prepare_inputs", frozenset(PLATFORMS),
         frozenset(DTYPES), unavailable=triton_unavailable,
     )
 )

@@ -1,4 +1,4 @@
-"""The Triton implementation of ``mrv2_prepare_inputs`` (contract: ``runners.mrv2.prepare``).
+"""The Triton ``mrv2_prepare_inputs`` (contract: ``interlock.runners.mrv2.prepare``).
 
 One program per padded sequence, plus one that pads the token rows: a real
 sequence writes its tokens' ids, positions and slots, its length, logits row
@@ -98,7 +98,7 @@ def prepare_inputs(
     block_tables: torch.Tensor,
     logits_indices: torch.Tensor,
 ) -> None:
-    """See ``runners.mrv2.prepare.prepare_inputs``."""
+    """See ``interlock.runners.mrv2.prepare.prepare_inputs``."""
     padded_seqs = seq_lens.shape[0]
     named = {
         "rows": rows, "query_start_loc": query_start_loc, "num_computed": num_computed,

@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import torch
 
-from kernels import REGISTRY, KernelChoice, KernelError
-from kernels.triton import unavailable as triton_unavailable
-from runners.contract import KVCacheSpec, ModelSpec, RunDecision, ScheduledBatch
-from runners.dispatch import platform_of
-from runners.graphs.buffers import ForwardInputs, SamplingInputs
-from runners.graphs.runner import GraphRunner, RunnerError
-from runners.graphs.sizes import CaptureSizes
-from runners.model.attention import AttentionMetadata
-from runners.mrv2.graphs import MRV2Plan
-from runners.mrv2.plugin import SPEC
-from runners.mrv2.prepare import OP as PREPARE_OP
-from runners.mrv2.prepare import prepare_step
-from runners.mrv2.states import RequestStates, StepRows
+from interlock.kernels import REGISTRY, KernelChoice, KernelError
+from interlock.kernels.triton import unavailable as triton_unavailable
+from interlock.runners.contract import KVCacheSpec, ModelSpec, RunDecision, ScheduledBatch
+from interlock.runners.dispatch import platform_of
+from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
+from interlock.runners.graphs.runner import GraphRunner, RunnerError
+from interlock.runners.graphs.sizes import CaptureSizes
+from interlock.runners.model.attention import AttentionMetadata
+from interlock.runners.mrv2.graphs import MRV2Plan
+from interlock.runners.mrv2.plugin import SPEC
+from interlock.runners.mrv2.prepare import OP as PREPARE_OP
+from interlock.runners.mrv2.prepare import prepare_step
+from interlock.runners.mrv2.states import RequestStates, StepRows
 
 
 class MRV2Runner(GraphRunner):

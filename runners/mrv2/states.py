@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runners.contract import ScheduledBatch
+from interlock.runners.contract import ScheduledBatch
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from graph_cases import CAPTURE_SIZES, run_case
 
-from runners.contract import CUDAGRAPH_MODES, RunDecision
-from runners.mrv1.runner import MRV1Runner
-from runners.mrv2.runner import MRV2Runner
+from interlock.runners.contract import CUDAGRAPH_MODES, RunDecision
+from interlock.runners.mrv1.runner import MRV1Runner
+from interlock.runners.mrv2.runner import MRV2Runner
 
 RUNNERS = {"mrv1": MRV1Runner, "mrv2": MRV2Runner}
 # Blocks of 16, the size the Triton attention kernels are tuned for.

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runners.contract import CUDAGRAPH_MODES
-from runners.graphs.modes import Strategy, strategy_for
-from runners.graphs.sizes import CaptureSizes, auto_capture_sizes
-from runners.mrv1.graphs import MRV1Plan
-from runners.mrv2.graphs import MRV2Plan
+from interlock.runners.contract import CUDAGRAPH_MODES
+from interlock.runners.graphs.modes import Strategy, strategy_for
+from interlock.runners.graphs.sizes import CaptureSizes, auto_capture_sizes
+from interlock.runners.mrv1.graphs import MRV1Plan
+from interlock.runners.mrv2.graphs import MRV2Plan
 
 E, F, P, B = Strategy.EAGER, Strategy.FULL, Strategy.PIECEWISE, Strategy.BREAKABLE
 

@@ -8,12 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import REGISTRY
-from runners.contract import Sampling, ScheduledBatch, ScheduledSequence
-from runners.graphs.buffers import StaticInputs
-from runners.mrv1.inputs import prepare_host_inputs
-from runners.mrv2.prepare import OP, prepare_step
-from runners.mrv2.states import RequestStates
+from interlock.kernels import REGISTRY
+from interlock.runners.contract import Sampling, ScheduledBatch, ScheduledSequence
+from interlock.runners.graphs.buffers import StaticInputs
+from interlock.runners.mrv1.inputs import prepare_host_inputs
+from interlock.runners.mrv2.prepare import OP, prepare_step
+from interlock.runners.mrv2.states import RequestStates
 
 BLOCK = 4
 WIDTH = 8

@@ -13,12 +13,12 @@ import pytest
 import torch
 from graph_cases import CAPTURE_SIZES, run_case
 
-from runners.contract import CUDAGRAPH_MODES, RunDecision
-from runners.graphs.capture import FAIL_ENV
-from runners.graphs.modes import Strategy, strategy_for
-from runners.graphs.runner import RunnerError
-from runners.mrv1.runner import MRV1Runner
-from runners.mrv2.runner import MRV2Runner
+from interlock.runners.contract import CUDAGRAPH_MODES, RunDecision
+from interlock.runners.graphs.capture import FAIL_ENV
+from interlock.runners.graphs.modes import Strategy, strategy_for
+from interlock.runners.graphs.runner import RunnerError
+from interlock.runners.mrv1.runner import MRV1Runner
+from interlock.runners.mrv2.runner import MRV2Runner
 
 RUNNERS = {"mrv1": MRV1Runner, "mrv2": MRV2Runner}
 

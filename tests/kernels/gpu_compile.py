@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kernels.triton import activation, attention, kv_cache, moe, norm, rotary, sampling  # noqa: E402  # noqa: E402
+from interlock.kernels.triton import activation, attention, kv_cache, moe, norm, rotary, sampling  # noqa: E402  # noqa: E402
 
 _SIGNATURE_DTYPES = {
     torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernels import REGISTRY
+from interlock.kernels import REGISTRY
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED else "cuda"

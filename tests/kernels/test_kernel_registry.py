@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from kernel_checks import PLATFORM
 
-import kernels.triton as triton_kernels
-from kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
-from kernels.registry import FORCE_ENV
+import interlock.kernels.triton as triton_kernels
+from interlock.kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
+from interlock.kernels.registry import FORCE_ENV
 
 TRITON_OPS = sorted(triton_kernels.KERNELS)
 
@@ -52,7 +52,7 @@ def test_triton_forced_by_argument_or_environment(monkeypatch: pytest.MonkeyPatc
     by_env = REGISTRY.select("rms_norm", PLATFORM, "float32")
     for choice in (by_argument, by_env):
         assert choice.impl.backend == "triton" and choice.reason == "forced triton"
-        assert choice.fn.__module__ == "kernels.triton.norm"
+        assert choice.fn.__module__ == "interlock.kernels.triton.norm"
 
 
 def test_torch_forced_on_a_gpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +76,8 @@ def test_kernels_built_before_the_interpreter_was_enabled_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setitem(sys.modules, "kernels.triton.runtime", SimpleNamespace(INTERPRETED=False))
+    runtime = SimpleNamespace(INTERPRETED=False)
+    monkeypatch.setitem(sys.modules, "interlock.kernels.triton.runtime", runtime)
     reason = triton_kernels.unavailable("cpu")
     assert reason is not None and "set after the triton kernels were imported" in reason
 

@@ -17,7 +17,7 @@ from kernel_checks import (
     triton_op,
 )
 
-from kernels.triton import attention
+from interlock.kernels.triton import attention
 
 BLOCK_SIZE = 16
 # Context lengths at the edges: empty (padding), one token, block and partition boundaries.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from plugins import (
+from interlock.plugins import (
     KernelSpec,
     PlatformSupport,
     PluginRecord,
@@ -14,7 +14,7 @@ from plugins import (
     Unsupported,
     hookimpl,
 )
-from policy.fields import CUDAGRAPH_MODES
+from interlock.policy.fields import CUDAGRAPH_MODES
 
 EVERY_MODE = PlatformSupport(cudagraph=CUDAGRAPH_MODES, breakable=True, compile=True)
 EAGER_ONLY = PlatformSupport(cudagraph={"none"})
@@ -88,7 +88,7 @@ def make_dist(
 
 
 SPEC_MODULE = """
-from plugins import PlatformSupport, RunnerSpec, hookimpl
+from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
 
 @hookimpl
 def interlock_runner_specs():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from plugin_builders import make_dist, spec_module
 
-import plugins
-from plugins import cache, discovery
-from plugins.settings import Settings
+from interlock import plugins
+from interlock.plugins import cache, discovery
+from interlock.plugins.settings import Settings
 
 
 @pytest.fixture

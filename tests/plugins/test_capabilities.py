@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from plugin_builders import EAGER_ONLY, EVERY_MODE, PIPELINE, record, registry_of, spec
 
-import policy.context
-from plugins import PlatformSupport, PluginRegistry
-from policy import load_policy_text, make_context, resolve
-from policy.capabilities import CapabilityError, capability_stage
-from policy.trace import CAPABILITIES
+import interlock.policy.context
+from interlock.plugins import PlatformSupport, PluginRegistry
+from interlock.policy import load_policy_text, make_context, resolve
+from interlock.policy.capabilities import CapabilityError, capability_stage
+from interlock.policy.trace import CAPABILITIES
 
 GPU_NEEDS_TRITON = PlatformSupport(
     cudagraph=EVERY_MODE.cudagraph, breakable=True, compile=True, requires={"has_triton"}
@@ -256,7 +256,9 @@ def test_has_triton_origins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert given.source("features.has_triton") == "given"
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(policy.context, "detect_platform", lambda: ("cuda", "sm_90", "test"))
+    monkeypatch.setattr(
+        interlock.policy.context, "detect_platform", lambda: ("cuda", "sm_90", "test")
+    )
     monkeypatch.setattr(
         importlib.util,
         "find_spec",

@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plugin_builders import PIPELINE, registry_of, spec
 
-from plugins import PlatformSupport, PluginRegistry, RunnerSpec, Unsupported
-from policy import load_policy_text
-from policy.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
-from policy.conditions import Facts
-from policy.context import Context
-from policy.fields import CUDAGRAPH_MODES
-from policy.resolution import Draft
-from policy.trace import CAPABILITIES, DEFAULTS, ENV, OVERRIDES, RULES, Provenance
+from interlock.plugins import PlatformSupport, PluginRegistry, RunnerSpec, Unsupported
+from interlock.policy import load_policy_text
+from interlock.policy.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
+from interlock.policy.conditions import Facts
+from interlock.policy.context import Context
+from interlock.policy.fields import CUDAGRAPH_MODES
+from interlock.policy.resolution import Draft
+from interlock.policy.trace import CAPABILITIES, DEFAULTS, ENV, OVERRIDES, RULES, Provenance
 
 NAMES = ("r0", "r1", "r2", "r3")
 SPECULATIVE = Unsupported("speculative decoding", {"features": {"speculative": {"ne": False}}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plugin_builders import EAGER_ONLY, EVERY_MODE, registry_of, spec
 
-from plugins.checks import unserved_cudagraph
+from interlock.plugins.checks import unserved_cudagraph
 
 REGISTRY = registry_of(
     spec("eager", {"cpu": EAGER_ONLY, "cuda": EAGER_ONLY}),

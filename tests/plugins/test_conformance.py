@@ -7,33 +7,34 @@ import importlib.util
 import pytest
 from plugin_builders import EAGER_ONLY, EVERY_MODE, Declares, registry_of, spec
 
-import runners.mrv1.plugin
-import runners.mrv2.plugin
-from plugins import KernelSpec, Unsupported, load_registry
-from plugins.conformance import (
+import interlock.runners.mrv1.plugin
+import interlock.runners.mrv2.plugin
+from interlock.plugins import KernelSpec, Unsupported, load_registry
+from interlock.plugins.conformance import (
     check_capabilities,
     check_factories,
     check_kernels,
     check_loads,
     load_for_conformance,
 )
-from plugins.testing import RunnerPluginConformance
+from interlock.plugins.testing import RunnerPluginConformance
 
 
 class TestMrv1(RunnerPluginConformance):
-    plugin = runners.mrv1.plugin
+    plugin = interlock.runners.mrv1.plugin
 
 
 class TestMrv2(RunnerPluginConformance):
-    plugin = runners.mrv2.plugin
+    plugin = interlock.runners.mrv2.plugin
 
     def test_factories_importable(self, record) -> None:  # type: ignore[no-untyped-def]
-        if importlib.util.find_spec("runners.mrv2.runner") is None:
+        if importlib.util.find_spec("interlock.runners.mrv2.runner") is None:
             # The MRV2 runner object is not written yet: the kit must say so, clearly.
             [finding] = check_factories(record)
-            assert "runners.mrv2.runner:MRV2Runner is not importable: ModuleNotFoundError" in (
-                str(finding)
+            wanted = (
+                "interlock.runners.mrv2.runner:MRV2Runner is not importable: ModuleNotFoundError"
             )
+            assert wanted in str(finding)
         else:
             super().test_factories_importable(record)
 
@@ -54,10 +55,10 @@ def test_unimportable_factory_is_reported_with_the_reason() -> None:
 
 def test_factory_that_is_not_callable() -> None:
     record = load_for_conformance(
-        Declares(spec("odd", factory="policy.fields:CUDAGRAPH_MODES")), "odd"
+        Declares(spec("odd", factory="interlock.policy.fields:CUDAGRAPH_MODES")), "odd"
     )
     assert messages(check_factories(record)) == [
-        "factory: odd: policy.fields:CUDAGRAPH_MODES is a tuple, not callable"
+        "factory: odd: interlock.policy.fields:CUDAGRAPH_MODES is a tuple, not callable"
     ]
 
 
@@ -109,7 +110,7 @@ def test_kernel_declarations() -> None:
     bad = KernelSpec(
         op="rms_nrom",
         backend="mine",
-        target="policy.fields:CUDAGRAPH_MODES",
+        target="interlock.policy.fields:CUDAGRAPH_MODES",
         platforms={"cpu"},
         dtypes={"float32"},
         plugin_api=">=1",
@@ -117,4 +118,6 @@ def test_kernel_declarations() -> None:
     record = load_for_conformance(Declares(kernels=(bad,)), "kernels")
     found = messages(check_kernels(record))
     assert found[0].startswith("kernels: rms_nrom/mine: unknown op 'rms_nrom'; ops: ")
-    assert found[1] == "kernels: rms_nrom/mine: policy.fields:CUDAGRAPH_MODES is not callable"
+    assert found[1] == (
+        "kernels: rms_nrom/mine: interlock.policy.fields:CUDAGRAPH_MODES is not callable"
+    )

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from plugin_builders import Declares, make_dist, spec, spec_module
 
-import plugins
-from plugins import PlatformSupport, PluginError, RunnerSpec, hookimpl
-from plugins.discovery import PluginSource, discover
-from plugins.settings import Settings
+from interlock import plugins
+from interlock.plugins import PlatformSupport, PluginError, RunnerSpec, hookimpl
+from interlock.plugins.discovery import PluginSource, discover
+from interlock.plugins.settings import Settings
 
 
 def _installed(
@@ -34,8 +34,8 @@ def test_builtins_register_through_entry_points() -> None:
     registry = plugins.load_registry(refresh=True)
     builtins = {p.name: p for p in registry.plugins if p.distribution == "interlock"}
     assert {name: p.source for name, p in builtins.items()} == {
-        "mrv1": "runners.mrv1.plugin",
-        "mrv2": "runners.mrv2.plugin",
+        "mrv1": "interlock.runners.mrv1.plugin",
+        "mrv2": "interlock.runners.mrv2.plugin",
     }
     assert all(p.status == "ok" for p in builtins.values())
     assert {"mrv1", "mrv2"} <= set(registry.runner_names())
@@ -215,7 +215,7 @@ def test_incompatible_api_is_skipped_before_anything_else_runs() -> None:
 
 
 def test_kernel_specs_are_collected() -> None:
-    from plugins import KernelSpec
+    from interlock.plugins import KernelSpec
 
     kernel = KernelSpec(
         op="rms_norm",
@@ -260,7 +260,7 @@ def test_failed_plugin_is_mentioned_only_for_runners_it_may_provide() -> None:
 
 
 def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from policy.cli import main
+    from interlock.policy.cli import main
 
     _installed(
         tmp_path,
@@ -283,7 +283,7 @@ def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys)
 
 
 def test_strict_failures_reach_the_cli_as_errors(register_plugin, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    from policy.cli import main
+    from interlock.policy.cli import main
 
     class Raises:
         @hookimpl

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from policy.loader import shipped_policy_path
+from interlock.policy.loader import shipped_policy_path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eager-runner-plugin"
 SITE_POLICY = """\
@@ -65,7 +65,7 @@ def run(
     workdir: Path,
     *args: str,
     installed: bool = True,
-    module: str = "policy.cli",
+    module: str = "interlock.policy.cli",
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_", "VLLM_"))}

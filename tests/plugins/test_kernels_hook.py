@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from plugins import KernelSpec, PluginError, hookimpl, load_registry
-from plugins.kernels import install_plugin_kernels
+from interlock.plugins import KernelSpec, PluginError, hookimpl, load_registry
+from interlock.plugins.kernels import install_plugin_kernels
 
-kernels_registry = pytest.importorskip("kernels.registry")
+kernels_registry = pytest.importorskip("interlock.kernels.registry")
 
 
 def reference_silu(x):  # type: ignore[no-untyped-def]

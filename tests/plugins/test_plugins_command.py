@@ -6,7 +6,7 @@ import json
 
 from plugin_builders import EAGER_ONLY, Declares, spec
 
-from plugins import KernelSpec, RunnerSpec, hookimpl
+from interlock.plugins import KernelSpec, RunnerSpec, hookimpl
 
 KERNEL = KernelSpec(
     op="silu_and_mul",

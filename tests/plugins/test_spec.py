@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from plugin_builders import EAGER_ONLY, spec
 
-from plugins import KernelSpec, PlatformSupport, SpecError, Unsupported
-from policy.fields import CUDAGRAPH_MODES
-from runners.mrv1.plugin import SPEC as MRV1
-from runners.mrv2.plugin import SPEC as MRV2
+from interlock.plugins import KernelSpec, PlatformSupport, SpecError, Unsupported
+from interlock.policy.fields import CUDAGRAPH_MODES
+from interlock.runners.mrv1.plugin import SPEC as MRV1
+from interlock.runners.mrv2.plugin import SPEC as MRV2
 
 
 def test_builtins_declare_vllm_capabilities() -> None:
@@ -27,8 +27,8 @@ def test_builtins_declare_vllm_capabilities() -> None:
     assert {p for p, s in MRV2.platforms.items() if s.requires} == {"cuda", "rocm", "xpu"}
     assert MRV2.platforms["cuda"].requires == ("has_triton",)
     assert (MRV1.fallback, MRV2.fallback) == (None, "mrv1")
-    assert MRV1.factory == "runners.mrv1.runner:MRV1Runner"
-    assert MRV2.factory == "runners.mrv2.runner:MRV2Runner"
+    assert MRV1.factory == "interlock.runners.mrv1.runner:MRV1Runner"
+    assert MRV2.factory == "interlock.runners.mrv2.runner:MRV2Runner"
 
 
 def test_sets_are_stored_distinct_in_canonical_order() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from policy import Policy, load_policy
+from interlock.policy import Policy, load_policy
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from policy import load_policy, make_context, resolve
-from policy.disk_cache import cache_dir
+from interlock.policy import load_policy, make_context, resolve
+from interlock.policy.disk_cache import cache_dir
 
 
 def entries() -> list[Path]:
@@ -65,7 +65,7 @@ def test_unwritable_cache_only_costs_speed(write, base, monkeypatch, tmp_path) -
 
 
 def test_errors_are_not_cached(write, base) -> None:
-    from policy import PolicyError
+    from interlock.policy import PolicyError
 
     path = write("p.yaml", base.replace("schema_version: 1", "schema_version: 9"))
     for _ in range(2):
@@ -84,7 +84,7 @@ def test_memo_is_not_pickled(write, base) -> None:
 
 WARM = """
 import sys
-from policy.cli import main
+from interlock.policy.cli import main
 code = main(["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950"])
 heavy = sorted(m for m in ("yaml", "pydantic", "torch") if m in sys.modules)
 print("HEAVY", heavy, code)

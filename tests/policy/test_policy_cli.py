@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from policy.explain import use_color
+from interlock.policy.explain import use_color
 
 GLM = ("GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950")
 
@@ -231,7 +231,7 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch) -> None:
 
 
 def test_colour_text(monkeypatch, cli) -> None:
-    from policy import explain
+    from interlock.policy import explain
 
     monkeypatch.setattr(explain, "use_color", lambda stream: True)
     _, out, _ = cli("explain", *GLM)
@@ -265,8 +265,8 @@ def test_importing_policy_and_its_cli_does_not_import_torch() -> None:
         "import importlib, pkgutil, sys, policy.commands\n"
         "import policy, policy.cli, policy.resolution, policy.loader, policy.explain\n"
         "for m in pkgutil.iter_modules(policy.commands.__path__):\n"
-        "    importlib.import_module('policy.commands.' + m.name)\n"
-        "assert 'policy.commands.run' in sys.modules\n"
+        "    importlib.import_module('interlock.policy.commands.' + m.name)\n"
+        "assert 'interlock.policy.commands.run' in sys.modules\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'pydantic' not in sys.modules and 'yaml' not in sys.modules\n"
     )

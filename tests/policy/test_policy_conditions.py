@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policy import Facts, PolicyError, parse_when
-from policy.conditions import Failure
+from interlock.policy import Facts, PolicyError, parse_when
+from interlock.policy.conditions import Failure
 
 
 def facts(**kw) -> Facts:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from policy import PolicyError, make_context
-from policy.context import detect_platform, read_model_config, traits_from_config
+from interlock.policy import PolicyError, make_context
+from interlock.policy.context import detect_platform, read_model_config, traits_from_config
 
 
 def values(config: dict) -> dict:
@@ -116,7 +116,8 @@ def test_bad_model_configs(tmp_path) -> None:
 
 
 def test_explicit_device_arch_without_platform_keeps_it(monkeypatch) -> None:
-    monkeypatch.setattr("policy.context.detect_platform", lambda: ("cuda", "sm_90", "fake"))
+    fake = ("cuda", "sm_90", "fake")
+    monkeypatch.setattr("interlock.policy.context.detect_platform", lambda: fake)
     ctx = make_context("X", device_arch="sm_100")
     assert (ctx.platform, ctx.device_arch) == ("cuda", "sm_100")
     assert ctx.source("platform") == "detected (fake)"
@@ -129,7 +130,7 @@ def test_named_platform_never_probes(monkeypatch) -> None:
     def boom() -> tuple[str, str, str]:
         raise AssertionError("detect_platform called")
 
-    monkeypatch.setattr("policy.context.detect_platform", boom)
+    monkeypatch.setattr("interlock.policy.context.detect_platform", boom)
     ctx = make_context("X", platform="rocm")
     assert ctx.device_arch == "" and ctx.source("device_arch").startswith("assumed")
 

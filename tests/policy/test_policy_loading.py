@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy import PolicyError, load_policy, load_policy_text
-from policy.loader import shipped_policy_path
-from policy.source import MAX_ALIAS_NODES, parse_yaml, read_source
+from interlock.policy import PolicyError, load_policy, load_policy_text
+from interlock.policy.loader import shipped_policy_path
+from interlock.policy.source import MAX_ALIAS_NODES, parse_yaml, read_source
 
 
 def error_of(text: str, name: str = "p.yaml") -> PolicyError:

@@ -23,7 +23,7 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path) -> None:
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "policies.yaml"):
         shutil.copy2(REPO / name, src / name)
-    for package in ("policy", "runners", "kernels", "plugins"):
+    for package in ("interlock", "policy", "runners", "kernels", "plugins"):
         if (REPO / package).is_dir():
             shutil.copytree(
                 REPO / package,
@@ -49,11 +49,17 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path) -> None:
     )
     (wheel,) = (tmp_path / "dist").glob("interlock-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        assert zf.read("policy/policies.yaml") == (REPO / "policies.yaml").read_bytes()
+        assert zf.read("interlock/policy/policies.yaml") == (REPO / "policies.yaml").read_bytes()
+        # Everything installs under the interlock namespace: no bare policy/, kernels/, ...
+        assert {name.split("/")[0] for name in zf.namelist()} == {
+            "interlock",
+            wheel.name.split("-py")[0] + ".dist-info",
+        }
         zf.extractall(tmp_path / "site")
     site = str(tmp_path / "site")
     code = (
-        "import policy, policy.loader as l; from policy import load_policy\n"
+        "import interlock.policy as policy, interlock.policy.loader as l\n"
+        "from interlock.policy import load_policy\n"
         f"assert policy.__file__.startswith({site!r}), policy.__file__\n"
         "assert not l.shipped_policy_path().is_symlink()\n"
         "print(load_policy(use_cache=False).version)\n"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy import Context, PolicyError, load_policy_text, resolve
-from policy.fields import CUDAGRAPH_MODES
-from policy.trace import DEFAULTS, RULES
+from interlock.policy import Context, PolicyError, load_policy_text, resolve
+from interlock.policy.fields import CUDAGRAPH_MODES
+from interlock.policy.trace import DEFAULTS, RULES
 
 ARCHS = ["AlphaModel", "AlphaMoe", "BetaModel", "Gamma"]
 CATALOG = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policy import Context, PolicyError, load_policy_text, resolve
-from policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance, Step
+from interlock.policy import Context, PolicyError, load_policy_text, resolve
+from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance, Step
 
 RULES_TEXT = """\
 rules:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy import Context, resolve
+from interlock.policy import Context, resolve
 
 DSA = ["DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM"]
 # DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES as printed in the 2026-09-01 report, plus

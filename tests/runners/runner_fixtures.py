@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from runners.graphs.buffers import ForwardInputs
-from runners.mrv1.runner import MRV1Runner
+from interlock.runners.graphs.buffers import ForwardInputs
+from interlock.runners.mrv1.runner import MRV1Runner
 
 # A different rope scaling, window and head layout per family, so together they cover
 # what these configs can vary.

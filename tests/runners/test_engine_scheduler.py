@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runners.contract import (
+from interlock.runners.contract import (
     KVCacheSpec,
     ModelSpec,
     RunDecision,
@@ -14,11 +14,16 @@ from runners.contract import (
     RunnerReport,
     ScheduledBatch,
 )
-from runners.engine.engine import Engine, EngineConfig
-from runners.engine.kv_cache import BlockAllocator, KVCacheError, bytes_per_block, plan_kv_cache
-from runners.engine.sampling import SamplingParams
-from runners.engine.scheduler import RequestRejected
-from runners.model.demo import demo_config
+from interlock.runners.engine.engine import Engine, EngineConfig
+from interlock.runners.engine.kv_cache import (
+    BlockAllocator,
+    KVCacheError,
+    bytes_per_block,
+    plan_kv_cache,
+)
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.engine.scheduler import RequestRejected
+from interlock.runners.model.demo import demo_config
 
 CONFIG = demo_config()
 

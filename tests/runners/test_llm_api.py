@@ -7,11 +7,11 @@ import shutil
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from runners.contract import RunDecision, Runner
-from runners.engine.sampling import SamplingParams
-from runners.engine.scheduler import RequestRejected
-from runners.llm import LLM
-from runners.mrv1.runner import MRV1Runner, RunnerError
+from interlock.runners.contract import RunDecision, Runner
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.engine.scheduler import RequestRejected
+from interlock.runners.llm import LLM
+from interlock.runners.mrv1.runner import MRV1Runner, RunnerError
 
 GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
 

@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from policy.capabilities import CapabilityError
-from policy.errors import PolicyError
-from policy.loader import shipped_policy_path
-from policy.model_run import decided_by
-from runners.contract import RunDecision
-from runners.engine.sampling import SamplingParams
-from runners.llm import LLM
-from runners.mrv1.runner import MRV1Runner
+from interlock.policy.capabilities import CapabilityError
+from interlock.policy.errors import PolicyError
+from interlock.policy.loader import shipped_policy_path
+from interlock.policy.model_run import decided_by
+from interlock.runners.contract import RunDecision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.llm import LLM
+from interlock.runners.mrv1.runner import MRV1Runner
 
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
 SITE_MRV1 = (

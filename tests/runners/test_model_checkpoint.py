@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runners.contract import RunDecision
-from runners.engine.sampling import SamplingParams
-from runners.llm import LLM
-from runners.model.checkpoint import CheckpointError, write_demo_checkpoint
-from runners.model.config import ConfigError
+from interlock.runners.contract import RunDecision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.llm import LLM
+from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
+from interlock.runners.model.config import ConfigError
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65]

@@ -7,11 +7,11 @@ import pytest
 import torch
 from runner_fixtures import PROMPTS
 
-from runners.contract import RunDecision, Sampling, ScheduledBatch, ScheduledSequence
-from runners.engine.sampling import SamplingParams
-from runners.llm import LLM
-from runners.model.attention import attention_split
-from runners.mrv1.inputs import prepare_host_inputs, to_device
+from interlock.runners.contract import RunDecision, Sampling, ScheduledBatch, ScheduledSequence
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.llm import LLM
+from interlock.runners.model.attention import attention_split
+from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
 
 
 def seq(rid: str, tokens, start: int, table, sample: bool = True) -> ScheduledSequence:

@@ -7,8 +7,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy import load_policy_text
-from policy.diff import diff_policies
+from interlock.policy import load_policy_text
+from interlock.policy.diff import diff_policies
 
 TRAITS = {
     "DsaOne": {"moe": True, "attention": "dsa"},

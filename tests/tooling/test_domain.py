@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from policy import load_policy_text
-from policy.domain import UNNAMED_DEVICE_ARCH, Domain
+from interlock.policy import load_policy_text
+from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain
 
 from .conftest import with_rules
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from plugins import PlatformSupport, RunnerSpec, hookimpl
-from plugins.testing import register_plugin  # noqa: F401  (fixture)
-from policy.cli import main
-from policy.lint import lint_paths, lint_sources
+from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
+from interlock.plugins.testing import register_plugin  # noqa: F401  (fixture)
+from interlock.policy.cli import main
+from interlock.policy.lint import lint_paths, lint_sources
 
 from .conftest import BASE, BEFORE_53155, SHIPPED, with_rules
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from policy import PolicyError, load_policy_text
-from policy.cli import main
-from policy.policytest import render_result, render_summary, run_cases
-from policy.testfile import parse_tests
+from interlock.policy import PolicyError, load_policy_text
+from interlock.policy.cli import main
+from interlock.policy.policytest import render_result, render_summary, run_cases
+from interlock.policy.testfile import parse_tests
 
 from .conftest import BEFORE_53155, REPO, SHIPPED, with_rules
 

@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from policy.cli import main
-from policy.jsonschema import SCHEMA_FILES, json_schema, render
+from interlock.policy.cli import main
+from interlock.policy.jsonschema import SCHEMA_FILES, json_schema, render
 
 from .conftest import HISTORY, REPO
 

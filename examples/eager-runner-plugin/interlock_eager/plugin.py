@@ -5,7 +5,7 @@ Imports only interlock's public plugin API, and no torch.
 
 from __future__ import annotations
 
-from plugins import KernelSpec, PlatformSupport, RunnerSpec, Unsupported, hookimpl
+from interlock.plugins import KernelSpec, PlatformSupport, RunnerSpec, Unsupported, hookimpl
 
 PLUGIN_API = ">=1.0,<2"
 

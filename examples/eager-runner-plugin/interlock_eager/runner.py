@@ -1,8 +1,8 @@
-"""EagerRunner: the ``runners.contract.Runner`` of this plugin.
+"""EagerRunner: the ``interlock.runners.contract.Runner`` of this plugin.
 
 Built only on interlock's public pieces: the runner contract, the kernel
-dispatch (``runners.dispatch``), the shared model execution
-(``runners.model``) and the plugin API for installing plugin kernels. Inputs
+dispatch (``interlock.runners.dispatch``), the shared model execution
+(``interlock.runners.model``) and the plugin API for installing plugin kernels. Inputs
 are prepared with torch directly on the device, every step runs eagerly.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels import REGISTRY
-from kernels.registry import default_preference
-from plugins.kernels import install_plugin_kernels
-from runners.contract import (
+from interlock.kernels import REGISTRY
+from interlock.kernels.registry import default_preference
+from interlock.plugins.kernels import install_plugin_kernels
+from interlock.runners.contract import (
     KernelReport,
     KVCacheSpec,
     ModelSpec,
@@ -22,10 +22,10 @@ from runners.contract import (
     RunnerReport,
     ScheduledBatch,
 )
-from runners.dispatch import build_kernel_table, platform_of
-from runners.model.attention import AttentionMetadata
-from runners.model.checkpoint import load_model
-from runners.model.kv_cache import allocate_kv_cache
+from interlock.runners.dispatch import build_kernel_table, platform_of
+from interlock.runners.model.attention import AttentionMetadata
+from interlock.runners.model.checkpoint import load_model
+from interlock.runners.model.kv_cache import allocate_kv_cache
 
 # The plugin's own backend (it implements silu_and_mul) before the registry's usual choice.
 OWN_BACKEND = "eager_example"

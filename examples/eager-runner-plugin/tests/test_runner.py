@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from interlock_eager.runner import EagerRunner, EagerRunnerError
 
-from plugins import load_registry
-from plugins.conformance import TINY_LLAMA, TINY_PROMPTS
-from runners.contract import RunDecision
-from runners.engine.sampling import SamplingParams
-from runners.llm import LLM
-from runners.mrv1.runner import MRV1Runner
+from interlock.plugins import load_registry
+from interlock.plugins.conformance import TINY_LLAMA, TINY_PROMPTS
+from interlock.runners.contract import RunDecision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.llm import LLM
+from interlock.runners.mrv1.runner import MRV1Runner
 
 
 @pytest.fixture(scope="module")
