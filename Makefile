@@ -25,6 +25,7 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -q

@@ -32,9 +32,9 @@ from collections.abc import Callable
 
 import torch
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 from interlock.runners.model.checkpoint import write_demo_checkpoint
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.layers import Linear
@@ -95,7 +95,7 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
 def policy_decision(platform: str) -> RunDecision:
     """The decision the shipped policy resolves for the demo's architecture on ``platform``
     (``policy resolve``, capabilities stage included)."""
-    command = [sys.executable, "-m", "interlock.policy.cli", "resolve", demo_config().architecture,
+    command = [sys.executable, "-m", "interlock.cli", "resolve", demo_config().architecture,
                "--platform", platform]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:

@@ -20,8 +20,8 @@ from pathlib import Path
 from bench_policy import EXPLAIN, per_call, policy_command, wall
 
 from interlock import plugins
+from interlock.plugins.capabilities import capability_stage
 from interlock.policy import Context, load_policy, resolve
-from interlock.policy.capabilities import capability_stage
 
 
 def child_env(work: Path) -> dict[str, str]:

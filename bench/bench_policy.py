@@ -30,7 +30,7 @@ EXPLAIN = ["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gf
 
 def policy_command() -> list[str]:
     script = shutil.which("policy", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "interlock.policy.cli"]
+    return [script] if script else [sys.executable, "-m", "interlock.cli"]
 
 
 def wall(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from bench_model import decode_weight_bytes, machine
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 
 RUNNERS = ("mrv1", "mrv2")
 MODES = (

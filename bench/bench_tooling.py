@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from interlock.plugins.checks import lint_sources
 from interlock.policy.diff import diff_policies
-from interlock.policy.lint import lint_sources
 from interlock.policy.loader import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ SHIPPED = REPO / "policies.yaml"
 
 def policy_command() -> list[str]:
     script = shutil.which("policy", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "interlock.policy.cli"]
+    return [script] if script else [sys.executable, "-m", "interlock.cli"]
 
 
 def wall(cmd: list[str]) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from interlock.core.fields import CUDAGRAPH_MODES
 from interlock.plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
 from interlock.plugins.manager import add_plugin, load_registry, remove_plugin, reset
 from interlock.plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner
@@ -25,7 +26,6 @@ from interlock.plugins.spec import (
     Unsupported,
     load_import_path,
 )
-from interlock.policy.fields import CUDAGRAPH_MODES
 
 __all__ = [
     "CUDAGRAPH_MODES",

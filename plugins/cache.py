@@ -16,10 +16,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from interlock.core.disk_cache import read_entry, write_entry
 from interlock.plugins.api import PLUGIN_API_VERSION
 from interlock.plugins.registry import PluginRegistry
 from interlock.plugins.settings import Settings
-from interlock.policy.disk_cache import read_entry, write_entry
 
 if TYPE_CHECKING:
     from interlock.plugins.discovery import Discovery

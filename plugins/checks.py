@@ -1,10 +1,16 @@
-"""What `policy check` asks of the plugin registry about a policy's values."""
+"""What `policy check` asks of the plugin registry about a policy's values: the runner names
+that exist and the cudagraph modes their runners serve, handed to :mod:`interlock.policy.lint`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator, Sequence
 
+from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
+from interlock.policy.lint import WARNING, Check, Finding, RunnerCheck, Subject
+from interlock.policy.lint import lint_paths as _lint_paths
+from interlock.policy.lint import lint_sources as _lint_sources
 
 
 def unserved_cudagraph(
@@ -35,3 +41,60 @@ def unserved_cudagraph(
             f"({offered}): stage 5 downgrades it there"
         )
     return problems
+
+
+def _unserved_cudagraph_modes(registry: PluginRegistry, subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule sets a cudagraph mode that no registered runner (the rule's own runner
+    when it sets one) serves on a platform the rule can match; stage 5 would always downgrade."""
+    for rule in subject.policy.rules:
+        setting = rule.set.get("cudagraph")
+        if setting is None:
+            continue
+        runner = rule.set.get("runner")
+        platforms = subject.domain.platforms_of(rule.when)
+        problems = unserved_cudagraph(
+            registry, setting.value, platforms, runner.value if runner else None
+        )
+        if problems:
+            yield subject.finding(
+                setting.location,
+                WARNING,
+                "unsupported-cudagraph",
+                f"rule {rule.id}: " + "; ".join(problems),
+            )
+
+
+def registered_runners(registry: PluginRegistry) -> RunnerCheck:
+    """Runner names as the plugin registry knows them (the built-in runners are plugins too)."""
+    names = set(registry.runner_names())
+    return lambda name: None if name in names else registry.why_missing(name)
+
+
+def registry_checks(registry: PluginRegistry) -> tuple[Check, ...]:
+    """The lint checks that ask the registry."""
+    return (lambda subject: _unserved_cudagraph_modes(registry, subject),)
+
+
+def lint_paths(
+    paths: Sequence[str | os.PathLike[str]] | None = None,
+    registry: PluginRegistry | None = None,
+) -> list[Finding]:
+    """``policy check``: :func:`interlock.policy.lint.lint_paths` against the installed plugins."""
+    registry = registry if registry is not None else _installed()
+    return _lint_paths(
+        paths, runners=registered_runners(registry), checks=registry_checks(registry)
+    )
+
+
+def lint_sources(
+    sources: list[tuple[str, bytes]], registry: PluginRegistry | None = None
+) -> list[Finding]:
+    """:func:`interlock.policy.lint.lint_sources` against the installed plugins."""
+    registry = registry if registry is not None else _installed()
+    return _lint_sources(
+        sources, runners=registered_runners(registry), checks=registry_checks(registry)
+    )
+
+
+def _installed() -> PluginRegistry:
+    return load_registry()

@@ -187,7 +187,7 @@ def summarize(exc: BaseException) -> str:
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     # The line to show is the plugin's own: skip the import system, pluggy and this package.
-    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "interlock.plugins"))
+    machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "interlock"))
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
@@ -205,8 +205,8 @@ def _package_dir(name: str) -> str:
 def _watched_files(sources: Sequence[PluginSource], modules_before: set[str]) -> list[str]:
     """The source files the declarations came from: what imports brought in, and each
     plugin's own package (it may have been imported before discovery ran)."""
-    # "policy" too: specs hold compiled conditions (policy.conditions objects).
-    packages = {"plugins", "policy", *(s.module.split(".")[0] for s in sources if s.module)}
+    # interlock itself too: specs hold compiled conditions (interlock.policy.conditions objects).
+    packages = {"interlock", *(s.module.split(".")[0] for s in sources if s.module)}
     files = set()
     for name, module in list(sys.modules.items()):
         if name not in modules_before or name.split(".")[0] in packages:

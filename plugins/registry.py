@@ -6,9 +6,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from interlock.core.suggest import hint
 from interlock.plugins.settings import DISABLE_ENV, PluginError
 from interlock.plugins.spec import KernelSpec, RunnerSpec
-from interlock.policy.suggest import hint
 
 Status = Literal["ok", "failed", "disabled", "incompatible"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from interlock.policy.errors import PolicyError
+from interlock.core.errors import PolicyError
 
 DISABLE_ENV = "INTERLOCK_DISABLE_PLUGINS"
 STRICT_ENV = "INTERLOCK_PLUGINS_STRICT"

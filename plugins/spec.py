@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.fields import CUDAGRAPH_MODES, RUNNER_NAME
 from interlock.plugins.api import check_api_range
-from interlock.policy.fields import CUDAGRAPH_MODES, RUNNER_NAME
 
 if TYPE_CHECKING:
     from interlock.policy.conditions import When
@@ -129,8 +129,8 @@ class Unsupported:
     def __post_init__(self) -> None:
         # The engine's own parser (one condition language for rules and plugins);
         # it is the one place that imports pydantic, and runs only at declaration.
+        from interlock.core.errors import PolicyError
         from interlock.policy.conditions import build_when
-        from interlock.policy.errors import PolicyError
         from interlock.policy.schema import validate_when
 
         _text("feature", self.feature)

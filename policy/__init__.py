@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from interlock import __version__
 
 _EXPORTS = {
-    "PolicyError": "interlock.policy.errors",
+    "PolicyError": "interlock.core.errors",
     "Policy": "interlock.policy.model",
     "load_policy": "interlock.policy.loader",
     "load_policy_text": "interlock.policy.loader",
@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from interlock.core.errors import PolicyError
     from interlock.policy.conditions import Facts, parse_when
     from interlock.policy.context import Context, make_context
-    from interlock.policy.errors import PolicyError
     from interlock.policy.loader import load_policy, load_policy_text
     from interlock.policy.model import Policy
     from interlock.policy.resolution import Decision, Resolution, resolve

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fnmatch import translate
 from typing import Any
 
-from interlock.policy.fields import TRAITS
+from interlock.core.fields import TRAITS
 
 NAME_KEYS = ("architecture", "platform", "device_arch")
 _GLOB_CHARS = frozenset("*?[")
@@ -226,7 +226,7 @@ def build_when(data: Mapping[str, Any]) -> When:
 def parse_when(data: Mapping[str, Any]) -> When:
     """Validate a `when` mapping (the policy-file syntax) and build it; for plugins and tools.
 
-    Raises :class:`interlock.policy.errors.PolicyError` naming the offending key and value.
+    Raises :class:`interlock.core.errors.PolicyError` naming the offending key and value.
     """
     from interlock.policy.schema import validate_when
 

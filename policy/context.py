@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import TRAITS
+from interlock.core.errors import PolicyError
+from interlock.core.fields import TRAITS
+from interlock.core.platform import detect_platform
 
 GIVEN = "given"
 DETECTED = "detected"
@@ -176,30 +177,6 @@ def has_triton_fact(detected: bool) -> tuple[bool, str]:
 
     found = importlib.util.find_spec("triton") is not None
     return found, f"{DETECTED} (triton {'is' if found else 'is not'} installed)"
-
-
-def detect_platform() -> tuple[str, str, str]:
-    """``(platform, device_arch, how)``; imports torch, and only here. No torch -> ``cpu``."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return "cpu", "", "torch is not installed"
-    import torch
-
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        if getattr(torch.version, "hip", None):
-            gfx = str(getattr(props, "gcnArchName", "")).split(":")[0]
-            return "rocm", gfx, f"torch {torch.__version__} HIP, {props.name}"
-        return (
-            "cuda",
-            f"sm_{props.major}{props.minor}",
-            f"torch {torch.__version__} CUDA, {props.name}",
-        )
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return "xpu", "", f"torch {torch.__version__} XPU"
-    return "cpu", "", f"torch {torch.__version__} sees no accelerator"
 
 
 def read_model_config(model: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:

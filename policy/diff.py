@@ -16,10 +16,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.errors import PolicyError
+from interlock.core.fields import DECISION_FIELDS
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import DECISION_FIELDS
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution, resolve
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance

@@ -6,8 +6,8 @@ import json
 import os
 from typing import IO, Any
 
+from interlock.core.fields import DECISION_FIELDS
 from interlock.policy.conditions import Failure
-from interlock.policy.fields import DECISION_FIELDS
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import RULES, Provenance, Step
 
@@ -85,7 +85,7 @@ def _context_lines(res: Resolution, s: _Style) -> list[str]:
     if res.in_catalog:
         arch_note += f", in the catalog at {res.policy.catalog[ctx.architecture].location}"
     else:
-        from interlock.policy.suggest import hint
+        from interlock.core.suggest import hint
 
         arch_note += ", not in the catalog: its traits are unknown unless read from --model"
         arch_note += hint(ctx.architecture, res.policy.catalog)

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from interlock.core.errors import PolicyError
+from interlock.core.fields import DECISION_FIELDS, TRAITS, show_scalar
+from interlock.core.suggest import hint
 from interlock.policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
 from interlock.policy.domain import Domain
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import DECISION_FIELDS, TRAITS, show_scalar
 from interlock.policy.model import Location, Policy, Rule
 from interlock.policy.resolution import resolve
 from interlock.policy.source import Path_, SourceDoc
-from interlock.policy.suggest import hint
 from interlock.policy.trace import RULES
 
 ERROR = "error"
@@ -160,31 +160,6 @@ def unknown_runners(subject: Subject) -> Iterator[Finding]:
             yield from check(value, where, f"env {name}={text}")
 
 
-def unserved_cudagraph_modes(subject: Subject) -> Iterator[Finding]:
-    """Warnings: a rule sets a cudagraph mode that no registered runner (the rule's own runner
-    when it sets one) serves on a platform the rule can match; stage 5 would always downgrade."""
-    from interlock.plugins import load_registry
-    from interlock.plugins.checks import unserved_cudagraph
-
-    registry = load_registry()
-    for rule in subject.policy.rules:
-        setting = rule.set.get("cudagraph")
-        if setting is None:
-            continue
-        runner = rule.set.get("runner")
-        platforms = subject.domain.platforms_of(rule.when)
-        problems = unserved_cudagraph(
-            registry, setting.value, platforms, runner.value if runner else None
-        )
-        if problems:
-            yield subject.finding(
-                setting.location,
-                WARNING,
-                "unsupported-cudagraph",
-                f"rule {rule.id}: " + "; ".join(problems),
-            )
-
-
 def unknown_architectures(subject: Subject) -> Iterator[Finding]:
     """Warnings: a rule names an architecture (or a glob matches none) absent from the catalog."""
     catalog = subject.policy.catalog
@@ -320,10 +295,10 @@ def _vague(reason: str) -> str:
     return ""
 
 
-#: The checks `policy check` runs, in order.
+#: The checks that need only the policy, in order; the plugin layer adds its own
+#: (:mod:`interlock.plugins.checks`).
 CHECKS: tuple[Check, ...] = (
     unknown_runners,
-    unserved_cudagraph_modes,
     unknown_architectures,
     dead_and_shadowed_rules,
     near_miss_lists,
@@ -332,15 +307,6 @@ CHECKS: tuple[Check, ...] = (
 
 
 # -- running --------------------------------------------------------------------------------
-
-
-def registered_runners() -> RunnerCheck:
-    """Runner names as the plugin registry knows them (the built-in runners are plugins too)."""
-    from interlock.plugins import load_registry
-
-    registry = load_registry()
-    names = set(registry.runner_names())
-    return lambda name: None if name in names else registry.why_missing(name)
 
 
 def runners_named(names: Sequence[str]) -> RunnerCheck:
@@ -360,10 +326,11 @@ def runners_named(names: Sequence[str]) -> RunnerCheck:
 def lint_paths(
     paths: Sequence[str | os.PathLike[str]] | None = None,
     *,
-    runners: Sequence[str] | None = None,
+    runners: RunnerCheck | Sequence[str],
+    checks: Sequence[Check] = (),
 ) -> list[Finding]:
-    """Check the policy files that :func:`interlock.policy.loader.policy_paths` picks for ``paths``;
-    ``runners`` defaults to the registered ones."""
+    """Check the policy files that :func:`interlock.policy.loader.policy_paths` picks for ``paths``
+    (see :func:`lint_sources`)."""
     from interlock.policy.loader import policy_paths
     from interlock.policy.source import read_source
 
@@ -376,14 +343,18 @@ def lint_paths(
             findings.extend(_from_error(exc))
     if findings:
         return findings
-    return lint_sources(sources, runners=runners)
+    return lint_sources(sources, runners=runners, checks=checks)
 
 
 def lint_sources(
-    sources: list[tuple[str, bytes]], *, runners: Sequence[str] | None = None
+    sources: list[tuple[str, bytes]],
+    *,
+    runners: RunnerCheck | Sequence[str],
+    checks: Sequence[Check] = (),
 ) -> list[Finding]:
     """Check layered ``(display name, content)`` sources: loader errors first; only a policy
-    that loads is linted. ``runners`` defaults to the registered ones."""
+    that loads is linted. ``runners`` says which runner names exist (a check, or the names);
+    ``checks`` run after :data:`CHECKS` (the plugin layer passes the registry's)."""
     from interlock.policy.loader import load_policy_sources
     from interlock.policy.schema import validate_file
     from interlock.policy.source import parse_yaml
@@ -411,9 +382,9 @@ def lint_sources(
         policy = load_policy_sources(sources, use_cache=False)
     except PolicyError as exc:
         return _from_error(exc)
-    runner_check = registered_runners() if runners is None else runners_named(runners)
+    runner_check = runners_named(runners) if isinstance(runners, Sequence) else runners
     subject = Subject(policy, docs, runner_check)
-    for check in CHECKS:
+    for check in (*CHECKS, *checks):
         findings.extend(check(subject))
     order = {name: i for i, name in enumerate(docs)}
     return sorted(findings, key=lambda f: (order.get(f.file, len(order)), f.line, f.col))

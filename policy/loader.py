@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from interlock.policy.disk_cache import read_entry, write_entry
-from interlock.policy.errors import PolicyError
+from interlock.core.disk_cache import read_entry, write_entry
+from interlock.core.errors import PolicyError
 from interlock.policy.model import Policy
 from interlock.policy.source import MAX_FILE_BYTES, read_source
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.fields import FieldValue
 from interlock.policy.conditions import When
-from interlock.policy.fields import FieldValue
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.errors import PolicyError
+from interlock.core.suggest import hint
 from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
-from interlock.policy.errors import PolicyError
 from interlock.policy.explain import render_trace
 from interlock.policy.lint import rule_deciders
 from interlock.policy.model import Policy
 from interlock.policy.resolution import CapabilityCheck, Resolution, resolve
-from interlock.policy.suggest import hint
 from interlock.policy.testfile import LoadedCase
 from interlock.policy.trace import ENV, RULES, Provenance, Step
 

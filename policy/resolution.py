@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from interlock.core.errors import PolicyError
+from interlock.core.fields import DECISION_FIELDS, check_field
 from interlock.policy.conditions import Facts
 from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import DECISION_FIELDS, check_field
 from interlock.policy.model import Policy, Rule
 from interlock.policy.trace import (
     DEFAULTS,

@@ -24,10 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from interlock.policy.errors import PolicyError, dotted
-from interlock.policy.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
+from interlock.core.errors import PolicyError, dotted
+from interlock.core.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
+from interlock.core.suggest import hint
 from interlock.policy.source import Path_, SourceDoc
-from interlock.policy.suggest import hint
 
 SCHEMA_VERSION = 1
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interlock.policy.errors import PolicyError, dotted
+from interlock.core.errors import PolicyError, dotted
 
 #: A policy file larger than this is refused before parsing.
 MAX_FILE_BYTES = 4 * 1024 * 1024

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from interlock.policy.errors import PolicyError
+from interlock.core.errors import PolicyError
 from interlock.policy.model import Location
 from interlock.policy.schema import DecisionFields, EnvName, Name, RuleId, Scalar, validate_doc
 from interlock.policy.source import SourceDoc, parse_yaml, read_source

@@ -47,7 +47,7 @@ class CliResult(NamedTuple):
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
     """``cli("explain", "X", ...)``: the `policy` command run in-process."""
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     def run(*argv: object) -> CliResult:
         code = main([str(arg) for arg in argv])

@@ -54,8 +54,8 @@ class Routes:
 
 def run_case(path: Path, runner, decision, **engine) -> tuple[list[list[int]], Routes, object]:
     """Generate every prompt through ``runner`` (an instance, or None: through its plugin)."""
+    from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams
-    from interlock.runners.llm import LLM
 
     options = {
         "block_size": 4, "num_blocks": 96, "max_model_len": 64, "max_num_seqs": 6,

@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import torch
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.graphs.backends import CaptureError, DebugGraphBackend, select_backend
 from interlock.runners.graphs.buffers import StaticInputs
 from interlock.runners.graphs.capture import FAIL_ENV, ForcedFailures, forward_logits
 from interlock.runners.graphs.modes import Strategy
 from interlock.runners.graphs.plan import GraphKey
-from interlock.runners.llm import LLM
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """A tiny model end to end with every op forced to Triton: greedy tokens equal the torch path.
 
 Dummy (seeded random) weights from a config.json, run by the default runner through
-``interlock.runners.llm.LLM``; ``INTERLOCK_KERNELS`` forces the backend for every op.
+``interlock.llm.LLM``; ``INTERLOCK_KERNELS`` forces the backend for every op.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kernel_checks import DEVICE
 
+from interlock.llm import LLM
 from interlock.runners.contract import KernelReport
 from interlock.runners.dispatch import OPS
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 
 COMMON: dict[str, Any] = {
     "vocab_size": 256,

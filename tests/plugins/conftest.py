@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from interlock import plugins
-from interlock.plugins.testing import register_plugin  # noqa: F401  (the fixture plugin authors use)
+from interlock.testing import register_plugin  # noqa: F401  (the fixture plugin authors use)
 
 
 @pytest.fixture(autouse=True)

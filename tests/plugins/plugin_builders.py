@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from interlock.core.fields import CUDAGRAPH_MODES
 from interlock.plugins import (
     KernelSpec,
     PlatformSupport,
@@ -14,7 +15,6 @@ from interlock.plugins import (
     Unsupported,
     hookimpl,
 )
-from interlock.policy.fields import CUDAGRAPH_MODES
 
 EVERY_MODE = PlatformSupport(cudagraph=CUDAGRAPH_MODES, breakable=True, compile=True)
 EAGER_ONLY = PlatformSupport(cudagraph={"none"})

@@ -10,8 +10,8 @@ from plugin_builders import EAGER_ONLY, EVERY_MODE, PIPELINE, record, registry_o
 
 import interlock.policy.context
 from interlock.plugins import PlatformSupport, PluginRegistry
+from interlock.plugins.capabilities import CapabilityError, capability_stage
 from interlock.policy import load_policy_text, make_context, resolve
-from interlock.policy.capabilities import CapabilityError, capability_stage
 from interlock.policy.trace import CAPABILITIES
 
 GPU_NEEDS_TRITON = PlatformSupport(

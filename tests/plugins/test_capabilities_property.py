@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plugin_builders import PIPELINE, registry_of, spec
 
+from interlock.core.fields import CUDAGRAPH_MODES
 from interlock.plugins import PlatformSupport, PluginRegistry, RunnerSpec, Unsupported
+from interlock.plugins.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
 from interlock.policy import load_policy_text
-from interlock.policy.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
 from interlock.policy.conditions import Facts
 from interlock.policy.context import Context
-from interlock.policy.fields import CUDAGRAPH_MODES
 from interlock.policy.resolution import Draft
 from interlock.policy.trace import CAPABILITIES, DEFAULTS, ENV, OVERRIDES, RULES, Provenance
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plugin_builders import EAGER_ONLY, Declares, spec
 
-from interlock.policy.lint import lint_sources
+from interlock.plugins.checks import lint_sources
 
 POLICY = """\
 schema_version: 1

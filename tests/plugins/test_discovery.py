@@ -260,7 +260,7 @@ def test_failed_plugin_is_mentioned_only_for_runners_it_may_provide() -> None:
 
 
 def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     _installed(
         tmp_path,
@@ -283,7 +283,7 @@ def test_explain_still_answers_with_a_quarantined_plugin(tmp_path: Path, capsys)
 
 
 def test_strict_failures_reach_the_cli_as_errors(register_plugin, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     class Raises:
         @hookimpl

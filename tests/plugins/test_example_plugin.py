@@ -65,7 +65,7 @@ def run(
     workdir: Path,
     *args: str,
     installed: bool = True,
-    module: str = "interlock.policy.cli",
+    module: str = "interlock.cli",
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INTERLOCK_", "VLLM_"))}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from interlock.core.disk_cache import cache_dir
 from interlock.policy import load_policy, make_context, resolve
-from interlock.policy.disk_cache import cache_dir
 
 
 def entries() -> list[Path]:
@@ -84,7 +84,7 @@ def test_memo_is_not_pickled(write, base) -> None:
 
 WARM = """
 import sys
-from interlock.policy.cli import main
+from interlock.cli import main
 code = main(["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950"])
 heavy = sorted(m for m in ("yaml", "pydantic", "torch") if m in sys.modules)
 print("HEAVY", heavy, code)

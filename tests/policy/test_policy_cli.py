@@ -262,11 +262,12 @@ def test_console_script_piped_is_plain_and_exit_codes(tmp_path) -> None:
 def test_importing_policy_and_its_cli_does_not_import_torch() -> None:
     # Every command module, `policy run` included: commands import torch only when they run.
     code = (
-        "import importlib, pkgutil, sys, policy.commands\n"
-        "import policy, policy.cli, policy.resolution, policy.loader, policy.explain\n"
-        "for m in pkgutil.iter_modules(policy.commands.__path__):\n"
-        "    importlib.import_module('interlock.policy.commands.' + m.name)\n"
-        "assert 'interlock.policy.commands.run' in sys.modules\n"
+        "import importlib, pkgutil, sys, interlock.commands\n"
+        "import interlock.cli, interlock.policy.resolution, interlock.policy.loader\n"
+        "import interlock.policy.explain\n"
+        "for m in pkgutil.iter_modules(interlock.commands.__path__):\n"
+        "    importlib.import_module('interlock.commands.' + m.name)\n"
+        "assert 'interlock.commands.run' in sys.modules\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert 'pydantic' not in sys.modules and 'yaml' not in sys.modules\n"
     )

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from interlock.core.platform import detect_platform
 from interlock.policy import PolicyError, make_context
-from interlock.policy.context import detect_platform, read_model_config, traits_from_config
+from interlock.policy.context import read_model_config, traits_from_config
 
 
 def values(config: dict) -> dict:

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.graphs.capture import FAIL_ENV
-from interlock.runners.llm import LLM
 
 LOG_LINE = re.compile(
     r"^policy run: runner=(\w+) \((.+?)\), cudagraph=(\w+) \((.+?)\), breakable=(\w+) \((.+?)\)$",
@@ -137,7 +137,7 @@ def test_usage_errors_exit_2(policy_run):
 def test_the_demo_model_runs_offline():
     # A subprocess, as `make demo` runs it: the console entry point, the shipped policy.
     result = subprocess.run(
-        [sys.executable, "-m", "interlock.policy.cli", "run", "--model", "demo",
+        [sys.executable, "-m", "interlock.cli", "run", "--model", "demo",
          "--max-tokens", "4",
          "--prompt-token-ids", "1,2,3", "--set", "cudagraph=full_decode_only", "--json"],
         capture_output=True, text=True, check=False, timeout=300,

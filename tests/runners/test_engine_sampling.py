@@ -9,9 +9,9 @@ import pytest
 import torch
 from runner_fixtures import PROMPTS
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 
 
 def make_llm(tiny_models, runner=None, name: str = "llama", **kwargs) -> LLM:

@@ -7,10 +7,10 @@ import shutil
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision, Runner
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected
-from interlock.runners.llm import LLM
 from interlock.runners.mrv1.runner import MRV1Runner, RunnerError
 
 GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)

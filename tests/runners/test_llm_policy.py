@@ -8,13 +8,13 @@ import re
 
 import pytest
 
-from interlock.policy.capabilities import CapabilityError
-from interlock.policy.errors import PolicyError
+from interlock.core.errors import PolicyError
+from interlock.llm import LLM
+from interlock.model_run import decided_by
+from interlock.plugins.capabilities import CapabilityError
 from interlock.policy.loader import shipped_policy_path
-from interlock.policy.model_run import decided_by
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 from interlock.runners.mrv1.runner import MRV1Runner
 
 GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)

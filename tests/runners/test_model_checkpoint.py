@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
 from interlock.runners.model.config import ConfigError
 

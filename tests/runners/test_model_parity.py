@@ -6,9 +6,9 @@ import pytest
 import torch
 from runner_fixtures import NEW_TOKENS, PROMPTS, TINY_CONFIGS
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 

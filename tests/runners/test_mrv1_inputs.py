@@ -7,9 +7,9 @@ import pytest
 import torch
 from runner_fixtures import PROMPTS
 
+from interlock.llm import LLM
 from interlock.runners.contract import RunDecision, Sampling, ScheduledBatch, ScheduledSequence
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 from interlock.runners.model.attention import attention_split
 from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
 

@@ -226,7 +226,7 @@ def git(cwd, *args: str) -> None:
 
 
 def test_diff_command_exit_codes(capsys) -> None:
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     assert main(["diff", str(SHIPPED), str(SHIPPED), "--exit-code"]) == 0
     assert capsys.readouterr().out == ""
@@ -238,7 +238,7 @@ def test_diff_command_exit_codes(capsys) -> None:
 def test_diff_command_json_and_fields(capsys) -> None:
     import json
 
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     assert main(["diff", str(BEFORE_53155), str(SHIPPED), "--json", "--fields", "runner"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -251,7 +251,7 @@ def test_diff_command_json_and_fields(capsys) -> None:
 
 
 def test_diff_git_revisions(tmp_path, monkeypatch, capsys) -> None:
-    from interlock.policy.cli import main
+    from interlock.cli import main
 
     git(tmp_path, "init", "-q")
     (tmp_path / "policies.yaml").write_text(BEFORE_51653.read_text())

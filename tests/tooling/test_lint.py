@@ -4,10 +4,12 @@ import json
 
 import pytest
 
+from interlock.cli import main
 from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
-from interlock.plugins.testing import register_plugin  # noqa: F401  (fixture)
-from interlock.policy.cli import main
-from interlock.policy.lint import lint_paths, lint_sources
+from interlock.plugins.checks import lint_paths
+from interlock.plugins.checks import lint_sources as lint_installed
+from interlock.policy.lint import lint_sources
+from interlock.testing import register_plugin  # noqa: F401  (fixture)
 
 from .conftest import BASE, BEFORE_53155, SHIPPED, with_rules
 
@@ -75,7 +77,7 @@ def test_duplicate_rule_ids_are_reported_across_layered_files() -> None:
     site = 'schema_version: 1\nversion: "site"\nrules:\n' + rule(
         "r1", "{platform: cuda}", "{runner: mrv1}"
     )
-    findings = lint_sources([("base.yaml", base.encode()), ("site.yaml", site.encode())])
+    findings = lint_installed([("base.yaml", base.encode()), ("site.yaml", site.encode())])
     finding = only(findings, "duplicate-rule-id")
     assert (finding.file, finding.line) == ("site.yaml", 4)
     assert "first defined at base.yaml:15" in finding.message

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from interlock.cli import main
 from interlock.policy import PolicyError, load_policy_text
-from interlock.policy.cli import main
 from interlock.policy.policytest import render_result, render_summary, run_cases
 from interlock.policy.testfile import parse_tests
 

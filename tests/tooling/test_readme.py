@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from interlock.policy.cli import main
+from interlock.cli import main
 
 from .conftest import REPO
 

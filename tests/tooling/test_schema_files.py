@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 
-from interlock.policy.cli import main
+from interlock.cli import main
 from interlock.policy.jsonschema import SCHEMA_FILES, json_schema, render
 
 from .conftest import HISTORY, REPO

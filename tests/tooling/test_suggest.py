@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from interlock.policy.suggest import did_you_mean, edit_distance, hint
+from interlock.core.suggest import did_you_mean, edit_distance, hint
 
 
 def test_edit_distance_counts_single_edits() -> None:

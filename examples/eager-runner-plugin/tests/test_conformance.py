@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import interlock_eager.plugin
 
-from interlock.plugins.testing import RunnerPluginConformance
+from interlock.testing import RunnerPluginConformance
 
 
 class TestEagerPlugin(RunnerPluginConformance):

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from interlock_eager.runner import EagerRunner, EagerRunnerError
 
+from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
+from interlock.llm import LLM
 from interlock.plugins import load_registry
-from interlock.plugins.conformance import TINY_LLAMA, TINY_PROMPTS
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.llm import LLM
 from interlock.runners.mrv1.runner import MRV1Runner
 
 

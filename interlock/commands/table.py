@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.policy.commands.common import add_env_args, add_policy_args, env_of, load
+from interlock.commands.common import add_env_args, add_policy_args, env_of, load
 from interlock.policy.model import Policy
 
 BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.policy.capabilities import capability_stage
+    from interlock.plugins.capabilities import capability_stage
     from interlock.policy.context import Context
     from interlock.policy.explain import render_table
     from interlock.policy.resolution import resolve

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.errors import PolicyError
+from interlock.core.fields import show_scalar
 from interlock.plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
 from interlock.plugins.spec import REQUIRABLE_FACTS
 from interlock.policy.conditions import FeatureMatch, NameMatch
 from interlock.policy.context import ASSUMED
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import show_scalar
 from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
 
 if TYPE_CHECKING:

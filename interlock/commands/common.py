@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from interlock.policy.fields import parse_scalar
+from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
 GIVEN_ENV = "given with --env"
@@ -99,9 +99,9 @@ def env_of(
     """Values of the policy's env bindings: the process environment (if ``process``), then
     ``--env``; returns ``(env, sources)``. An ``--env`` name the policy does not bind is an
     error."""
-    from interlock.policy.errors import PolicyError
-    from interlock.policy.model_run import process_env
-    from interlock.policy.suggest import hint
+    from interlock.core.errors import PolicyError
+    from interlock.core.suggest import hint
+    from interlock.model_run import process_env
 
     env, sources = process_env(policy) if process else ({}, {})
     for name, value in args.env:
@@ -135,8 +135,8 @@ def context_of(args: argparse.Namespace, policy: Policy) -> Any:
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
-    from interlock.policy.errors import PolicyError
-    from interlock.policy.fields import parse_field
+    from interlock.core.errors import PolicyError
+    from interlock.core.fields import parse_field
 
     overrides = {}
     for name, text in args.set:
@@ -149,7 +149,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def resolve_args(args: argparse.Namespace) -> Any:
     """Load, build the context and resolve: the shared body of explain and resolve."""
-    from interlock.policy.capabilities import capability_stage
+    from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
     policy = load(args)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from interlock.policy.commands.common import write_json
+from interlock.commands.common import write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

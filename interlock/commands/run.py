@@ -1,8 +1,8 @@
 """``policy run``: decide how to run a model, run it through the chosen runner plugin, show it.
 
 The decision is resolved for the model's architecture (traits from its
-config; ``demo`` is the built-in model) by ``interlock.policy.model_run``, the path
-``interlock.runners.llm.LLM`` takes too; one line on stderr names the runner, cudagraph
+config; ``demo`` is the built-in model) by ``interlock.model_run``, the path
+``interlock.llm.LLM`` takes too; one line on stderr names the runner, cudagraph
 mode and breakable with the policy line that chose each, and the runner is
 instantiated through the plugin that registers it. torch is imported only
 inside ``run`` (and where the platform is detected).
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from interlock.policy.commands.common import (
+from interlock.commands.common import (
     add_context_flags,
     add_policy_args,
     context_flags_of,
@@ -26,8 +26,8 @@ from interlock.policy.commands.common import (
     overrides_of,
     write_json,
 )
-from interlock.policy.errors import PolicyError
-from interlock.policy.fields import show_scalar
+from interlock.core.errors import PolicyError
+from interlock.core.fields import show_scalar
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PROMPT = (1, 2, 3)
@@ -95,8 +95,8 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.model_run import decided_by, resolve_model_run
     from interlock.plugins import load_registry
-    from interlock.policy.model_run import decided_by, resolve_model_run
 
     policy = load(args)
     _check_platform(args.platform)
@@ -138,7 +138,7 @@ def _debug_graphs(enabled: bool) -> Iterator[None]:
 
 def _check_platform(platform: str | None) -> None:
     """A run happens here: ``--platform`` may only name this machine's platform."""
-    from interlock.policy.context import detect_platform
+    from interlock.core.platform import detect_platform
 
     here = detect_platform()[0]
     if platform is not None and platform != here:
@@ -152,9 +152,9 @@ def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[
     """Run the prompts; returns (outputs, runner report, metrics)."""
     import torch
 
-    from interlock.policy.model_run import device_for
+    from interlock.llm import LLM, run_decision
+    from interlock.model_run import device_for
     from interlock.runners.engine.sampling import SamplingParams
-    from interlock.runners.llm import LLM, run_decision
 
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
     device = device_for(resolution.context.platform)

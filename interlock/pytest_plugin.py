@@ -34,7 +34,7 @@ class PolicyCaseFailed(Exception):
 
 class PolicyTestsFile(pytest.File):
     def collect(self) -> list[pytest.Item]:
-        from interlock.policy.errors import PolicyError
+        from interlock.core.errors import PolicyError
         from interlock.policy.loader import load_policy_sources
         from interlock.policy.policytest import TestRun
         from interlock.policy.source import read_source
@@ -71,7 +71,7 @@ class PolicyCaseItem(pytest.Item):
         self.run = run
 
     def runtest(self) -> None:
-        from interlock.policy.capabilities import capability_stage
+        from interlock.plugins.capabilities import capability_stage
         from interlock.policy.policytest import render_result, run_case
 
         result = run_case(self.run.policy, self.case, capabilities=capability_stage())

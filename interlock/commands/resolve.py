@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.policy.commands.common import add_context_args, resolve_args
+from interlock.commands.common import add_context_args, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

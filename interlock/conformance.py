@@ -1,4 +1,4 @@
-"""The conformance checks a runner plugin runs against itself (see ``interlock.plugins.testing``).
+"""The conformance checks a runner plugin runs against itself (see ``interlock.testing``).
 
 Each check returns findings (empty when the plugin conforms), so the same
 checks serve pytest, a CI script or an interactive session.
@@ -165,7 +165,7 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     import tempfile
     from pathlib import Path
 
-    from interlock.policy.context import detect_platform
+    from interlock.core.platform import detect_platform
     from interlock.runners.contract import RunDecision
     from interlock.runners.mrv1.runner import MRV1Runner
 
@@ -205,8 +205,8 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
 
 
 def _generate(model: object, platform: str, runner: object, decision: object) -> list[list[int]]:
+    from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams
-    from interlock.runners.llm import LLM
 
     llm = LLM(
         model, load_format="dummy", dtype="float32",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from interlock.policy.commands.common import add_policy_args
+from interlock.commands.common import add_policy_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,9 +41,9 @@ def _percent(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.policy.capabilities import capability_stage
-    from interlock.policy.commands.common import load
-    from interlock.policy.errors import PolicyError
+    from interlock.commands.common import load
+    from interlock.core.errors import PolicyError
+    from interlock.plugins.capabilities import capability_stage
     from interlock.policy.explain import use_color
     from interlock.policy.loader import policy_paths
     from interlock.policy.policytest import render_result, render_summary, run_cases

@@ -1,5 +1,5 @@
 """Deciding how to run one model on this machine: the resolution `policy run` and
-``interlock.runners.llm.LLM`` share, and the line naming who chose each field it acts on.
+``interlock.llm.LLM`` share, and the line naming who chose each field it acts on.
 
 torch is imported only where the platform is detected (``interlock.policy.context``).
 """
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.fields import show_scalar
 from interlock.policy.context import (
     MODEL_CONFIG,
     PROCESS_ENV,
@@ -18,7 +19,6 @@ from interlock.policy.context import (
     make_context,
     traits_from_config,
 )
-from interlock.policy.fields import show_scalar
 from interlock.policy.model import Policy
 from interlock.policy.trace import Provenance
 
@@ -47,7 +47,7 @@ def resolve_model_run(
     capabilities of the registered runner plugins. The keywords are ``make_context``'s
     (platform detected when None). Raises ``PolicyError`` (``CapabilityError`` when
     something forced is unsupported)."""
-    from interlock.policy.capabilities import capability_stage
+    from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
     context = _model_context(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.policy.commands.common import add_policy_args, write_json
+from interlock.commands.common import add_policy_args, write_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.policy.lint import lint_paths, summary
+    from interlock.plugins.checks import lint_paths
+    from interlock.policy.lint import summary
 
     findings = lint_paths(args.policy)
     errors, warnings, failed = summary(findings, strict=args.strict)

@@ -1,4 +1,4 @@
-"""The ``policy`` command line: one module per subcommand under :mod:`interlock.policy.commands`.
+"""The ``policy`` command line: one module per subcommand under :mod:`interlock.commands`.
 
 A subcommand module exposes ``add_parser(subparsers)`` (which sets ``run`` as the
 parser default) and ``run(args) -> int``; it imports what it needs inside
@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-#: Subcommands, in ``--help`` order; each is ``interlock.policy.commands.<name>``.
+#: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = ("explain", "resolve", "table", "check", "test", "diff", "schema", "plugins", "run")
 
 
@@ -28,7 +28,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS if command is None else (command,):
-        importlib.import_module(f"interlock.policy.commands.{name}").add_parser(subparsers)
+        importlib.import_module(f"interlock.commands.{name}").add_parser(subparsers)
     return parser
 
 
@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 after --help
         return exc.code if isinstance(exc.code, int) else 0
-    from interlock.policy.errors import PolicyError
+    from interlock.core.errors import PolicyError
 
     try:
         return int(args.run(args))

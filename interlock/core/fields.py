@@ -83,7 +83,7 @@ def parse_field(name: str, text: str) -> FieldValue:
 
 
 def _unknown_field(name: str) -> str:
-    from interlock.policy.suggest import hint
+    from interlock.core.suggest import hint
 
     allowed = ", ".join(DECISION_FIELDS)
     return f"unknown decision field {name!r}; allowed: {allowed}{hint(name, DECISION_FIELDS)}"

@@ -3,10 +3,10 @@
 In a plugin's own tests::
 
     # conftest.py
-    pytest_plugins = ["interlock.plugins.testing"]
+    pytest_plugins = ["interlock.testing"]
 
     # test_conformance.py
-    from interlock.plugins.testing import RunnerPluginConformance
+    from interlock.testing import RunnerPluginConformance
     import my_plugin
 
     class TestMyPlugin(RunnerPluginConformance):
@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import pytest
 
-from interlock.plugins.conformance import (
+from interlock.conformance import (
     MODEL_CHECKS,
     Finding,
     check_capabilities,

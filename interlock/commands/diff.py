@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from interlock.policy.commands.common import write_json
-from interlock.policy.errors import PolicyError
+from interlock.commands.common import write_json
+from interlock.core.errors import PolicyError
 
 GIT_PREFIX = "git:"
 DEFAULT_GIT_PATH = "policies.yaml"
@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fields(text: str) -> list[str]:
-    from interlock.policy.fields import DECISION_FIELDS
+    from interlock.core.fields import DECISION_FIELDS
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     for name in names:
@@ -58,8 +58,8 @@ def _fields(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.core.fields import DECISION_FIELDS
     from interlock.policy.diff import diff_policies, render_text, to_json
-    from interlock.policy.fields import DECISION_FIELDS
     from interlock.policy.loader import load_policy_sources
 
     old = load_policy_sources([read_policy_arg(args.old)])

@@ -1,6 +1,6 @@
 """The Python API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
-    from interlock.runners.llm import LLM
+    from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams
 
     llm = LLM("demo")
@@ -9,7 +9,7 @@
 
 A model directory with a ``tokenizer.json`` also accepts text prompts and
 returns text. Without a ``decision`` the policy decides, exactly as
-``policy run`` does (``interlock.policy.model_run``): for the model's architecture and
+``policy run`` does (``interlock.model_run``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
-from interlock.policy.context import detect_platform, has_triton_fact
-from interlock.policy.loader import load_policy
-from interlock.policy.model_run import (
+from interlock.core.platform import detect_platform
+from interlock.model_run import (
     GIVEN_BY_CALLER,
     LOGGED_FIELDS,
     decided_by,
@@ -42,6 +41,8 @@ from interlock.policy.model_run import (
     process_env,
     resolve_model_run,
 )
+from interlock.policy.context import has_triton_fact
+from interlock.policy.loader import load_policy
 from interlock.runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
 from interlock.runners.engine.engine import Engine, EngineConfig
 from interlock.runners.engine.kv_cache import plan_kv_cache

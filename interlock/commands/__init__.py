@@ -1,0 +1,1 @@
+"""Subcommands of ``policy``; :mod:`interlock.cli` states the contract of each module."""

@@ -1,1 +1,0 @@
-"""Subcommands of ``policy``; :mod:`interlock.policy.cli` states the contract of each module."""
