@@ -108,13 +108,6 @@ class Attention(nn.Module):
             )
         self.k_cache, self.v_cache = k_cache, v_cache
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hk, D] -> [T, Hq, D]."""
-        self.store(k, v, metadata)
-        return self.split(q, metadata)
-
     def store(self, k: torch.Tensor, v: torch.Tensor, metadata: AttentionMetadata) -> None:
         """Write this step's keys and values into the paged cache (before the split point)."""
         if self.k_cache is None:

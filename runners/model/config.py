@@ -120,10 +120,6 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
-    @property
-    def is_moe(self) -> bool:
-        return self.moe is not None
-
 
 _Bad = Callable[[str, object, str], ConfigError]
 

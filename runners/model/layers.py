@@ -84,12 +84,6 @@ class SelfAttention(nn.Module):
             config.sliding_windows[layer_index], ops,
         )
 
-    def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        q = self.project(positions, hidden, metadata)
-        return self.output(self.attn.split(q, metadata))
-
     def project(
         self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
