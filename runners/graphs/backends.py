@@ -113,7 +113,7 @@ class CudaGraphBackend:
         try:
             outputs = as_outputs(fn())
         except BaseException:
-            _abandon(graph)
+            _abandon(graph, self.device)
             raise
         graph.capture_end()
         return CudaSegment(graph), outputs
@@ -137,19 +137,24 @@ class CudaGraphBackend:
             with attention_split(split):
                 outputs = as_outputs(fn())
         except BaseException:
-            _abandon(graph)
+            _abandon(graph, self.device)
             raise
         graph.capture_end()
         steps.append(CudaSegment(graph))
         return SegmentedProgram(steps, outputs)
 
 
-def _abandon(graph: torch.cuda.CUDAGraph) -> None:
+def _abandon(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
     """End a capture that raised; CUDA reports the invalidated capture, which is expected."""
     try:
         graph.capture_end()
     except RuntimeError:
-        pass
+        # capture_end raised before the RNG's capture epilogue ran, leaving the device's
+        # generator "capturing": every later random op on it (sampling) would then fail with
+        # "Offset increment outside graph capture". A clone of its state (same seed and
+        # offset) is not capturing.
+        generator = torch.cuda.default_generators[device.index or 0]
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 @dataclass(eq=False)
