@@ -75,7 +75,7 @@ def in_process() -> list[tuple[str, tuple[float, float]]]:
             "registry: discovery (entry points, pluggy, hooks)",
             per_call(lambda: plugins.load_registry(refresh=True), 50),
         ),
-        ("registry: from the disk cache (stat + unpickle)", per_call(from_cache, 500)),
+        ("registry: from the disk cache (stat + JSON)", per_call(from_cache, 500)),
         ("registry: memoized in the process", per_call(plugins.load_registry, 100_000)),
         ("cold resolve, shipped policy, without stage 5", per_call(lambda: cold(None), 5_000)),
         ("cold resolve, shipped policy, with stage 5", per_call(lambda: cold(stage), 5_000)),

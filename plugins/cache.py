@@ -2,11 +2,13 @@
 
 Discovery costs importlib.metadata, pluggy and every plugin's declaration
 module (tens of ms); the declarations are plain dataclasses, so the registry
-is pickled and reused while nothing it came from has changed. Like a ``.pyc``,
-validity is checked by stat: every ``sys.path`` entry (installing or removing
-a distribution changes its directory) and every source file the declarations
-were read from. A registry with a failed plugin or a runner conflict is never
-stored, so fixing a plugin takes effect at once.
+is stored as JSON (rebuilt with the specs' ``from_dict``) and reused while
+nothing it came from has changed. Like a ``.pyc``, validity is checked by
+stat: every ``sys.path`` entry (installing or removing a distribution changes
+its directory), every distribution's ``entry_points.txt`` (an edit in place
+changes no directory) and every source file the declarations were read
+from. A registry with a failed plugin or a runner conflict is never stored,
+so fixing a plugin takes effect at once.
 """
 
 from __future__ import annotations
@@ -16,17 +18,18 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from interlock.core.disk_cache import read_entry, write_entry
+from interlock.core.disk_cache import read_json, write_json
 from interlock.plugins.api import PLUGIN_API_VERSION
-from interlock.plugins.registry import PluginRegistry
+from interlock.plugins.registry import PluginRecord, PluginRegistry
 from interlock.plugins.settings import Settings
+from interlock.plugins.spec import KernelSpec, RunnerSpec
 
 if TYPE_CHECKING:
     from interlock.plugins.discovery import Discovery
 
 NO_CACHE_ENV = "INTERLOCK_NO_PLUGIN_CACHE"
-#: Bump when the pickled dataclasses change shape in a way file stats would not reveal.
-CACHE_FORMAT = 1
+#: Bump when the stored form changes in a way file stats would not reveal.
+CACHE_FORMAT = 2
 
 Stat = tuple[str, int, int]
 
@@ -57,14 +60,18 @@ def _stat(path: str) -> Stat:
 
 
 def load(settings: Settings) -> PluginRegistry | None:
-    """The cached registry, or None when there is none or anything it came from changed."""
-    entry = read_entry("plugins", _key(settings))
-    if not isinstance(entry, tuple) or len(entry) != 2:
+    """The cached registry, or None when there is none, it is damaged, or anything it came
+    from changed."""
+    entry = read_json("plugins", _key(settings))
+    try:
+        watched = entry["watched"]
+        if any(_stat(path) != (path, mtime, size) for path, mtime, size in watched):
+            return None
+        return PluginRegistry(
+            [_record(p) for p in entry["plugins"]], tuple(entry["unknown_disabled"])
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):  # not what store() wrote
         return None
-    watched, registry = entry
-    if any(_stat(item[0]) != tuple(item) for item in watched):
-        return None
-    return registry if isinstance(registry, PluginRegistry) else None
 
 
 def store(settings: Settings, found: Discovery) -> bool:
@@ -73,4 +80,26 @@ def store(settings: Settings, found: Discovery) -> bool:
     if registry.failed() or registry.conflicts:
         return False
     watched = [_stat(p) for p in sorted({*_search_path(), *found.watched})]
-    return write_entry("plugins", _key(settings), (watched, registry))
+    return write_json(
+        "plugins",
+        _key(settings),
+        {
+            "watched": watched,
+            "plugins": [p.to_dict() for p in registry.plugins],
+            "unknown_disabled": list(registry.unknown_disabled),
+        },
+    )
+
+
+def _record(data: dict) -> PluginRecord:
+    fields = {k: data[k] for k in ("name", "distribution", "version", "source", "detail")}
+    if not all(isinstance(v, str) for v in fields.values()):
+        raise ValueError("not a stored plugin record")
+    if data["status"] not in ("ok", "failed", "disabled", "incompatible"):
+        raise ValueError("not a stored plugin status")
+    return PluginRecord(
+        **fields,
+        status=data["status"],
+        runners=tuple(RunnerSpec.from_dict(r) for r in data["runners"]),
+        kernels=tuple(KernelSpec.from_dict(k) for k in data["kernels"]),
+    )

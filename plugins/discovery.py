@@ -207,10 +207,27 @@ def _watched_files(sources: Sequence[PluginSource], modules_before: set[str]) ->
     plugin's own package (it may have been imported before discovery ran)."""
     # interlock itself too: specs hold compiled conditions (interlock.policy.conditions objects).
     packages = {"interlock", *(s.module.split(".")[0] for s in sources if s.module)}
-    files = set()
+    files = set(_entry_point_files())
     for name, module in list(sys.modules.items()):
         if name not in modules_before or name.split(".")[0] in packages:
             path = getattr(module, "__file__", None)
             if path:
                 files.add(path)
     return sorted(files)
+
+
+def _entry_point_files() -> list[str]:
+    """Every distribution's ``entry_points.txt`` on ``sys.path``: editing one in place changes
+    what is discovered but not the directory it sits in."""
+    found = []
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or os.curdir) as items:
+                names = [i.name for i in items if i.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(os.path.abspath(entry or os.curdir), name, "entry_points.txt")
+            if os.path.isfile(path):
+                found.append(path)
+    return found

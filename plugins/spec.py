@@ -2,7 +2,8 @@
 
 Plain frozen dataclasses, validated on construction with messages naming the
 offending value and the allowed ones. Cheap to import (no torch, no pydantic):
-the cached registry is unpickled on every `policy explain`. The objects that
+the cached registry is rebuilt from its JSON form (``to_dict``/``from_dict``)
+on every `policy explain`. The objects that
 do the work are named by import path (``module:attr``) and loaded only when a
 run needs them.
 """
@@ -146,6 +147,20 @@ class Unsupported:
     def to_dict(self) -> dict[str, Any]:
         return {"feature": self.feature, "when": dict(self.when)}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Unsupported:
+        """Rebuild what :meth:`to_dict` wrote for a validated declaration (the registry cache)
+        without the pydantic validation, which only declaring needs."""
+        from interlock.policy.conditions import build_when
+
+        if not isinstance(data["when"], dict):
+            raise _fail("when", "must be a mapping")
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "feature", _text("feature", data["feature"]))
+        object.__setattr__(obj, "when", data["when"])
+        object.__setattr__(obj, "condition", build_when(data["when"]))
+        return obj
+
 
 @dataclass(frozen=True)
 class RunnerSpec:
@@ -200,6 +215,19 @@ class RunnerSpec:
             "factory": self.factory,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunnerSpec:
+        """The spec :meth:`to_dict` describes (validated again)."""
+        return cls(
+            name=data["name"],
+            description=data["description"],
+            plugin_api=data["plugin_api"],
+            platforms={p: PlatformSupport(**s) for p, s in data["platforms"].items()},
+            factory=data["factory"],
+            unsupported=tuple(Unsupported.from_dict(u) for u in data["unsupported"]),
+            fallback=data["fallback"],
+        )
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -240,3 +268,8 @@ class KernelSpec:
             "plugin_api": self.plugin_api,
             "unavailable": self.unavailable,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KernelSpec:
+        """The spec :meth:`to_dict` describes (validated again)."""
+        return cls(**data)

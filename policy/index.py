@@ -83,11 +83,6 @@ class RuleIndex:
         """Forget the candidates worked out so far (benchmarks measure the cold path)."""
         self._cache.clear()
 
-    def __getstate__(self) -> dict[str, object]:
-        state = dict(self.__dict__)
-        state["_cache"] = {}
-        return state
-
 
 def _key(value: Any) -> Any:
     # Keep True and 1 apart, as conditions do.

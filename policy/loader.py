@@ -1,7 +1,8 @@
 """Finding, reading, layering and caching policies.
 
-A warm load reads the files, hashes them and unpickles the validated policy
-from the cache: no YAML parser and no pydantic are imported on that path.
+A warm load reads the files, hashes them and rebuilds the validated policy from
+its JSON form in the cache (:mod:`interlock.policy.stored`): no YAML parser and
+no pydantic are imported on that path.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from interlock.core.disk_cache import read_entry, write_entry
+from interlock.core.disk_cache import read_json, write_json
 from interlock.core.errors import PolicyError
 from interlock.policy.model import Policy
 from interlock.policy.source import MAX_FILE_BYTES, read_source
 
-#: Bump when the pickled dataclasses change shape in a way file stats would not reveal.
-CACHE_FORMAT = 1
+#: Bump when the stored form changes in a way file stats would not reveal.
+CACHE_FORMAT = 2
 SHIPPED_NAME = "policies.yaml"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -63,19 +64,37 @@ def load_policy_sources(sources: list[tuple[str, bytes]], *, use_cache: bool = T
     revision = hashlib.sha256("".join(sha for _, _, sha in hashed).encode()).hexdigest()[:16]
     key = _cache_key(hashed) if use_cache else ""
     if use_cache:
-        cached = read_entry("policy", key)
-        if isinstance(cached, Policy):
+        cached = _from_cache(key, revision, [sha for _, _, sha in hashed])
+        if cached is not None:
             return cached
     from interlock.policy.build import build_policy
 
     policy = build_policy(hashed, revision)
     if use_cache:
-        write_entry("policy", key, policy)
+        from interlock.policy.stored import policy_to_data
+
+        write_json("policy", key, policy_to_data(policy))
+    return policy
+
+
+def _from_cache(key: str, revision: str, shas: list[str]) -> Policy | None:
+    """The cached policy for these sources, or None (absent, damaged, or for other files)."""
+    data = read_json("policy", key)
+    if data is None:
+        return None
+    from interlock.policy.stored import policy_from_data
+
+    try:
+        policy = policy_from_data(data)
+    except ValueError:
+        return None
+    if policy.revision != revision or [f.sha256 for f in policy.files] != shas:
+        return None
     return policy
 
 
 def _code_fingerprint() -> str:
-    """Identifies the code that pickled an entry: format, Python, and the policy modules' stats."""
+    """Identifies the code that wrote an entry: format, Python, and the policy modules' stats."""
     from interlock.policy import __version__
 
     parts = [str(CACHE_FORMAT), __version__, sys.version]

@@ -1,6 +1,7 @@
 """The validated policy as plain frozen dataclasses: what the resolver and the cache use.
 
-Mappings inside are ordinary dicts (picklable, fast); treat them as read-only.
+Mappings inside are ordinary dicts (fast); treat them as read-only. The disk cache stores
+the policy as plain data (:mod:`interlock.policy.stored`).
 """
 
 from __future__ import annotations
@@ -84,13 +85,8 @@ class Policy:
     env: dict[str, EnvBinding]
     rules: tuple[Rule, ...]
     index: Any = field(repr=False)
-    #: Resolutions memoized by (context, overrides, capabilities); never pickled.
+    #: Resolutions memoized by (context, overrides, capabilities); never stored.
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["memo"] = {}
-        return state
 
     def stamp(self) -> dict[str, Any]:
         """What every decision is stamped with."""

@@ -29,7 +29,7 @@ def _no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_second_process_reads_the_cache(private_cache: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     first = plugins.load_registry()
-    assert list(private_cache.glob("plugins-*.pickle"))
+    assert list(private_cache.glob("plugins-*.entry"))
     plugins.reset()  # as a new process would start
     _no_discovery(monkeypatch)
     again = plugins.load_registry()
@@ -92,7 +92,7 @@ def test_settings_select_their_own_entry(private_cache: Path, monkeypatch) -> No
     monkeypatch.setenv("INTERLOCK_DISABLE_PLUGINS", "mrv2")
     plugins.reset()
     assert plugins.load_registry().find("mrv2") is None
-    assert len(list(private_cache.glob("plugins-*.pickle"))) == 2
+    assert len(list(private_cache.glob("plugins-*.entry"))) == 2
 
 
 def test_refresh_and_opt_out_always_discover(private_cache: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -109,8 +109,8 @@ def test_refresh_and_opt_out_always_discover(private_cache: Path, monkeypatch) -
 
 def test_a_damaged_entry_is_rebuilt(private_cache: Path) -> None:
     plugins.load_registry()
-    (entry,) = private_cache.glob("plugins-*.pickle")
-    entry.write_bytes(b"not a pickle")
+    (entry,) = private_cache.glob("plugins-*.entry")
+    entry.write_bytes(b"not an entry")
     plugins.reset()
     assert "mrv1" in plugins.load_registry().runner_names()
-    assert entry.read_bytes() != b"not a pickle"
+    assert entry.read_bytes() != b"not an entry"

@@ -14,7 +14,7 @@ from interlock.policy import load_policy, make_context, resolve
 
 
 def entries() -> list[Path]:
-    return sorted(cache_dir().glob("policy-*.pickle"))
+    return sorted(cache_dir().glob("policy-*.entry"))
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path) -> None:
@@ -46,7 +46,7 @@ def test_an_edit_is_a_new_entry(write, base) -> None:
     assert len(entries()) == 2
 
 
-@pytest.mark.parametrize("garbage", [b"", b"not a pickle", b"\x80\x05K\x01."])
+@pytest.mark.parametrize("garbage", [b"", b"not an entry", b"\x80\x05K\x01."])
 def test_corrupt_entry_is_ignored_and_rebuilt(write, base, garbage: bytes) -> None:
     path = write("p.yaml", base)
     load_policy([path])
@@ -74,7 +74,7 @@ def test_errors_are_not_cached(write, base) -> None:
     assert entries() == []
 
 
-def test_memo_is_not_pickled(write, base) -> None:
+def test_memo_is_not_stored(write, base) -> None:
     path = write("p.yaml", base)
     policy = load_policy([path])
     resolve(policy, make_context("DsaModel", platform="cuda"))

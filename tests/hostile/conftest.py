@@ -1,0 +1,44 @@
+"""Fixtures for the hostile-input tests: an isolated cache and environment per test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from interlock.core import disk_cache
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("INTERLOCK_POLICY", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+    # The "running without the cache" notice is said once per process; each test is one.
+    monkeypatch.setattr(disk_cache, "_warned", False)
+    monkeypatch.setattr(disk_cache, "_refused", None)
+
+
+POLICY = """\
+schema_version: 1
+version: "h1"
+catalog:
+  DsaModel: {moe: true, attention: dsa}
+  DenseModel: {moe: false, attention: gqa}
+defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
+env:
+  USE_V2: {field: runner, values: {"0": mrv1, "1": mrv2}}
+rules:
+  - id: dsa-on-mrv1
+    when: {attention: dsa, features: {tensor_parallel_size: {gt: 1}}}
+    set: {runner: mrv1}
+    reason: a reason long enough to pass
+"""
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY)
+    return path
