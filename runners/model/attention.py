@@ -1,8 +1,8 @@
 """The one attention layer every model uses, its metadata, and the split point graph backends use.
 
-Every attention in every model goes through ``Attention.forward``:
+Every attention in every model goes through ``Attention``, in two calls:
 
-1. ``store_kv_cache`` writes this step's keys and values into the paged cache
+1. ``store`` (the ``store_kv_cache`` op) writes this step's keys and values into the paged cache
    (padding rows have slot -1 and are skipped);
 2. the attention computation itself — ``Attention.attend``, which reads only
    the paged cache and the query — is the **split point**.

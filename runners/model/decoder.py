@@ -2,7 +2,8 @@
 
 Llama, Mistral, Qwen2/3 and their MoE variants differ only in what their
 ``ModelConfig`` switches on (biases, q/k norm, sliding windows, routed or
-dense MLP per layer) and in checkpoint names, so one class serves them all.
+dense MLP per layer) and in checkpoint names, so one class serves them all;
+each family's module in ``interlock.runners.model.families`` declares both.
 
 The forward is written to be capturable: tensors in, tensors out, no host
 syncs, and every attention goes through ``interlock.runners.model.attention.Attention``.
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.families import checkpoint_names
 from interlock.runners.model.layers import (
     CheckpointSlots,
     DenseMLP,
@@ -59,9 +61,9 @@ class DecoderLayer(nn.Module):
         self.mlp: DenseMLP | SparseMoE
         self.mlp_prefix = "mlp"
         if config.moe is not None and index in config.moe.sparse_layers:
-            mixtral = config.architecture == "MixtralForCausalLM"
-            self.mlp_prefix = "block_sparse_moe" if mixtral else "mlp"
-            self.mlp = SparseMoE(config, ops, "mixtral" if mixtral else "qwen")
+            names = checkpoint_names(config.architecture)
+            self.mlp_prefix = names.moe_block
+            self.mlp = SparseMoE(config, ops, names.experts)
         else:
             self.mlp = DenseMLP(config.hidden_size, config.intermediate_size, ops, config.mlp_bias)
 

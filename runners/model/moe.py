@@ -10,12 +10,6 @@ from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
 
-# Checkpoint names of an expert's (gate, up, down) projections, per naming style.
-EXPERT_NAMES = {
-    "mixtral": ("w1", "w3", "w2"),
-    "qwen": ("gate_proj", "up_proj", "down_proj"),
-}
-
 
 class SparseMoE(nn.Module):
     """Softmax router, top-k experts (optionally renormalised), plus an optional shared expert.
@@ -23,7 +17,10 @@ class SparseMoE(nn.Module):
     The shared expert is scaled by sigmoid(shared_expert_gate(x)) as in Qwen2-MoE.
     """
 
-    def __init__(self, config: ModelConfig, ops: KernelTable, naming: str) -> None:
+    def __init__(
+        self, config: ModelConfig, ops: KernelTable, expert_names: tuple[str, str, str]
+    ) -> None:
+        """``expert_names``: the checkpoint names of an expert's gate, up and down projections."""
         super().__init__()
         moe = config.moe
         if moe is None:
@@ -33,7 +30,7 @@ class SparseMoE(nn.Module):
         self.top_k = moe.top_k
         self.renormalize = moe.norm_topk_prob
         self.intermediate_size = size
-        self.expert_names = EXPERT_NAMES[naming]
+        self.expert_names = expert_names
         self.router_weight = empty_weight(moe.num_experts, hidden)
         self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate rows, then up
         self.w2 = empty_weight(moe.num_experts, hidden, size)
