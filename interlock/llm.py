@@ -96,7 +96,9 @@ class LLM:
                     "decision=RunDecision(...) saying how to run it (the policy decides only "
                     "for the runners plugins register)"
                 )
-            self.resolution: Resolution | None = _resolve(model, device, policy, overrides)
+            self.resolution: Resolution | None = _resolve(
+                source.name, device, policy, overrides
+            )
             decision = run_decision(self.resolution.decision)
             decided = decided_by(self.resolution)
         else:
@@ -107,7 +109,7 @@ class LLM:
                 )
             self.resolution = None
             decided = _given_by_caller(decision)
-        LOG.info("LLM %s: %s", source.name, decided)
+        LOG.info("LLM %s: %s", os.fspath(model), decided)
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)
         limit = config.max_position_embeddings

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.policy.context import (
     MODEL_CONFIG,
@@ -42,15 +43,15 @@ def resolve_model_run(
     env: Mapping[str, str] | None = None,
     sources: Mapping[str, str] | None = None,
 ) -> Resolution:
-    """The decision for running ``model`` (a model directory, or ``demo``: the built-in
-    model) under ``policy``, for its architecture and config-derived traits, with the
-    capabilities of the registered runner plugins. The keywords are ``make_context``'s
-    (platform detected when None). Raises ``PolicyError`` (``CapabilityError`` when
-    something forced is unsupported)."""
+    """The decision for running ``model`` (a model directory, a named model, a GGUF file,
+    or ``demo``: the built-in model) under ``policy``, for its architecture and
+    config-derived traits, with the capabilities of the registered runner plugins. The
+    keywords are ``make_context``'s (platform detected when None). Raises ``PolicyError``
+    (``CapabilityError`` when something forced is unsupported)."""
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
-    context = _model_context(
+    context = model_context(
         model, platform=platform, device_arch=device_arch, features=features, env=env,
         sources=sources,
     )
@@ -89,13 +90,35 @@ def _chooser(prov: Provenance) -> str:
     return f"{who}, {prov.location}" if prov.location else who
 
 
-def _model_context(model: str | os.PathLike[str], **common: Any) -> Context:
-    """The context of the run: the model's architecture and traits, and ``common``."""
-    if os.fspath(model) != DEMO:
-        return make_context(None, model=model, **common)
+def model_target(model: str | os.PathLike[str]) -> str:
+    """What the policy and the runners read for ``model``: ``demo``, or the model directory
+    (a named model's or a GGUF file's conversion, made on first use). A model that cannot be
+    resolved is a ``PolicyError`` saying why."""
+    from interlock.runners.model.sources import ModelSourceError, model_directory
+
+    try:
+        directory = model_directory(model)
+    except ModelSourceError as exc:
+        raise PolicyError(str(exc)) from None
+    return DEMO if directory is None else str(directory)
+
+
+def model_context(
+    model: str | os.PathLike[str], architecture: str | None = None, **common: Any
+) -> Context:
+    """The context of running ``model``: its architecture and traits (``architecture``, when
+    given, must agree), and ``common`` (``make_context``'s keywords)."""
+    target = model_target(model)
+    if target != DEMO:
+        return make_context(architecture, model=target, **common)
     from interlock.runners.model.demo import DEMO_CONFIG
 
-    context = make_context(DEMO_CONFIG["architectures"][0], **common)
+    demo_architecture = DEMO_CONFIG["architectures"][0]
+    if architecture not in (None, demo_architecture):
+        raise PolicyError(
+            f"architecture {architecture!r} disagrees with the demo model's {demo_architecture!r}"
+        )
+    context = make_context(demo_architecture, **common)
     traits = traits_from_config(DEMO_CONFIG)
     facts = {f"traits.{name}": f"{MODEL_CONFIG} ({note})" for name, (_, note) in traits.items()}
     return replace(

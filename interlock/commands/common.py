@@ -48,7 +48,9 @@ def add_context_args(parser: argparse.ArgumentParser) -> None:
     )
     add_context_flags(parser)
     parser.add_argument(
-        "--model", metavar="PATH", help="model directory or config.json: architecture and traits"
+        "--model", metavar="PATH|NAME",
+        help="model directory, config.json, GGUF file, or a named model (smollm2, demo): "
+        "architecture and traits",
     )
     add_policy_args(parser)
 
@@ -129,9 +131,14 @@ def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]
 
 
 def context_of(args: argparse.Namespace, policy: Policy) -> Any:
-    from interlock.policy.context import make_context
+    flags = context_flags_of(args, policy)
+    if args.model is None:
+        from interlock.policy.context import make_context
 
-    return make_context(args.architecture, model=args.model, **context_flags_of(args, policy))
+        return make_context(args.architecture, **flags)
+    from interlock.model_run import model_context
+
+    return model_context(args.model, args.architecture, **flags)
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:

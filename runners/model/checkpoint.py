@@ -25,6 +25,7 @@ from interlock.runners.model import demo
 from interlock.runners.model.config import ModelConfig, load_config
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
+from interlock.runners.model.sources import NAMED_MODELS, model_directory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *MODEL_DTYPES)
@@ -43,20 +44,23 @@ class CheckpointError(ValueError):
 class ModelSource:
     """What ``model=`` names: the built-in demo, or a directory with config.json."""
 
-    name: str  # "demo" or the directory as given
+    name: str  # "demo" or the directory to load (a GGUF file's conversion)
     directory: Path | None  # None for the demo
     config: ModelConfig
 
 
 def resolve_model(model: str | Path) -> ModelSource:
-    if str(model) == demo.DEMO:
+    """``demo``, a named model or a GGUF file (its cached conversion, made on first use: see
+    ``runners.model.sources``), or a model directory."""
+    directory = model_directory(model)
+    if directory is None:
         return ModelSource(demo.DEMO, None, demo.demo_config())
-    path = Path(model)
-    if not (path / "config.json").is_file():
+    if not (directory / "config.json").is_file():
         raise CheckpointError(
-            f"model {str(model)!r} is neither {demo.DEMO!r} nor a directory containing config.json"
+            f"model {str(model)!r} is neither {demo.DEMO!r}, a named model "
+            f"({', '.join(NAMED_MODELS)}), a .gguf file nor a directory containing config.json"
         )
-    return ModelSource(str(model), path, load_config(path))
+    return ModelSource(str(directory), directory, load_config(directory))
 
 
 def resolve_dtype(dtype: str, config: ModelConfig) -> str:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from interlock.runners.model.sources import ModelSourceError
+
 #: Bumped whenever the converter's output changes: a cached conversion made by
 #: another version is converted again.
 CONVERTER_VERSION = 1
@@ -94,7 +96,7 @@ _WHY_UNSUPPORTED = {
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-class GGUFError(ValueError):
+class GGUFError(ModelSourceError):
     """A GGUF file this project cannot convert, naming the file and what is unsupported."""
 
 

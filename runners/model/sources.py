@@ -7,8 +7,9 @@ converter version; later loads read the plain model directory written there.
 The cache is used only when ``interlock.core.disk_cache.safe_cache_dir`` allows it
 (otherwise the file is converted into a temporary directory for this process,
 and stderr says so once); an entry is a directory whose files must all be real
-files owned by the user (symbolic links are never followed), listed with their
-sizes in a manifest, so a damaged or planted entry is converted again. Torch-free, so ``policy explain --model`` can use it.
+files owned by the user (symbolic links are never followed), listed in a manifest
+with their sizes (and digests of the text files), so a damaged or planted entry
+is converted again. Torch-free, so ``policy explain --model`` can use it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from interlock.core.disk_cache import safe_cache_dir
-from interlock.runners.model import gguf
 
 DEMO = "demo"
 MANIFEST = "interlock-conversion.json"
@@ -123,6 +123,8 @@ def converted(path: Path, *, sha256: str | None = None) -> Path:
     ``sha256`` pins the file's content (a named model): a cached conversion under
     that key is used without hashing the file, and a conversion checks it first.
     """
+    from interlock.runners.model import gguf  # numpy: only for a GGUF model
+
     if not path.is_file():
         raise ModelSourceError(f"{path}: no such GGUF file")
     digest = sha256 or file_sha256(path)
@@ -160,6 +162,8 @@ def _convert_cached(path: Path, entry: Path, digest: str, pinned: str | None) ->
 
 
 def _convert(path: Path, target: Path, digest: str, pinned: str | None) -> None:
+    from interlock.runners.model import gguf
+
     if pinned is not None:
         actual = file_sha256(path)
         if actual != pinned:
@@ -192,6 +196,8 @@ def _convert(path: Path, target: Path, digest: str, pinned: str | None) -> None:
 def _valid(entry: Path, digest: str) -> bool:
     """Whether ``entry`` is a complete conversion of ``digest`` by this converter version,
     made of real files owned by the current user (symlinks are never followed)."""
+    from interlock.runners.model import gguf
+
     if not _own(entry, directory=True) or not _own(entry / MANIFEST, directory=False):
         return False
     try:

