@@ -16,7 +16,8 @@ bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
 one INFO line on the ``interlock`` logger names who chose the runner,
 cudagraph mode and breakable. The runner is the one the decision names,
 created through the plugin that registers it, or an object given as
-``runner`` (which then needs an explicit ``decision``).
+``runner`` (which then needs an explicit ``decision``). Plugins' kernels are
+installed before it loads, whichever runner it is.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
 
 if TYPE_CHECKING:
+    from interlock.plugins.kernels import KernelInstall
     from interlock.policy.resolution import Decision, Resolution
 
 Prompt = str | Sequence[int]
@@ -110,6 +112,7 @@ class LLM:
             self.resolution = None
             decided = _given_by_caller(decision)
         LOG.info("LLM %s: %s", os.fspath(model), decided)
+        self.plugin_kernels = install_plugin_kernels()
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)
         limit = config.max_position_embeddings
@@ -200,6 +203,21 @@ class LLM:
             ttft_s=ttft,
             tpot_s=decode_time / (len(tokens) - 1) if len(tokens) > 1 else 0.0,
         )
+
+
+def install_plugin_kernels() -> KernelInstall:
+    """Put every ok plugin's kernel implementations into ``kernels.REGISTRY``, before any
+    runner (built-in or a plugin's) builds its kernel table, so each of them can dispatch
+    to them and ``INTERLOCK_KERNELS`` can name their backends. Idempotent. A kernel that
+    cannot be installed is logged as a warning and left out (its plugin's other kernels
+    still install); with ``INTERLOCK_PLUGINS_STRICT=1`` it raises ``PluginError``."""
+    from interlock.kernels import REGISTRY
+    from interlock.plugins.kernels import install_plugin_kernels as install
+
+    report = install(REGISTRY)
+    for failure in report.failed:
+        LOG.warning("plugin kernel not installed: %s", failure)
+    return report
 
 
 def runner_from_plugin(name: str) -> Runner:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from interlock.kernels import reference as _reference  # noqa: F401  (registers the torch ops)
 from interlock.kernels import triton as _triton  # noqa: F401  (registers the Triton ops, lazily)
+from interlock.kernels.reference import MODEL_OPS  # (registers the torch reference ops)
 from interlock.kernels.registry import (
     REGISTRY,
     KernelChoice,
@@ -12,4 +12,4 @@ from interlock.kernels.registry import (
     KernelRegistry,
 )
 
-__all__ = ["REGISTRY", "KernelChoice", "KernelError", "KernelImpl", "KernelRegistry"]
+__all__ = ["MODEL_OPS", "REGISTRY", "KernelChoice", "KernelError", "KernelImpl", "KernelRegistry"]

@@ -7,14 +7,29 @@ in float32 then cast back, softmax in float32) so the models match it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from interlock.kernels.registry import REGISTRY
 
-torch_op = REGISTRY.implement  # all ops below: backend "torch", every platform and dtype
+#: The ops of the model contract, in definition order: what a runner's kernel table holds.
+#: Defining a reference here is what adds an op; other backends may then implement it.
+MODEL_OPS: list[str] = []
 
 
-@torch_op("rms_norm", "torch")
+def torch_op(op: str) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as the reference of ``op`` (backend torch, every platform and dtype)."""
+
+    def wrap(fn: Callable) -> Callable:
+        REGISTRY.implement(op, "torch")(fn)
+        MODEL_OPS.append(op)
+        return fn
+
+    return wrap
+
+
+@torch_op("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """[T, H] -> [T, H]."""
     xf = x.float()
@@ -22,7 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-@torch_op("fused_add_rms_norm", "torch")
+@torch_op("fused_add_rms_norm")
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,14 +46,14 @@ def fused_add_rms_norm(
     return rms_norm(summed, weight, eps), summed
 
 
-@torch_op("silu_and_mul", "torch")
+@torch_op("silu_and_mul")
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """[T, 2I] -> [T, I]: silu(gate) * up."""
     gate, up = x.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
 
 
-@torch_op("rotary_embedding", "torch")
+@torch_op("rotary_embedding")
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> None:
@@ -59,7 +74,7 @@ def rotary_embedding(
         t[..., half:] = x2 * cos + x1 * sin
 
 
-@torch_op("store_kv_cache", "torch")
+@torch_op("store_kv_cache")
 def store_kv_cache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -123,7 +138,7 @@ def _gather_sequence(cache: torch.Tensor, block_table: torch.Tensor, length: int
     return _gather_blocks(cache, block_table[None, :n_blocks])[0, :length]
 
 
-@torch_op("paged_attention", "torch")
+@torch_op("paged_attention")
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -154,7 +169,7 @@ def paged_attention(
     return out
 
 
-@torch_op("paged_decode_attention", "torch")
+@torch_op("paged_decode_attention")
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -186,7 +201,7 @@ def paged_decode_attention(
     return out[:, :, 0].nan_to_num(0.0)
 
 
-@torch_op("moe_route", "torch")
+@torch_op("moe_route")
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,7 +216,7 @@ def moe_route(
     return weights, ids
 
 
-@torch_op("moe_experts", "torch")
+@torch_op("moe_experts")
 def moe_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -223,7 +238,7 @@ def moe_experts(
     return out
 
 
-@torch_op("sample", "torch")
+@torch_op("sample")
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,

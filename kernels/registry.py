@@ -17,6 +17,9 @@ PLATFORMS = ("cpu", "cuda", "rocm", "xpu")
 GPU_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
 DTYPES = ("float32", "bfloat16", "float16")
 FORCE_ENV = "INTERLOCK_KERNELS"
+#: The backend of the torch references (``interlock.kernels.reference``): an op exists
+#: because its reference does; every other backend implements some of those ops.
+REFERENCE_BACKEND = "torch"
 
 
 class KernelError(LookupError):
@@ -74,6 +77,13 @@ class KernelRegistry:
     _impls: dict[str, list[KernelImpl]] = field(default_factory=dict)
 
     def register(self, impl: KernelImpl) -> KernelImpl:
+        """Add an implementation; an op is opened by its reference (backend ``torch``), and
+        another backend's implementation of an op without one is refused."""
+        if impl.backend != REFERENCE_BACKEND and impl.op not in self._impls:
+            raise KernelError(
+                f"op {impl.op!r} has no {REFERENCE_BACKEND} reference, so {impl.backend!r} "
+                f"(from {impl.provider}) cannot implement it; known ops: {', '.join(self.ops())}"
+            )
         for other in self._impls.get(impl.op, []):
             if other.backend == impl.backend:
                 raise KernelError(
@@ -125,11 +135,14 @@ class KernelRegistry:
     ) -> KernelChoice:
         """Pick an implementation of ``op``.
 
-        ``force`` (or ``$INTERLOCK_KERNELS``) names the only acceptable backend:
-        if it cannot serve, that is an error, never a silent fallback.
+        ``force`` (or ``$INTERLOCK_KERNELS``) names a backend that must serve every op it
+        implements: if it cannot, that is an error, never a silent fallback. An op it does
+        not implement (a plugin backend usually brings a few) is chosen as usual, and the
+        reason says so.
         """
         impls = self.implementations(op)
         force = force or os.environ.get(FORCE_ENV) or None
+        rejected: list[str] = []
         if force is not None:
             backends = self.backends()
             if force not in backends:
@@ -137,18 +150,14 @@ class KernelRegistry:
                     f"{FORCE_ENV}={force!r} is not a kernel backend; known: {', '.join(backends)}"
                 )
             impl = next((i for i in impls if i.backend == force), None)
-            if impl is None:
-                raise KernelError(
-                    f"backend {force!r} was forced but has no implementation of op {op!r} "
-                    f"(it has: {', '.join(i.backend for i in impls)})"
-                )
-            why_not = impl.serves(platform, dtype)
-            if why_not is not None:
-                raise KernelError(f"backend {force!r} was forced for op {op!r}: {why_not}")
-            return KernelChoice(op, impl, impl.load(), f"forced {force}")
+            if impl is not None:
+                why_not = impl.serves(platform, dtype)
+                if why_not is not None:
+                    raise KernelError(f"backend {force!r} was forced for op {op!r}: {why_not}")
+                return KernelChoice(op, impl, impl.load(), f"forced {force}")
+            rejected.append(f"forced {force} has no {op}")
 
         order = list(preference) if preference is not None else default_preference(platform)
-        rejected: list[str] = []
         for backend in order:
             impl = next((i for i in impls if i.backend == backend), None)
             if impl is None:

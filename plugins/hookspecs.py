@@ -31,7 +31,7 @@ class Hooks:
 
     @hookspec
     def interlock_kernel_specs(self) -> list[KernelSpec]:  # type: ignore[empty-body]
-        """Extra kernel implementations this plugin provides (installed when kernels load)."""
+        """Extra kernel implementations this plugin provides (installed before any runner loads)."""
 
 
 HOOK_NAMES: tuple[str, ...] = ("interlock_runner_specs", "interlock_kernel_specs")

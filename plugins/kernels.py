@@ -1,8 +1,9 @@
 """Installing plugins' kernel implementations into the kernel registry.
 
 Kernel specs are data (listed by `policy plugins` without torch); they become
-``kernels.KernelImpl`` only here, which the kernels side calls once kernels are
-loaded, so neither the policy nor the plugin manager ever imports torch.
+``kernels.KernelImpl`` only here, which the application layer
+(``interlock.llm.install_plugin_kernels``) calls before any runner loads, so
+neither the policy nor the plugin manager ever imports torch.
 """
 
 from __future__ import annotations

@@ -8,35 +8,40 @@ so the choice (and its reason) is made in one place and can be reported.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from interlock.kernels import REGISTRY, KernelChoice
+from interlock.kernels import MODEL_OPS, REGISTRY, KernelChoice
 
 
 @dataclass(frozen=True)
 class KernelTable:
-    """The chosen implementation of each op, callable as ``table.<op>(...)``."""
+    """The chosen implementation of each model op, callable as ``table.<op>(...)``.
 
-    rms_norm: Callable
-    fused_add_rms_norm: Callable
-    silu_and_mul: Callable
-    rotary_embedding: Callable
-    store_kv_cache: Callable
-    paged_attention: Callable
-    paged_decode_attention: Callable
-    moe_route: Callable
-    moe_experts: Callable
-    sample: Callable
+    The ops are those ``kernels.reference`` defines (``kernels.MODEL_OPS``), so a new op
+    needs no edit here.
+    """
+
     choices: tuple[KernelChoice, ...]
+    _fns: dict[str, Callable[..., Any]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fns", {c.op: c.fn for c in self.choices})
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        # Only called for names that are not attributes: the ops.
+        try:
+            return self.__dict__["_fns"][op]
+        except KeyError:
+            raise AttributeError(
+                f"no kernel op {op!r}; ops: {', '.join(self.__dict__.get('_fns', {}))}"
+            ) from None
 
     def describe(self) -> dict[str, tuple[str, str]]:
         """op -> (implementation label, reason it was chosen)."""
         return {c.op: (c.label, c.reason) for c in self.choices}
-
-
-OPS: tuple[str, ...] = tuple(f.name for f in fields(KernelTable) if f.name != "choices")
 
 
 def build_kernel_table(
@@ -45,9 +50,11 @@ def build_kernel_table(
     preference: Sequence[str] | None = None,
     force: str | None = None,
 ) -> KernelTable:
-    """Select every op for (platform, dtype); a forced backend that cannot serve is an error."""
-    choices = tuple(REGISTRY.select(op, platform, dtype, preference, force) for op in OPS)
-    return KernelTable(**{c.op: c.fn for c in choices}, choices=choices)
+    """Select every model op for (platform, dtype); a forced backend that cannot serve an
+    op it implements is an error."""
+    return KernelTable(
+        tuple(REGISTRY.select(op, platform, dtype, preference, force) for op in MODEL_OPS)
+    )
 
 
 def platform_of(device: torch.device) -> str:

@@ -12,6 +12,7 @@ import functools
 import importlib
 import sys
 
+from interlock.kernels import reference  # noqa: F401  (the ops exist before Triton implements them)
 from interlock.kernels.registry import DTYPES, PLATFORMS, REGISTRY, KernelImpl
 
 BACKEND = "triton"

@@ -87,14 +87,45 @@ def test_triton_missing_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     assert triton_kernels.unavailable("cuda") == "triton is not importable (x)"
 
 
-def test_forcing_a_backend_without_the_op_names_the_op() -> None:
+def test_a_forced_backend_serves_the_ops_it_has_and_the_rest_say_why_not() -> None:
     registry = KernelRegistry()
     registry.register(_impl("only_torch", "torch"))
     registry.register(_impl("both", "torch"))
-    registry.register(_impl("both", "triton"))
-    with pytest.raises(KernelError, match=r"'triton' was forced but has no implementation of op "
-                                          r"'only_torch' \(it has: torch\)"):
-        registry.select("only_torch", "cuda", "float32", force="triton")
+    registry.register(_impl("both", "vendor"))
+    forced = registry.select("both", "cuda", "float32", force="vendor")
+    assert (forced.impl.backend, forced.reason) == ("vendor", "forced vendor")
+    other = registry.select("only_torch", "cuda", "float32", force="vendor")
+    assert (other.impl.backend, other.reason) == (
+        "torch", "preferred torch on cuda (forced vendor has no only_torch; no triton "
+        "implementation)")
+
+
+def test_an_op_exists_only_with_its_torch_reference() -> None:
+    registry = KernelRegistry()
+    registry.register(_impl("rms_norm", "torch"))
+    with pytest.raises(KernelError, match=r"op 'layer_norm' has no torch reference, so "
+                                          r"'vendor' \(from acme\) cannot implement it; "
+                                          r"known ops: rms_norm"):
+        registry.register(_impl("layer_norm", "vendor", provider="acme"))
+
+
+def test_a_new_reference_op_is_in_every_kernel_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlock.kernels import reference
+    from interlock.runners.dispatch import build_kernel_table
+
+    monkeypatch.setattr(REGISTRY, "_impls", dict(REGISTRY._impls))
+    monkeypatch.setattr(reference, "MODEL_OPS", list(reference.MODEL_OPS))
+    monkeypatch.setattr("interlock.runners.dispatch.MODEL_OPS", reference.MODEL_OPS)
+
+    @reference.torch_op("add_one")
+    def add_one(x: int) -> int:
+        return x + 1
+
+    table = build_kernel_table("cpu", "float32")
+    assert table.add_one(1) == 2
+    assert table.describe()["add_one"] == ("torch (interlock)", "preferred torch on cpu")
+    with pytest.raises(AttributeError, match="no kernel op 'layer_norm'; ops: rms_norm, .*add_one"):
+        table.layer_norm  # noqa: B018
 
 
 def test_forcing_an_unknown_backend_lists_the_known_ones() -> None:
@@ -105,6 +136,7 @@ def test_forcing_an_unknown_backend_lists_the_known_ones() -> None:
 
 def test_forcing_a_backend_that_lacks_the_dtype_names_the_op() -> None:
     registry = KernelRegistry()
+    registry.register(_impl("op", "torch"))
     registry.register(_impl("op", "triton"))
     with pytest.raises(KernelError, match=r"forced for op 'op': triton op does not support "
                                           r"bfloat16"):
@@ -113,8 +145,8 @@ def test_forcing_a_backend_that_lacks_the_dtype_names_the_op() -> None:
 
 def test_preference_falls_through_with_every_reason() -> None:
     registry = KernelRegistry()
-    registry.register(_impl("op", "vendor", platforms=frozenset({"rocm"})))
     registry.register(_impl("op", "torch"))
+    registry.register(_impl("op", "vendor", platforms=frozenset({"rocm"})))
     choice = registry.select("op", "cuda", "float32", preference=["fast", "vendor", "torch"])
     assert choice.fn() == "torch"
     assert choice.reason == ("preferred torch on cuda (no fast implementation; vendor op does "
@@ -125,6 +157,7 @@ def test_preference_falls_through_with_every_reason() -> None:
 
 def test_duplicate_registration_is_an_error() -> None:
     registry = KernelRegistry()
+    registry.register(_impl("op", "torch"))
     registry.register(_impl("op", "triton", provider="interlock"))
     with pytest.raises(KernelError, match=r"op 'op': backend 'triton' registered twice \(by "
                                           r"interlock and acme\)"):
@@ -147,6 +180,7 @@ def test_unknown_op_lists_the_known_ops() -> None:
 
 def test_a_lazy_target_that_fails_to_load_names_the_op() -> None:
     registry = KernelRegistry()
+    registry.register(_impl("op", "torch"))
     registry.register(KernelImpl("op", "vendor", "no_such_module_xyz:fn", frozenset({"cuda"}),
                                  frozenset({"float32"}), provider="acme"))
     with pytest.raises(KernelError, match=r"op 'op': cannot load vendor implementation "

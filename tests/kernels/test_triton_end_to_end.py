@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from kernel_checks import DEVICE
 
+from interlock.kernels import REGISTRY
 from interlock.llm import LLM
 from interlock.runners.contract import KernelReport
-from interlock.runners.dispatch import OPS
 from interlock.runners.engine.sampling import SamplingParams
 
 COMMON: dict[str, Any] = {
@@ -64,7 +64,7 @@ def test_every_op_forced_to_triton_generates_the_torch_tokens(
     (tmp_path / "config.json").write_text(json.dumps({**COMMON, **MODELS[name]}))
     torch_tokens, torch_choices = _generate(tmp_path, "torch", monkeypatch)
     triton_tokens, triton_choices = _generate(tmp_path, "triton", monkeypatch)
-    for op in OPS:
+    for op in REGISTRY.ops():
         assert torch_choices[op].implementation == "torch (interlock)"
         assert triton_choices[op].implementation == "triton (interlock)"
     assert triton_tokens == torch_tokens

@@ -1,18 +1,17 @@
 """EagerRunner: the ``interlock.runners.contract.Runner`` of this plugin.
 
 Built only on interlock's public pieces: the runner contract, the kernel
-dispatch (``interlock.runners.dispatch``), the shared model execution
-(``interlock.runners.model``) and the plugin API for installing plugin kernels. Inputs
-are prepared with torch directly on the device, every step runs eagerly.
+dispatch (``interlock.runners.dispatch``) and the shared model execution
+(``interlock.runners.model``). Plugin kernels (this plugin's included) are in the
+registry before ``load``: interlock installs them for every runner. Inputs are
+prepared with torch directly on the device, every step runs eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from interlock.kernels import REGISTRY
 from interlock.kernels.registry import default_preference
-from interlock.plugins.kernels import install_plugin_kernels
 from interlock.runners.contract import (
     KernelReport,
     KVCacheSpec,
@@ -40,7 +39,6 @@ class EagerRunner:
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
-        self.fallbacks: tuple[str, ...] = ()
 
     def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
         if decision.cudagraph != "none" or decision.breakable or decision.compile:
@@ -50,8 +48,6 @@ class EagerRunner:
                 f"eager runs without graphs or compile; got cudagraph={decision.cudagraph}, "
                 f"breakable={decision.breakable}, compile={decision.compile}"
             )
-        installed = install_plugin_kernels(REGISTRY)
-        self.fallbacks = tuple(f"plugin kernel not installed: {why}" for why in installed.failed)
         self.spec = model
         self.device = torch.device(model.device)
         platform = platform_of(self.device)
@@ -115,5 +111,4 @@ class EagerRunner:
             device=str(self.device),
             dtype=self.spec.dtype,
             kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.ops.choices),
-            fallbacks=self.fallbacks,
         )
