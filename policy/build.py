@@ -83,6 +83,7 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
                 reason=rule.reason,
                 ref=rule.ref,
                 location=_loc(doc, ("rules", i)),
+                evidence=tuple(rule.evidence or ()),
             )
         )
     return layer

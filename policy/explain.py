@@ -66,9 +66,23 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
             lines.append(f"  {'':<13} {s(prov.reason, 'dim')}")
         if prov.ref:
             lines.append(f"  {'':<13} {s(prov.ref, 'dim')}")
+        for summary in _evidence(res, prov):
+            lines.append(f"  {'':<13} {s('evidence: ' + summary, 'dim')}")
     lines += ["", s("context", "bold"), *_context_lines(res, s), "", s("trace", "bold")]
     lines += _trace_lines(res.trace, s)
     return "\n".join(lines) + "\n"
+
+
+def _evidence(res: Resolution, prov: Provenance) -> list[str]:
+    """Summaries of the bench records cited by the rule that set a field."""
+    if prov.stage != RULES:
+        return []
+    rule = next((r for r in res.policy.rules if r.id == prov.source), None)
+    if rule is None or not rule.evidence:
+        return []
+    from interlock.policy.evidence import policy_file_path, summaries
+
+    return list(summaries(rule, policy_file_path(rule.location.file)))
 
 
 def _setter(prov: Provenance, s: _Style) -> str:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from interlock.core.errors import PolicyError
@@ -27,6 +28,8 @@ from interlock.policy.trace import RULES
 
 ERROR = "error"
 WARNING = "warning"
+#: What a check did, for the record (never fails a check, not counted as a warning).
+NOTE = "note"
 
 #: A shared trait value held by more than this share of the catalog explains nothing about
 #: why names were listed, so it never makes a near-miss (``moe: true`` in a MoE-heavy catalog).
@@ -77,9 +80,17 @@ class RuleUsage:
 class Subject:
     """What checks look at: the layered policy and where each of its parts is written."""
 
-    def __init__(self, policy: Policy, docs: dict[str, SourceDoc], runners: RunnerCheck) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        docs: dict[str, SourceDoc],
+        runners: RunnerCheck,
+        files: dict[str, Path] | None = None,
+    ) -> None:
         self.policy = policy
         self.docs = docs
+        #: Display name -> the file, where it differs from the name (the shipped policy).
+        self.files = files or {}
         #: Why a runner name cannot be used (not registered, disabled, ...), None if it can.
         self.runner_problem = runners
         self._rule_paths: dict[str, tuple[SourceDoc, Path_]] = {}
@@ -92,6 +103,13 @@ class Subject:
         doc, base = self._rule_paths[rule.id]
         mark = doc.mark((*base, *path), key=key)
         return Location(doc.name, mark.line, mark.col)
+
+    def file_of(self, rule: Rule) -> tuple[SourceDoc, Path, int]:
+        """``(doc, file, index in that file)`` of the rule."""
+        from interlock.policy.evidence import policy_file_path
+
+        doc, base = self._rule_paths[rule.id]
+        return doc, self.files.get(doc.name) or policy_file_path(doc.name), int(base[1])
 
     def finding(self, where: Location, severity: str, code: str, message: str) -> Finding:
         return Finding(where.file, where.line, where.col, severity, code, message)
@@ -284,6 +302,24 @@ def reasons(subject: Subject) -> Iterator[Finding]:
             )
 
 
+def evidence(subject: Subject) -> Iterator[Finding]:
+    """Errors, warnings and a note per bench record a rule cites (see
+    :mod:`interlock.policy.evidence`): invalid records, contradicting or stale evidence."""
+    from interlock.policy.evidence import check_record, rule_lines
+
+    for rule in subject.policy.rules:
+        if not rule.evidence:
+            continue
+        doc, file, index = subject.file_of(rule)
+        lines = rule_lines(doc.marks, index)
+        for i, cited in enumerate(rule.evidence):
+            where = subject.at(rule, "evidence", i)
+            for severity, code, message in check_record(
+                rule, cited, file, lines, ERROR, WARNING, NOTE
+            ):
+                yield subject.finding(where, severity, code, message)
+
+
 def _vague(reason: str) -> str:
     text = reason.strip().lower().strip(".!?:;,-_*() \"'`")
     if not text:
@@ -303,6 +339,7 @@ CHECKS: tuple[Check, ...] = (
     dead_and_shadowed_rules,
     near_miss_lists,
     reasons,
+    evidence,
 )
 
 
@@ -336,14 +373,15 @@ def lint_paths(
 
     sources: list[tuple[str, bytes]] = []
     findings: list[Finding] = []
-    for name, path in policy_paths(paths):
+    files = dict(policy_paths(paths))
+    for name, path in files.items():
         try:
             sources.append((name, read_source(path, name)))
         except PolicyError as exc:
             findings.extend(_from_error(exc))
     if findings:
         return findings
-    return lint_sources(sources, runners=runners, checks=checks)
+    return lint_sources(sources, runners=runners, checks=checks, files=files)
 
 
 def lint_sources(
@@ -351,10 +389,12 @@ def lint_sources(
     *,
     runners: RunnerCheck | Sequence[str],
     checks: Sequence[Check] = (),
+    files: dict[str, Path] | None = None,
 ) -> list[Finding]:
     """Check layered ``(display name, content)`` sources: loader errors first; only a policy
     that loads is linted. ``runners`` says which runner names exist (a check, or the names);
-    ``checks`` run after :data:`CHECKS` (the plugin layer passes the registry's)."""
+    ``checks`` run after :data:`CHECKS` (the plugin layer passes the registry's); ``files``
+    maps display names to files where they differ (evidence paths are relative to them)."""
     from interlock.policy.loader import load_policy_sources
     from interlock.policy.schema import validate_file
     from interlock.policy.source import parse_yaml
@@ -383,7 +423,7 @@ def lint_sources(
     except PolicyError as exc:
         return _from_error(exc)
     runner_check = runners_named(runners) if isinstance(runners, Sequence) else runners
-    subject = Subject(policy, docs, runner_check)
+    subject = Subject(policy, docs, runner_check, files)
     for check in (*CHECKS, *checks):
         findings.extend(check(subject))
     order = {name: i for i, name in enumerate(docs)}
@@ -444,5 +484,5 @@ def _same(a: Any, b: Any) -> bool:
 def summary(findings: Sequence[Finding], *, strict: bool = False) -> tuple[int, int, bool]:
     """``(errors, warnings, failed)``; with ``strict`` warnings fail too."""
     errors = sum(f.severity == ERROR for f in findings)
-    warnings = len(findings) - errors
+    warnings = sum(f.severity == WARNING for f in findings)
     return errors, warnings, errors > 0 or (strict and warnings > 0)

@@ -44,6 +44,8 @@ class Rule:
     reason: str
     ref: str | None
     location: Location
+    #: Paths of the bench records the rule cites, as written (relative to its file).
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

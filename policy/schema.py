@@ -110,6 +110,8 @@ class RuleModel(_Model):
     set: DecisionFields
     reason: Name
     ref: Url = None  # type: ignore[assignment]
+    #: Bench records (``policy bench --record``) behind the rule, relative to this file.
+    evidence: Annotated[list[Name], Field(min_length=1)] = None  # type: ignore[assignment]
 
     @field_validator("set")
     @classmethod

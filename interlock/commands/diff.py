@@ -8,10 +8,13 @@ repository root). The repository is the one holding the current directory.
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from interlock.commands.bench import add_workload_args
 from interlock.commands.common import write_json
 from interlock.core.errors import PolicyError
 
@@ -40,6 +43,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="F,...",
         help="compare only these decision fields (default: all)",
     )
+    measure = parser.add_argument_group(
+        "measuring (--measure)",
+        "benchmark the old and new decisions for --model on this machine, side by side",
+    )
+    measure.add_argument(
+        "--measure", action="store_true",
+        help="measure each changed decision that runs here (needs --model)",
+    )
+    measure.add_argument("--model", metavar="PATH|demo", help="the model to measure")
+    measure.add_argument(
+        "--max-regression", type=float, metavar="PCT",
+        help="exit 1 when a measured TPOT change is a significant regression beyond PCT %%",
+    )
+    add_workload_args(measure)
     parser.set_defaults(run=run)
 
 
@@ -64,12 +81,145 @@ def run(args: argparse.Namespace) -> int:
 
     old = load_policy_sources([read_policy_arg(args.old)])
     new = load_policy_sources([read_policy_arg(args.new)])
+    if args.measure and args.model is None:
+        raise PolicyError("--measure needs --model PATH|demo: the model to run the decisions on")
+    if not args.measure and (args.model is not None or args.max_regression is not None):
+        raise PolicyError("--model and --max-regression only apply with --measure")
     diff = diff_policies(old, new, args.fields or DECISION_FIELDS)
+    measured = _measure(args, old, new, diff) if args.measure else None
     if args.json:
-        write_json(to_json(diff, old, new))
+        document = to_json(diff, old, new)
+        if measured is not None:
+            document["measure"] = measured
+        write_json(document)
     else:
         sys.stdout.write(render_text(diff))
+        if measured is not None:
+            sys.stdout.write(_measure_text(measured))
+    if measured is not None and measured["regressions"]:
+        return 1
     return 1 if args.exit_code and not diff.equal else 0
+
+
+def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[str, Any]:
+    """Benchmark the decisions both policies make for --model here, when they differ; list
+    the changed contexts this machine cannot measure, grouped by why."""
+    from interlock.bench import compare
+    from interlock.commands.bench import progress_bar, workload_of
+    from interlock.core.platform import detect_platform
+
+    workload = workload_of(args)
+    bar = progress_bar()
+    try:
+        before, after, record = compare(
+            args.model, old, new, workload=workload, dtype=args.dtype,
+            load_format=args.load_format, progress=bar,
+            command="policy diff " + shlex.join(sys.argv[2:]),
+        )
+    except (ValueError, RuntimeError, LookupError, OSError) as exc:
+        raise PolicyError(f"--measure: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+    here = detect_platform()[0]
+    arch = before.context.architecture
+    unmeasured: dict[str, set[Any]] = {}
+    for change in diff.changes:
+        reason = _unmeasured(change.context, arch, here)
+        if reason is not None:
+            unmeasured.setdefault(reason, set()).add(change.context)
+    result: dict[str, Any] = {
+        "model": args.model,
+        "architecture": arch,
+        "platform": here,
+        "old": before.decision.to_dict(),
+        "new": after.decision.to_dict(),
+        "max_regression_pct": args.max_regression,
+        "unmeasured": [
+            {"reason": reason, "contexts": len(contexts)}
+            for reason, contexts in unmeasured.items()
+        ],
+        "regressions": [],
+    }
+    if record is None:
+        result["measured"] = None
+        return result
+    entries = []
+    for batch, entry in record["analysis"]["batch_sizes"].items():
+        [effect] = [e for e in entry["effects"]["tpot_ms"] if e["factors"] == ["policy"]]
+        base = entry["configurations"]["old"]["tpot_ms"]["value"]
+        pct = 100 * effect["value"] / base if base else 0.0
+        regression = (
+            args.max_regression is not None and effect["low"] > 0 and pct > args.max_regression
+        )
+        entries.append(
+            {
+                "batch_size": int(batch),
+                "old_tpot_ms": entry["configurations"]["old"]["tpot_ms"],
+                "new_tpot_ms": entry["configurations"]["new"]["tpot_ms"],
+                "delta_ms": {k: effect[k] for k in ("value", "low", "high", "significant")},
+                "delta_pct": round(pct, 2),
+                "regression": regression,
+            }
+        )
+    result["measured"] = entries
+    result["regressions"] = [e["batch_size"] for e in entries if e["regression"]]
+    result["record"] = str(_keep(record))
+    return result
+
+
+def _unmeasured(context: Any, architecture: str, here: str) -> str | None:
+    """Why a changed context cannot be measured by running the model here (None: it can)."""
+    if context.platform != here:
+        return f"on {context.platform}: this machine is {here}"
+    if context.architecture != architecture:
+        return f"for architectures other than the model's ({architecture})"
+    if context.env:
+        return "with an env binding set (the measurement runs with none set)"
+    if context.device_arch:
+        return f"device arch {context.device_arch}: not this machine's"
+    if context.features:
+        return "with deployment features this run does not have"
+    return None
+
+
+def _keep(record: dict[str, Any]) -> Any:
+    from interlock.commands.bench import write_record
+
+    return write_record(record, None)
+
+
+def _measure_text(measured: dict[str, Any]) -> str:
+    from interlock.core.fields import show_scalar
+
+    def shown(decision: dict[str, Any]) -> str:
+        return " ".join(
+            f"{k}={show_scalar(decision[k])}" for k in ("runner", "cudagraph", "breakable")
+        )
+
+    lines = ["", f"measured: {measured['architecture']} ({measured['model']}) on "
+             f"{measured['platform']}, env bindings unset"]
+    if measured["measured"] is None:
+        lines.append(
+            f"  old and new decide alike here ({shown(measured['new'])}): nothing to measure"
+        )
+    else:
+        lines.append(f"  old: {shown(measured['old'])}")
+        lines.append(f"  new: {shown(measured['new'])}")
+        for entry in measured["measured"]:
+            d = entry["delta_ms"]
+            verdict = "significant" if d["significant"] else "not significant"
+            if entry["regression"]:
+                verdict += f", a regression beyond {measured['max_regression_pct']:g} %"
+            lines.append(
+                f"  batch {entry['batch_size']}: TPOT {entry['old_tpot_ms']['value']:.2f} -> "
+                f"{entry['new_tpot_ms']['value']:.2f} ms/token: {d['value']:+.2f} "
+                f"[{d['low']:+.2f}, {d['high']:+.2f}] ({entry['delta_pct']:+.1f} %), {verdict}"
+            )
+        lines.append(f"  record: {measured['record']}")
+    for item in measured["unmeasured"]:
+        lines.append(f"unmeasured: {item['contexts']} changed context(s) {item['reason']}")
+    return "\n".join(lines) + "\n"
 
 
 def read_policy_arg(spec: str) -> tuple[str, bytes]:

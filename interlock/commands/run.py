@@ -26,7 +26,6 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
-from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -95,11 +94,11 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.model_run import decided_by, resolve_model_run
+    from interlock.model_run import check_runs_here, decided_by, resolve_model_run
     from interlock.plugins import load_registry
 
     policy = load(args)
-    _check_platform(args.platform)
+    check_runs_here(args.platform)
     resolution = resolve_model_run(
         policy, args.model, overrides_of(args), **context_flags_of(args, policy)
     )
@@ -134,18 +133,6 @@ def _debug_graphs(enabled: bool) -> Iterator[None]:
             os.environ.pop(DEBUG_ENV, None)
         else:
             os.environ[DEBUG_ENV] = previous
-
-
-def _check_platform(platform: str | None) -> None:
-    """A run happens here: ``--platform`` may only name this machine's platform."""
-    from interlock.core.platform import detect_platform
-
-    here = detect_platform()[0]
-    if platform is not None and platform != here:
-        raise PolicyError(
-            f"--platform {platform}: policy run executes on this machine, which is {here}; "
-            "use `policy explain` to see the decision for another platform"
-        )
 
 
 def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[str, Any]]:

@@ -98,7 +98,7 @@ def test_a_failed_capture_is_reported_not_hidden(policy_run, tiny_llama, monkeyp
         (("--model", "/no/such/dir"), "cannot read model config"),
         (("--set", "compile=true"), "does not support torch.compile on cpu"),
         (("--feature", "pipeline_parallel_size=2"), "does not support pipeline parallelism"),
-        (("--platform", "rocm"), "policy run executes on this machine, which is cpu"),
+        (("--platform", "rocm"), "runs the model on this machine, which is cpu"),
         (("--prompt-token-ids", "1,200"), "outside the vocabulary [0, 128)"),
         (("--prompt", "t1"), None),
     ],

@@ -1,0 +1,104 @@
+"""A bench record as text: the configurations table, the effects, the fastest, what was
+skipped, and the harness's overhead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interlock.core.fields import show_scalar
+
+
+def render_text(record: dict[str, Any]) -> str:
+    model, ctx, work = record["model"], record["context"], record["workload"]
+    configs = record["configurations"]
+    factors = list(record["factors"])
+    where = ctx["platform"] + (f" {ctx['device_arch']}" if ctx["device_arch"] else "")
+    lines = [
+        f"{model['architecture']} ({model['name']}) on {where}: {len(configs)} configuration(s), "
+        f"{work['trials']} trials each (+{work['warmup']} warm-up) per batch size, "
+        f"interleaved in blocks",
+        f"workload: prompt {len(work['prompt_token_ids'])} tokens, {work['max_tokens']} new "
+        f"tokens, batch sizes {', '.join(map(str, work['batch_sizes']))}",
+    ]
+    columns = factors or ["runner", "cudagraph", "breakable"]
+    by_id = {c["id"]: c for c in configs}
+    for batch, entry in record["analysis"]["batch_sizes"].items():
+        lines += ["", f"batch {batch}"]
+        header = ["config", *columns, "TPOT ms [95% CI]", "TTFT ms [95% CI]", "tokens/s"]
+        rows = []
+        for cid, metrics in entry["configurations"].items():
+            decision = by_id[cid]["decision"]
+            rows.append(
+                [
+                    cid,
+                    *(show_scalar(_value(decision[name])) for name in columns),
+                    _interval(metrics["tpot_ms"]),
+                    _interval(metrics["ttft_ms"]),
+                    f"{metrics['throughput_tok_s']['value']:.1f}",
+                ]
+            )
+        lines += _table(header, rows)
+        effects = (entry.get("effects") or {}).get("tpot_ms")
+        if effects:
+            lines.append("  effects on TPOT:")
+            lines += [f"    {_effect(e)}" for e in effects]
+        fastest = entry.get("fastest")
+        if fastest:
+            lines.append(f"  fastest: {_fastest(fastest, by_id)}")
+    note = record["analysis"].get("effects_note")
+    if note and factors:
+        lines += ["", f"effects: not computed ({note})"]
+    for skipped in record["skipped"]:
+        levels = " ".join(f"{k}={show_scalar(_value(v))}" for k, v in skipped["levels"].items())
+        reason = skipped["reason"].replace("\n", " ")
+        lines.append(f"skipped {levels}: {reason}")
+    over = record["overhead"]
+    verdict = "within" if over["within_limit"] else "OVER"
+    lines += [
+        "",
+        f"harness overhead: {100 * over['fraction']:.3f} % of the measured time "
+        f"({verdict} the {100 * over['limit']:.0f} % limit); trials took {over['trials_s']:.1f} s",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def effect_text(effect: dict[str, Any]) -> str:
+    """``runner mrv1→mrv2: +3.00 ms/token [+2.70, +3.30]``, or for an interaction
+    ``runner×breakable interaction: ...``."""
+    if len(effect["factors"]) == 1:
+        first, second = effect["levels"][0]
+        name = f"{effect['factors'][0]} {show_scalar(_value(first))}→{show_scalar(_value(second))}"
+    else:
+        name = "×".join(effect["factors"]) + " interaction"
+    return f"{name}: {effect['value']:+.2f} ms/token [{effect['low']:+.2f}, {effect['high']:+.2f}]"
+
+
+def _effect(effect: dict[str, Any]) -> str:
+    mark = "significant" if effect["significant"] else "not significant"
+    return f"{effect_text(effect)}  ({mark})"
+
+
+def _fastest(fastest: dict[str, Any], by_id: dict[str, Any]) -> str:
+    best = f"{fastest['config']} ({by_id[fastest['config']]['label']})"
+    if fastest["runner_up"] is None:
+        return f"{best}, the only configuration"
+    lead = fastest["lead"]
+    verdict = "significant" if lead["significant"] else "not significant"
+    return (
+        f"{best}, ahead of {fastest['runner_up']} by {lead['value']:.2f} ms/token "
+        f"[{lead['low']:.2f}, {lead['high']:.2f}]: {verdict}"
+    )
+
+
+def _interval(estimate: dict[str, Any]) -> str:
+    return f"{estimate['value']:.2f} [{estimate['low']:.2f}, {estimate['high']:.2f}]"
+
+
+def _value(value: Any) -> Any:
+    return ",".join(map(str, value)) if isinstance(value, list) else value
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in [header, *rows]]

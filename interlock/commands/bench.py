@@ -1,0 +1,235 @@
+"""``policy bench MODEL``: measure a model under several decisions, side by side.
+
+``--vary FIELD=V1,V2`` (repeatable) builds the full factorial over decision
+fields; the other fields are the policy's decision for this machine. Each
+configuration is loaded once; trials run interleaved in blocks; the analysis
+(medians with bootstrap intervals, 2^k effects, the fastest configuration) is
+printed as a table, and the whole record is written to ``--record FILE`` (else
+under the cache directory). torch is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from interlock.commands.common import (
+    add_context_flags,
+    add_policy_args,
+    context_flags_of,
+    load,
+    overrides_of,
+    write_json,
+)
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure a model under several decisions (factorial, with confidence intervals)",
+        description="Run MODEL through the runner plugins under every combination of the "
+        "--vary levels (the other fields as the policy decides here), interleaving trials in "
+        "blocks, and report per-configuration medians with bootstrap 95 % intervals, the 2^k "
+        "main effects and interactions, and the fastest configuration. Exit 0 ok, 1 policy, "
+        "model or input error, 2 usage error.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="model directory, or `demo`")
+    parser.add_argument(
+        "--vary", action="append", type=_vary, default=[], metavar="FIELD=V1,V2",
+        help="a decision field and its levels; repeat for a factorial (e.g. runner=mrv1,mrv2)",
+    )
+    add_workload_args(parser)
+    add_context_flags(parser)
+    add_policy_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    parser.add_argument(
+        "--record", metavar="FILE", help="write the record here (default: under the cache dir)"
+    )
+    parser.add_argument("--plot", metavar="FILE", help="draw TPOT and the effects (.svg/.png)")
+    parser.set_defaults(run=run)
+
+
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """What each trial runs, and how the model loads (shared with ``policy diff --measure``)."""
+    parser.add_argument(
+        "--batch-sizes", type=_sizes, default=(1,), metavar="1,8",
+        help="batch sizes to measure each configuration at (default: 1)",
+    )
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt-len", type=_positive, default=16, metavar="N",
+        help="prompt length in tokens (default: 16)",
+    )
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt (needs tokenizer.json)")
+    parser.add_argument(
+        "--max-tokens", type=_positive, default=32, metavar="N",
+        help="tokens generated per sequence (default: 32)",
+    )
+    parser.add_argument(
+        "--trials", type=_positive, default=5, metavar="K", help="measured blocks (default: 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=_natural, default=1, metavar="W",
+        help="warm-up blocks, run and recorded but not analysed (default: 1)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="order and bootstrap seed")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="model dtype")
+    parser.add_argument(
+        "--load-format", choices=LOAD_FORMATS, default="auto",
+        help="weights: the checkpoint's, or seeded dummy values (speed does not depend on them)",
+    )
+    parser.add_argument(
+        "--threads", type=_positive, metavar="N",
+        help="torch CPU threads (default: torch's; 1 is steadier on a busy machine)",
+    )
+
+
+def workload_of(args: argparse.Namespace) -> Any:
+    """The ``Workload`` the flags of :func:`add_workload_args` describe (torch threads set)."""
+    from interlock.bench import Workload
+    from interlock.core.errors import PolicyError
+
+    try:
+        workload = Workload(
+            batch_sizes=args.batch_sizes, prompt_len=args.prompt_len, prompt=args.prompt,
+            max_tokens=args.max_tokens, trials=args.trials, warmup=args.warmup, seed=args.seed,
+        )
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return workload
+
+
+def _vary(text: str) -> tuple[str, list[str]]:
+    name, sep, values = text.partition("=")
+    levels = [v.strip() for v in values.split(",") if v.strip()] if sep else []
+    if not name.strip() or len(levels) < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected FIELD=V1,V2 with at least two levels, got {text!r}"
+        )
+    return name.strip(), levels
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers >= 1 (e.g. 1,8)")
+    return sizes
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def _natural(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interlock.bench import run as bench_run
+    from interlock.bench.render import render_text
+    from interlock.core.errors import PolicyError
+    from interlock.core.fields import parse_field
+
+    vary: dict[str, list[Any]] = {}
+    for name, levels in args.vary:
+        if name in vary:
+            raise PolicyError(f"--vary {name} is given twice; list all its levels in one")
+        try:
+            vary[name] = [parse_field(name, level) for level in levels]
+        except ValueError as exc:
+            raise PolicyError(f"--vary {exc}") from None
+    workload = workload_of(args)
+    policy = load(args)
+    flags = context_flags_of(args, policy)
+    bar = progress_bar()
+    try:
+        record = bench_run(
+            args.model, vary=vary, workload=workload, policy=args.policy,
+            platform=flags["platform"], device_arch=flags["device_arch"],
+            features=flags["features"], env={k: v for k, v in args.env},
+            overrides=overrides_of(args), dtype=args.dtype, load_format=args.load_format,
+            progress=bar, command="policy bench " + shlex.join(sys.argv[2:]),
+        )
+    except (ValueError, RuntimeError, LookupError, OSError) as exc:
+        print(f"policy: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    path = write_record(record, args.record)
+    if args.plot:
+        from interlock.bench.plot import write_plot
+
+        try:
+            write_plot(record, args.plot)
+        except (ValueError, OSError) as exc:
+            print(f"policy: error: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        write_json(record)
+    else:
+        sys.stdout.write(render_text(record))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    sys.stdout.flush()
+    print(f"record: {path}", file=sys.stderr)
+    return 0
+
+
+def write_record(record: dict[str, Any], target: str | None) -> Path:
+    if target is None:
+        from interlock.core.disk_cache import cache_dir
+
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        target = str(cache_dir() / "bench" / f"{stamp}-{record['model']['architecture']}.json")
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+class _Bar:
+    """A tqdm bar on stderr, driven by ``interlock.bench.run``'s ``progress(done, total)``."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="bench", unit="trial", file=sys.stderr)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress_bar() -> _Bar | None:
+    """A bar only on a terminal (and only where tqdm is installed)."""
+    import importlib.util
+
+    if not sys.stderr.isatty() or importlib.util.find_spec("tqdm") is None:
+        return None
+    return _Bar()

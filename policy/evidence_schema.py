@@ -1,0 +1,92 @@
+"""The layout of a bench evidence record (``policy bench --record``) as pydantic models:
+what ``policy check`` validates a cited record against. Sections the checks do not
+read (machine, software, workload, samples) are required but loosely typed."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+RECORD_SCHEMA = "interlock-evidence/1"
+
+_Name = Annotated[str, Field(min_length=1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EstimateModel(_Model):
+    value: float
+    low: float
+    high: float
+    significant: bool
+
+
+class EffectModel(EstimateModel):
+    factors: Annotated[list[_Name], Field(min_length=1)]
+    #: Per factor, its (from, to) levels.
+    levels: list[Annotated[list[Any], Field(min_length=2, max_length=2)]]
+
+
+class FastestModel(_Model):
+    config: _Name
+    runner_up: str | None
+    metric: _Name
+    lead: EstimateModel | None = None
+
+
+class BatchAnalysisModel(_Model):
+    configurations: dict[_Name, dict[_Name, EstimateModel]]
+    effects: dict[_Name, list[EffectModel]] | None = None
+    fastest: FastestModel | None = None
+
+
+class AnalysisModel(_Model):
+    method: str
+    confidence: Annotated[float, Field(gt=0, lt=1)]
+    resamples: Annotated[int, Field(gt=0)]
+    effects_note: str | None
+    batch_sizes: Annotated[dict[_Name, BatchAnalysisModel], Field(min_length=1)]
+
+
+class ContextModel(_Model):
+    architecture: _Name
+    platform: _Name
+    device_arch: str
+    traits: dict[_Name, Any]
+    features: dict[_Name, bool | int | float | str]
+    env: dict[_Name, str] = {}
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: _Name
+    architecture: _Name
+    config_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ConfigurationModel(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    id: _Name
+    label: str
+    levels: dict[_Name, Any]
+    decision: dict[_Name, Any]
+
+
+class EvidenceRecordModel(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    schema_: Literal[RECORD_SCHEMA] = Field(alias="schema")  # type: ignore[valid-type]
+    created: AwareDatetime
+    machine: dict[_Name, Any]
+    software: dict[_Name, Any]
+    policy: dict[_Name, Any]
+    model: ModelInfo
+    context: ContextModel
+    workload: dict[_Name, Any]
+    factors: dict[_Name, Annotated[list[Any], Field(min_length=2)]]
+    configurations: list[ConfigurationModel]
+    skipped: list[dict[_Name, Any]]
+    samples: Annotated[list[dict[_Name, Any]], Field(min_length=1)]
+    analysis: AnalysisModel
