@@ -5,9 +5,9 @@
 layout, and its context is one the rule's ``when`` matches) and warns when the
 record shows the rule's value significantly slower than an alternative it
 measured (``evidence-contradicts``) or when the rule changed after the record
-(``evidence-stale``: by git history where the files are in a repository, else by
-file times; the message says which). ``policy explain`` prints a one-line summary
-per record (:func:`summaries`), reading the JSON with the standard library only.
+(``evidence-stale``, from git history; without it a note says it was not
+checked). ``policy explain`` prints a one-line summary per record
+(:func:`summaries`), reading the JSON with the standard library only.
 """
 
 from __future__ import annotations
@@ -170,35 +170,31 @@ def _typed(level: Any) -> Any:
 
 @dataclass(frozen=True)
 class Staleness:
-    stale: bool
+    #: None when it could not be checked.
+    stale: bool | None
     #: Which check ran, for the message.
     method: str
     detail: str
 
 
-def staleness(
-    rule_file: Path, rule_lines: Sequence[int], record_file: Path, created: datetime.datetime
-) -> Staleness:
-    """Did the rule change after the record? With git: the last commit touching the rule's
-    lines (uncommitted edits count as now) against the record's last commit (now when it is
-    uncommitted); both in one commit, or both uncommitted, is not stale. Without git (not
-    installed, or the files are outside a repository): the policy file's modification time
-    against the record's creation time."""
+def staleness(rule_file: Path, rule_lines: Sequence[int], record_file: Path) -> Staleness:
+    """Did the rule change after the record? By git history: the last commit touching the
+    rule's lines (uncommitted edits count as now) against the record's last commit (now
+    when it is uncommitted); both in one commit, or both uncommitted, is not stale.
+    Without git history for both files it is not checked: a file's modification time moves
+    with any edit of the file, so it cannot tell."""
     rule_time = _git_rule_time(rule_file, rule_lines)
     record_time = _git_file_time(record_file) if rule_time is not None else None
-    if rule_time is not None and record_time is not None:
-        stale = rule_time > record_time
+    if rule_time is None or record_time is None:
         return Staleness(
-            stale,
-            "git",
-            f"the rule last changed {_when(rule_time)}, the record {_when(record_time)}",
+            None,
+            "no git history for the policy and the record",
+            "file times cannot tell a change of the rule from any other edit",
         )
-    modified = datetime.datetime.fromtimestamp(rule_file.stat().st_mtime, datetime.timezone.utc)
     return Staleness(
-        modified > created,
-        "file times (no git history for these files)",
-        f"{rule_file.name} modified {modified:%Y-%m-%d %H:%M} UTC, record created "
-        f"{created:%Y-%m-%d %H:%M} UTC",
+        rule_time > record_time,
+        "git",
+        f"the rule last changed {_when(rule_time)}, the record {_when(record_time)}",
     )
 
 
@@ -324,8 +320,7 @@ def check_record(
                 f"significantly slower than {show_scalar(comparison.other)}: "
                 f"{comparison.text()}",
             )
-    created = datetime.datetime.fromisoformat(record["created"])
-    stale = staleness(policy_file, lines, path, created)
+    stale = staleness(policy_file, lines, path)
     if stale.stale:
         yield (
             warning,
@@ -337,5 +332,9 @@ def check_record(
         note,
         "evidence",
         f"{head}: {'; '.join(c.text() for c in found)}; context matches; "
-        f"{'stale' if stale.stale else 'not stale'} (checked with {stale.method})",
+        + (
+            f"staleness not checked ({stale.method})"
+            if stale.stale is None
+            else f"{'stale' if stale.stale else 'not stale'} (checked with {stale.method})"
+        ),
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import bench_until, contains_zero, effect
+from bench_helpers import bench_until, contains_zero, effect
 
 from interlock.bench import Workload, run
 from interlock.bench.design import block_order, square_size, williams_rows
