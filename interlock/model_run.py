@@ -66,7 +66,6 @@ def process_env(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
 
 def check_runs_here(platform: str | None) -> None:
     """A run happens here: a given ``platform`` may only name this machine's."""
-    from interlock.core.errors import PolicyError
     from interlock.core.platform import detect_platform
 
     here = detect_platform()[0]

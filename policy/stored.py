@@ -52,6 +52,7 @@ def policy_to_data(policy: Policy) -> dict[str, Any]:
                 "reason": r.reason,
                 "ref": r.ref,
                 "location": _loc(r.location),
+                "evidence": list(r.evidence),
             }
             for r in policy.rules
         ],
@@ -159,6 +160,8 @@ def _policy(data: Any) -> Policy:
     for index, r in enumerate(data["rules"]):
         ref = r["ref"]
         _need(ref is None or isinstance(ref, str), "ref")
+        evidence = r["evidence"]
+        _need(isinstance(evidence, list), "evidence")
         rules.append(
             Rule(
                 id=_str(r["id"], "rule id"),
@@ -168,6 +171,7 @@ def _policy(data: Any) -> Policy:
                 reason=_str(r["reason"], "reason"),
                 ref=ref,
                 location=_location(r["location"]),
+                evidence=tuple(_str(path, "evidence") for path in evidence),
             )
         )
     rule_tuple = tuple(rules)

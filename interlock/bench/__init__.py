@@ -143,15 +143,18 @@ def measure(
     """Load ``configs`` (resolutions of ``model``), run the trials and build the record."""
     from interlock.bench.analysis import analyse
     from interlock.bench.harness import config_hash, load_configs, prompt_token_ids, run_trials
+    from interlock.model_run import model_target
     from interlock.runners.model.checkpoint import resolve_model
 
-    source = resolve_model(model)
-    digest, _ = config_hash(model)
+    # A named model or a GGUF file is read from its converted directory.
+    target = model_target(model)
+    source = resolve_model(target)
+    digest = config_hash(target)
     prompt = prompt_token_ids(workload, source)
     created = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     loaded = load_configs(
-        model, configs, workload, len(prompt), dtype=dtype, load_format=load_format,
+        target, configs, workload, len(prompt), dtype=dtype, load_format=load_format,
         max_position=source.config.max_position_embeddings,
     )
     total = len(configs) * len(workload.batch_sizes) * (workload.warmup + workload.trials)
@@ -180,7 +183,7 @@ def measure(
         "software": _software(),
         "policy": policy,
         "model": {
-            "name": source.name,
+            "name": model,
             "architecture": base.context.architecture,
             "config_sha256": digest,
             "dtype": loaded[0].llm.report().dtype if loaded else dtype,

@@ -231,8 +231,8 @@ def prompt_token_ids(workload: Workload, source: Any) -> list[int]:
     return list(ids)
 
 
-def config_hash(model: str) -> tuple[str, dict[str, Any]]:
-    """``(sha256, config)`` of the model's config.json (the demo's built-in config)."""
+def config_hash(model: str) -> str:
+    """The sha256 of the model's config.json (the demo's built-in config), keys sorted."""
     from interlock.model_run import DEMO
     from interlock.policy.context import read_model_config
 
@@ -243,7 +243,7 @@ def config_hash(model: str) -> tuple[str, dict[str, Any]]:
     else:
         config = read_model_config(model)[1]
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest(), config
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _jsonable(levels: Mapping[str, Any]) -> dict[str, Any]:
