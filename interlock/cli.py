@@ -4,27 +4,63 @@ A subcommand module exposes ``add_parser(subparsers)`` (which sets ``run`` as th
 parser default) and ``run(args) -> int``; it imports what it needs inside
 ``run`` so that ``policy --help`` and a warm ``policy explain`` stay fast.
 
-Exit codes: 0 ok, 1 a policy or input error (message on stderr), 2 usage error.
+Every command gets the same outcome handling here, whatever it is:
+
+- exit codes (:data:`interlock.core.errors.EXIT_CODES`): 0 ok, 1 a policy or
+  input error, 2 usage, 3 a plugin error, 4 a model or runtime error, 70 a
+  bug (traceback on stderr, and a line asking for a report), 130 Ctrl-C;
+- an error is one message on stderr, ``policy: error: ...``; with ``--json``
+  (or ``--format json``) stdout also gets one document,
+  ``{"error": {"kind", "message", "location"}}``;
+- human-facing output goes through :class:`interlock.core.terminal.EscapingWriter`,
+  so text read from files or plugins cannot drive the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from interlock.core.errors import EXIT_CODES, InterlockError, error_kind
+from interlock.core.terminal import EscapingWriter
 
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = (
     "explain", "resolve", "table", "check", "test", "diff", "schema", "plugins", "run", "bench",
 )
+REPORT = (
+    "policy: internal error: this is a bug in interlock, not in your input; please report it "
+    "to the interlock maintainers with the command you ran and the traceback above"
+)
+
+
+class UsageError(InterlockError):
+    """The command line itself is wrong (argparse's complaint)."""
+
+    kind = "usage"
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is raised (to be reported like any other error)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with only ``command`` (so that running one
     imports only its module)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="policy",
         description="Decide, explain and test how an inference engine runs a model.",
     )
@@ -34,24 +70,68 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
+    if args is not None:
+        return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
+    return "--json" in argv or "--format=json" in argv or any(
+        a == "--format" and b == "json" for a, b in zip(argv, argv[1:], strict=False)
+    )
+
+
+def _location(exc: BaseException) -> Any:
+    location = getattr(exc, "location", None)
+    return location() if callable(location) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapingWriter(stdout), EscapingWriter(stderr)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 after --help
-        return exc.code if isinstance(exc.code, int) else 0
-    from interlock.core.errors import PolicyError
+        return _main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = stdout, stderr
 
+
+def _main(argv: list[str]) -> int:
+    args = None
     try:
+        parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help and --version exit 0 through argparse
+            return exc.code if isinstance(exc.code, int) else 0
         return int(args.run(args))
-    except PolicyError as exc:
-        print(f"policy: error: {exc}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print("policy: interrupted", file=sys.stderr)
+        return _fail(argv, args, "interrupted", "interrupted (Ctrl-C)", None)
     except BrokenPipeError:
         # The reader went away (`policy table | head`); don't let Python complain at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as exc:
+        kind = error_kind(exc)
+        if kind is None:
+            traceback.print_exc(file=sys.stderr)
+            print(REPORT, file=sys.stderr)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return _fail(argv, args, "internal", message, None)
+        if isinstance(exc, UsageError):
+            exc.parser.print_usage(sys.stderr)
+            print(f"{exc.parser.prog}: error: {exc}", file=sys.stderr)
+        else:
+            print(f"policy: error: {exc}", file=sys.stderr)
+        return _fail(argv, args, kind, str(exc), _location(exc))
+
+
+def _fail(
+    argv: Sequence[str], args: argparse.Namespace | None, kind: str, message: str, where: Any
+) -> int:
+    if _wants_json(argv, args):
+        error = {"kind": kind, "message": message, "location": where}
+        sys.stdout.write(json.dumps({"error": error}, indent=2) + "\n")
+    return EXIT_CODES[kind]
 
 
 if __name__ == "__main__":

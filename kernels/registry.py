@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from interlock.core.errors import InterlockError
+
 PLATFORMS = ("cpu", "cuda", "rocm", "xpu")
 GPU_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,8 +24,10 @@ FORCE_ENV = "INTERLOCK_KERNELS"
 REFERENCE_BACKEND = "torch"
 
 
-class KernelError(LookupError):
+class KernelError(InterlockError, LookupError):
     """No implementation can serve an op as asked."""
+
+    kind = "runtime"
 
 
 @dataclass(frozen=True)

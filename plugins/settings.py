@@ -12,8 +12,10 @@ STRICT_ENV = "INTERLOCK_PLUGINS_STRICT"
 
 
 class PluginError(PolicyError):
-    """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner);
-    a PolicyError, so the CLI reports it like any input error (exit 1)."""
+    """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner,
+    a runner factory that does not import); exit 3 on the command line."""
+
+    kind = "plugin"
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-from typing import IO, Any
+from typing import Any
 
 from interlock.core.fields import DECISION_FIELDS
+from interlock.core.terminal import color
 from interlock.policy.conditions import Failure
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import RULES, Provenance, Step
@@ -14,14 +14,6 @@ from interlock.policy.trace import RULES, Provenance, Step
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 #: Items of a wanted list shown in text before "… +N more" (JSON always has them all).
 _SHOWN = 4
-
-
-def use_color(stream: IO[str]) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
 
 
 def render_json(resolution: Resolution) -> str:
@@ -35,8 +27,7 @@ class _Style:
     def __call__(self, text: str, *styles: str) -> str:
         if not self.color or not styles:
             return text
-        codes = ";".join(_CODES[s] for s in styles)
-        return f"\033[{codes}m{text}\033[0m"
+        return color(text, ";".join(_CODES[s] for s in styles))
 
 
 def render_text(res: Resolution, *, color: bool = False) -> str:

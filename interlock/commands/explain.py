@@ -21,11 +21,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.core import terminal
     from interlock.policy import explain
 
     resolution = resolve_args(args)
     if args.json:
         sys.stdout.write(explain.render_json(resolution))
     else:
-        sys.stdout.write(explain.render_text(resolution, color=explain.use_color(sys.stdout)))
+        sys.stdout.write(explain.render_text(resolution, color=terminal.use_color(sys.stdout)))
     return 0

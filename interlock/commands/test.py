@@ -43,8 +43,8 @@ def _percent(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import load
     from interlock.core.errors import PolicyError
+    from interlock.core.terminal import use_color
     from interlock.plugins.capabilities import capability_stage
-    from interlock.policy.explain import use_color
     from interlock.policy.loader import policy_paths
     from interlock.policy.policytest import render_result, render_summary, run_cases
     from interlock.policy.testfile import load_tests, tests_path_for

@@ -1,14 +1,57 @@
-"""The one error type of the policy engine: a message pinned to file:line:col and a dotted path."""
+"""The errors interlock reports to a user, and the exit code of each kind.
+
+Every error meant for the user carries a ``kind`` (a class attribute); the
+command line maps it to an exit code (:data:`EXIT_CODES`), and anything
+without one is a bug (exit 70, with a traceback). :class:`PolicyError` is the
+policy engine's: a message pinned to file:line:col and a dotted path.
+"""
 
 from __future__ import annotations
 
+#: Exit code of each outcome (documented in README "Security").
+EXIT_CODES = {
+    "ok": 0,
+    "policy": 1,  # a policy file, or input the policy is asked about
+    "input": 1,  # a value given on the command line or through the API
+    "usage": 2,
+    "plugin": 3,
+    "model": 4,  # config.json, checkpoint, tokenizer: the model cannot run as given
+    "runtime": 4,  # the run failed (out of memory, a failing step)
+    "internal": 70,  # a bug in interlock
+    "interrupted": 130,
+}
 
-class PolicyError(Exception):
+
+class InterlockError(Exception):
+    """An error for the user (not a bug); ``kind`` is a key of :data:`EXIT_CODES`."""
+
+    kind = "input"
+
+
+class InputError(InterlockError, ValueError):
+    """A value given by the caller is refused; the message names it and what is allowed."""
+
+
+class ModelError(InterlockError, ValueError):
+    """A model (config.json, checkpoint, tokenizer) cannot run as given; names the file."""
+
+    kind = "model"
+
+
+def error_kind(exc: BaseException) -> str | None:
+    """The kind of a user-facing error (see :data:`EXIT_CODES`), None for a bug."""
+    kind = getattr(type(exc), "kind", None)
+    return kind if isinstance(kind, str) and kind in EXIT_CODES else None
+
+
+class PolicyError(InterlockError):
     """A policy or input error; ``str()`` reads ``policies.yaml:42:7: rules[3].set.runner: ...``.
 
     ``more`` holds further errors found in the same pass (e.g. several schema
     violations), printed one per line after the first.
     """
+
+    kind = "policy"
 
     def __init__(
         self,
@@ -39,6 +82,12 @@ class PolicyError(Exception):
             if self.col is not None:
                 parts.append(str(self.col))
         return ":".join(parts)
+
+    def location(self) -> dict[str, object] | None:
+        """``{"file", "line", "col", "path"}`` as known, for a ``--json`` error document."""
+        if self.file is None and self.path is None:
+            return None
+        return {"file": self.file, "line": self.line, "col": self.col, "path": self.path}
 
     def _one_line(self) -> str:
         prefix = [p for p in (self.where, self.path) if p]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from interlock.core.errors import InputError
 from interlock.runners.contract import KVCacheSpec
 from interlock.runners.model.config import ModelConfig
 
@@ -18,7 +19,7 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20
 
 
-class KVCacheError(ValueError):
+class KVCacheError(InputError):
     """A KV cache budget that cannot hold what was asked."""
 
 

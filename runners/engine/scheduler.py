@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from interlock.core.errors import InputError
 from interlock.runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
 from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
 from interlock.runners.engine.request import Request, RequestStatus
 
 
-class RequestRejected(ValueError):
+class RequestRejected(InputError):
     """A request that can never run with this engine's limits."""
 
 

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 
+from interlock.core.errors import InterlockError
 from interlock.kernels import KernelChoice
 from interlock.plugins import RunnerSpec
 from interlock.runners.contract import (
@@ -40,8 +41,10 @@ from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.kv_cache import allocate_kv_cache
 
 
-class RunnerError(RuntimeError):
+class RunnerError(InterlockError, RuntimeError):
     """A runner asked to do something it cannot."""
+
+    kind = "runtime"
 
 
 class GraphRunner(ABC):

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from interlock.core.errors import ModelError
 from interlock.runners.contract import MODEL_DTYPES, ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
@@ -36,7 +37,7 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 _MAX_LISTED = 8
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelError):
     """A model that cannot be loaded as asked, with the offending value and what is allowed."""
 
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
+from interlock.core.errors import ModelError
 from interlock.runners.model import families
 
 
-class ConfigError(ValueError):
+class ConfigError(ModelError):
     """A config.json this project cannot run, with the file and the offending key."""
 
 

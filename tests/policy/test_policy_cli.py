@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from interlock.policy.explain import use_color
+from interlock.core.terminal import use_color
 
 GLM = ("GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950")
 
@@ -228,12 +228,15 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch) -> None:
     assert use_color(io.StringIO()) is False
     monkeypatch.setenv("NO_COLOR", "1")
     assert use_color(FakeTty()) is False
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")  # item 34 of the hostile-inputs issue
+    assert use_color(FakeTty()) is False
 
 
 def test_colour_text(monkeypatch, cli) -> None:
-    from interlock.policy import explain
+    from interlock.core import terminal
 
-    monkeypatch.setattr(explain, "use_color", lambda stream: True)
+    monkeypatch.setattr(terminal, "use_color", lambda stream: True)
     _, out, _ = cli("explain", *GLM)
     assert "\033[1m" in out and "\033[0m" in out
 
