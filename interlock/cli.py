@@ -73,8 +73,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
     if args is not None:
         return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
-    return "--json" in argv or "--format=json" in argv or any(
-        a == "--format" and b == "json" for a, b in zip(argv, argv[1:], strict=False)
+    return (
+        "--json" in argv
+        or "--format=json" in argv
+        or any(a == "--format" and b == "json" for a, b in zip(argv, argv[1:], strict=False))
     )
 
 
@@ -103,9 +105,9 @@ def _main(argv: list[str]) -> int:
         except SystemExit as exc:  # --help and --version exit 0 through argparse
             return exc.code if isinstance(exc.code, int) else 0
         return int(args.run(args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("policy: interrupted", file=sys.stderr)
-        return _fail(argv, args, "interrupted", "interrupted (Ctrl-C)", None)
+        return _fail(argv, args, "interrupted", "interrupted (Ctrl-C)", None, exc)
     except BrokenPipeError:
         # The reader went away (`policy table | head`); don't let Python complain at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -122,14 +124,21 @@ def _main(argv: list[str]) -> int:
             print(f"{exc.parser.prog}: error: {exc}", file=sys.stderr)
         else:
             print(f"policy: error: {exc}", file=sys.stderr)
-        return _fail(argv, args, kind, str(exc), _location(exc))
+        return _fail(argv, args, kind, str(exc), _location(exc), exc)
 
 
 def _fail(
-    argv: Sequence[str], args: argparse.Namespace | None, kind: str, message: str, where: Any
+    argv: Sequence[str],
+    args: argparse.Namespace | None,
+    kind: str,
+    message: str,
+    where: Any,
+    exc: BaseException | None = None,
 ) -> int:
     if _wants_json(argv, args):
-        error = {"kind": kind, "message": message, "location": where}
+        # ``details``: what a command had done when it failed (e.g. run's partial outputs).
+        details = getattr(exc, "details", None)
+        error = {"kind": kind, "message": message, "location": where, **(details or {})}
         sys.stdout.write(json.dumps({"error": error}, indent=2) + "\n")
     return EXIT_CODES[kind]
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
+from interlock.core.errors import InputError
 from interlock.core.platform import detect_platform
 from interlock.model_run import (
     GIVEN_BY_CALLER,
@@ -65,7 +66,7 @@ class CompletionOutput:
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     text: str | None  # None without a tokenizer
-    finish_reason: str  # "length" | "stop"
+    finish_reason: str  # "length" | "stop" | "aborted"
     ttft_s: float  # arrival to first token
     tpot_s: float  # mean time per output token after the first (0 for one token)
 
@@ -93,7 +94,7 @@ class LLM:
         source = resolve_model(model)
         if decision is None:
             if runner is not None:
-                raise ValueError(
+                raise InputError(
                     f"runner={type(runner).__name__} object given without a decision: pass "
                     "decision=RunDecision(...) saying how to run it (the policy decides only "
                     "for the runners plugins register)"
@@ -105,7 +106,7 @@ class LLM:
             decided = decided_by(self.resolution)
         else:
             if policy is not None or overrides:
-                raise ValueError(
+                raise InputError(
                     "policy= and overrides= shape the policy's decision; with an explicit "
                     "decision= they would be ignored: give one or the other"
                 )
@@ -119,7 +120,7 @@ class LLM:
         if max_model_len is None:
             max_model_len = limit
         elif not 0 < max_model_len <= limit:
-            raise ValueError(
+            raise InputError(
                 f"max_model_len={max_model_len} is invalid; allowed: 1..{limit} "
                 "(the model's max_position_embeddings)"
             )
@@ -164,22 +165,37 @@ class LLM:
         else:
             params = list(sampling_params)
             if len(params) != len(batch):
-                raise ValueError(f"{len(params)} sampling params for {len(batch)} prompts")
-        requests = [
-            self.engine.make_request(self.encode(prompt), p)
-            for prompt, p in zip(batch, params, strict=True)
-        ]
+                raise InputError(f"{len(params)} sampling params for {len(batch)} prompts")
+        requests = []
+        for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
+            try:  # errors name the caller's position, not the engine's request id
+                if not isinstance(p, SamplingParams):
+                    raise InputError(f"expected SamplingParams, got {type(p).__name__}")
+                requests.append(self.engine.make_request(self.encode(prompt), p))
+            except InputError as exc:
+                raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
         for request in requests:
             self.engine.add_request(request)
-        while self.engine.has_unfinished():
-            self.engine.step()
+        try:
+            while self.engine.has_unfinished():
+                self.engine.step()
+        except BaseException as exc:
+            # Every request of the call ends here, one way or the other: none stays running.
+            self.engine.abort(requests)
+            if isinstance(exc, KeyboardInterrupt):
+                raise GenerationInterrupted([self._output(r) for r in requests]) from exc
+            raise
         return [self._output(r) for r in requests]
 
     def encode(self, prompt: Prompt) -> list[int]:
         if not isinstance(prompt, str):
+            if isinstance(prompt, bytes) or not isinstance(prompt, Sequence):
+                raise InputError(
+                    f"a prompt is text or a list of token ids; got {type(prompt).__name__}"
+                )
             return list(prompt)
         if self.tokenizer is None:
-            raise ValueError(
+            raise InputError(
                 "text prompts need a tokenizer.json in the model directory; pass token ids instead"
             )
         return self.tokenizer.encode(prompt).ids
@@ -192,8 +208,9 @@ class LLM:
         text = None
         if self.tokenizer is not None:
             text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
-        ttft = request.first_token_time - request.arrival_time
-        decode_time = request.finish_time - request.first_token_time
+        first = request.first_token_time
+        ttft = 0.0 if first is None else first - request.arrival_time
+        decode_time = 0.0 if first is None else (request.finish_time or first) - first
         return CompletionOutput(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -220,15 +237,39 @@ def install_plugin_kernels() -> KernelInstall:
     return report
 
 
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``generate``: ``outputs`` holds what each prompt generated so far
+    (unfinished ones with finish reason ``aborted``)."""
+
+    def __init__(self, outputs: list[CompletionOutput]) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+
+def _without_request_id(exc: Exception) -> str:
+    text = str(exc)
+    return text.split(": ", 1)[1] if text.startswith("request ") and ": " in text else text
+
+
 def runner_from_plugin(name: str) -> Runner:
     """A fresh runner object from the plugin that registers runner ``name`` (its spec's
     factory); an unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
-    from interlock.plugins import load_import_path, load_registry
+    from interlock.plugins import PluginError, load_import_path, load_registry
+    from interlock.plugins.discovery import summarize
+    from interlock.plugins.isolation import plugin_code
 
     registered = load_registry().runner(name)
-    runner = load_import_path(registered.spec.factory)()
+    try:
+        with plugin_code():
+            runner = load_import_path(registered.spec.factory)()
+    except Exception as exc:  # the plugin's code: quarantined for this run, with its line
+        raise PluginError(
+            f"runner {name!r} cannot be created: its factory {registered.spec.factory} (plugin "
+            f"{registered.plugin.provider}) failed: {summarize(exc)}; choose another runner "
+            f"(--set runner=...) or fix or disable the plugin"
+        ) from exc
     if not isinstance(runner, Runner):
-        raise TypeError(
+        raise PluginError(
             f"runner {name!r}: {registered.spec.factory} (plugin {registered.plugin.provider}) "
             f"built a {type(runner).__name__}, which does not implement runners.contract.Runner "
             "(load, execute, report)"
@@ -281,6 +322,11 @@ def _detected_device() -> str:
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if not isinstance(prompts, Sequence):
+        raise InputError(
+            f"prompts must be text, a list of token ids, or a list of those; got "
+            f"{type(prompts).__name__}"
+        )
     prompts = list(prompts)
     if prompts and all(isinstance(p, int) for p in prompts):
         return [prompts]  # one prompt given as token ids

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from interlock.plugins.api import ENTRY_POINT_GROUP, api_incompatibility
+from interlock.plugins.isolation import PluginCrash, plugin_code
 from interlock.plugins.registry import PluginRecord, PluginRegistry
-from interlock.plugins.settings import STRICT_ENV, PluginError, Settings
+from interlock.plugins.settings import DISABLE_ENV, STRICT_ENV, PluginError, Settings
 from interlock.plugins.spec import KernelSpec, RunnerSpec, SpecError
 
 SpecT = TypeVar("SpecT", RunnerSpec, KernelSpec)
+#: The distribution of the built-in plugins (mrv1, mrv2), which others cannot shadow.
+BUILTIN_DISTRIBUTION = "interlock"
 
 
 @dataclass(frozen=True)
@@ -72,32 +75,55 @@ def discover(sources: Sequence[PluginSource], settings: Settings) -> Discovery:
 
     manager = pluggy.PluginManager(PROJECT)
     manager.add_hookspecs(Hooks)
-    clashing = _clashing_names(sources)
+    enabled = [s for s in sources if not _is_disabled(s, settings)]
+    clashing = _clashing_names(enabled)
     modules_before = set(sys.modules)
     records = []
     for src in sources:
-        if src.name in clashing:
-            records.append(_record(src, "failed", clashing[src.name]))
-        elif src.name in settings.disabled:
+        if _is_disabled(src, settings):
             records.append(_record(src, "disabled"))
+        elif src in clashing:
+            records.append(_record(src, "failed", clashing[src]))
         else:
             records.append(_load(manager, src, settings.strict))
-    registry = PluginRegistry(records, sorted(settings.disabled - {s.name for s in sources}))
+    known = {s.name for s in sources} | {f"{s.distribution}:{s.name}" for s in sources}
+    registry = PluginRegistry(records, sorted(settings.disabled - known))
     if settings.strict and registry.conflicts:
         raise PluginError(f"{STRICT_ENV}=1: " + registry.why_missing(min(registry.conflicts)))
     return Discovery(registry, _watched_files(sources, modules_before))
 
 
-def _clashing_names(sources: Sequence[PluginSource]) -> dict[str, str]:
+def _is_disabled(src: PluginSource, settings: Settings) -> bool:
+    """``INTERLOCK_DISABLE_PLUGINS`` names a plugin, or ``distribution:plugin`` to pick one of
+    two plugins with one name."""
+    return src.name in settings.disabled or f"{src.distribution}:{src.name}" in settings.disabled
+
+
+def _clashing_names(sources: Sequence[PluginSource]) -> dict[PluginSource, str]:
+    """The plugins not loaded because another enabled plugin has their name, and why.
+
+    A built-in plugin (distribution ``interlock``) is never shadowed: it is kept
+    and the others are refused; among third-party plugins none is preferred.
+    """
     by_name: dict[str, list[PluginSource]] = {}
     for src in sources:
         by_name.setdefault(src.name, []).append(src)
-    return {
-        name: f"plugin name {name!r} is used by "
-        + " and ".join(f"{s.distribution} {s.version}" for s in group)
-        for name, group in by_name.items()
-        if len(group) > 1
-    }
+    refused = {}
+    for name, group in by_name.items():
+        if len(group) < 2:
+            continue
+        users = " and ".join(f"{s.distribution} {s.version}" for s in group)
+        choose = " or ".join(f"{DISABLE_ENV}={s.distribution}:{name}" for s in group)
+        builtin = [s for s in group if s.distribution == BUILTIN_DISTRIBUTION]
+        for src in group:
+            if builtin and src not in builtin:
+                refused[src] = (
+                    f"plugin name {name!r} is used by {users}; the built-in one is kept "
+                    f"(choose with {choose})"
+                )
+            elif not builtin:
+                refused[src] = f"plugin name {name!r} is used by {users}; choose with {choose}"
+    return refused
 
 
 def _record(src: PluginSource, status: str, detail: str = "", **provided: Any) -> PluginRecord:
@@ -117,7 +143,8 @@ def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
 
     plugin = None
     try:
-        plugin = src.load()
+        with plugin_code():
+            plugin = src.load()
         manager.register(plugin, name=src.name)
         unknown = [hc.name for hc in manager.get_hookcallers(plugin) if not hc.has_spec()]
         if unknown:
@@ -153,7 +180,8 @@ def _declarations(manager: Any, plugin: Any, hook: str, kind: type[SpecT]) -> tu
     for impl in getattr(manager.hook, hook).get_hookimpls():
         if impl.plugin is not plugin:
             continue
-        result = impl.function()
+        with plugin_code():
+            result = impl.function()
         if not isinstance(result, (list, tuple)):
             raise _Failure(
                 f"{hook} returned {type(result).__name__}, expected a list of {kind.__name__}"
@@ -182,8 +210,9 @@ def summarize(exc: BaseException) -> str:
     """One line: the exception type and message, and the plugin code line that raised it."""
     if isinstance(exc, SpecError):
         text = f"invalid declaration: {exc}"
-    elif isinstance(exc, _Failure):
+    elif isinstance(exc, (_Failure, PluginCrash)):
         text = str(exc)
+        exc = exc.__cause__ or exc  # where the plugin raised it
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     # The line to show is the plugin's own: skip the import system, pluggy and this package.

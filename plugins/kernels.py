@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.plugins.discovery import summarize
+from interlock.plugins.isolation import plugin_code
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
 from interlock.plugins.settings import STRICT_ENV, PluginError
@@ -48,19 +49,20 @@ def install_plugin_kernels(
             try:
                 if _already_installed(kernel_registry, spec, plugin.name):
                     continue
+                # Loaded now so that a wrong path is this plugin's failure,
+                # not a surprise in the middle of a run.
+                with plugin_code():
+                    target = load_import_path(spec.target)
+                    unavailable = load_import_path(spec.unavailable) if spec.unavailable else None
                 kernel_registry.register(
                     KernelImpl(
                         op=spec.op,
                         backend=spec.backend,
-                        # Loaded now so that a wrong path is this plugin's failure,
-                        # not a surprise in the middle of a run.
-                        target=load_import_path(spec.target),
+                        target=target,
                         platforms=frozenset(spec.platforms),
                         dtypes=frozenset(spec.dtypes),
                         provider=plugin.name,
-                        unavailable=load_import_path(spec.unavailable)
-                        if spec.unavailable
-                        else None,
+                        unavailable=unavailable,
                     )
                 )
             except Exception as exc:  # quarantine, as for every plugin failure

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 from interlock.commands.common import (
@@ -94,27 +95,47 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.model_run import check_runs_here, decided_by, resolve_model_run
+    from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
     from interlock.plugins import load_registry
+    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.model.checkpoint import resolve_model
 
     policy = load(args)
     check_runs_here(args.platform)
+    # Everything the user gave is checked before the decision is logged: the model's form
+    # (a config.json it cannot run is still explained, then refused), the sampling values.
+    model = model_target(args.model)
+    if model != "demo" and not Path(model, "config.json").is_file():
+        resolve_model(model)  # raises the error naming every accepted form
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
     resolution = resolve_model_run(
-        policy, args.model, overrides_of(args), **context_flags_of(args, policy)
+        policy, model, overrides_of(args), **context_flags_of(args, policy)
     )
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
+    prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
     try:
-        with _debug_graphs(args.debug_graphs):
-            result = _execute(args, resolution)
-    except (ValueError, RuntimeError, LookupError, OSError) as exc:
-        print(f"policy: error: {exc}", file=sys.stderr)
-        return 1
-    document = _document(resolution, plugin.provider, *result, verbose=args.verbose)
+        # Plugin code (the runner) prints to stderr: stdout is this command's output.
+        with _debug_graphs(args.debug_graphs), redirect_stdout(sys.stderr):
+            result = _execute(args, resolution, model, prompts, params)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C: show what was generated so far (exit 130 is the command line's).
+        partial = [_output_dict(o) for o in getattr(exc, "outputs", ())]
+        if partial and args.json:
+            exc.details = {"outputs": partial}  # type: ignore[attr-defined]
+        elif partial:
+            sys.stdout.write(_render_outputs(partial) + "\n")
+        raise
+    outputs, report, metrics, trace = result
+    document = _document(resolution, plugin.provider, outputs, report, metrics, trace,
+                         verbose=args.verbose)
     if args.json:
         write_json(document)
     else:
-        sys.stdout.write(_render_text(resolution, document, verbose=args.verbose))
+        sys.stdout.write(_render_text(resolution, document, trace, verbose=args.verbose))
     return 0
 
 
@@ -135,31 +156,41 @@ def _debug_graphs(enabled: bool) -> Iterator[None]:
             os.environ[DEBUG_ENV] = previous
 
 
-def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """Run the prompts; returns (outputs, runner report, metrics)."""
+def _execute(
+    args: argparse.Namespace,
+    resolution: Any,
+    model: str,
+    prompts: list[Any],
+    params: Any,
+) -> tuple[Any, Any, dict[str, Any], tuple[Any, ...]]:
+    """Run the prompts; returns (outputs, runner report, metrics, the trace with this run's
+    own steps)."""
     import torch
 
     from interlock.llm import LLM, run_decision
     from interlock.model_run import device_for
-    from interlock.runners.engine.sampling import SamplingParams
 
-    prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
     device = device_for(resolution.context.platform)
+    decision = run_decision(resolution.decision)
+    steps, trace = _step_tokens(prompts), resolution.trace
+    if decision.capture_sizes is not None and steps is not None:
+        decision, note = _cap_capture_sizes(decision, steps)
+        trace = (*trace, note) if note is not None else trace
     start = time.perf_counter()
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        device=device,
-        seed=args.seed,
-        max_num_seqs=len(prompts),
-        decision=run_decision(resolution.decision),
-    )
-    loaded = time.perf_counter()
-    params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    )
-    outputs = llm.generate(prompts, params)
+    try:
+        llm = LLM(
+            model,
+            dtype=args.dtype,
+            device=device,
+            seed=args.seed,
+            max_num_seqs=len(prompts),
+            **({} if steps is None else {"max_num_batched_tokens": min(2048, steps)}),
+            decision=decision,
+        )
+        loaded = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+    except torch.OutOfMemoryError as exc:
+        raise RunFailed(f"out of memory on {device}: {' '.join(str(exc).split())[:300]}") from exc
     if device == "cuda":
         torch.cuda.synchronize()
     done = time.perf_counter()
@@ -175,7 +206,61 @@ def _execute(args: argparse.Namespace, resolution: Any) -> tuple[Any, Any, dict[
         "output_tokens_per_s": round(generated / (done - loaded), 2),
         "load_s": round(loaded - start, 4),
     }
-    return outputs, llm.report(), metrics
+    return outputs, llm.report(), metrics, trace
+
+
+class RunFailed(Exception):
+    """The run itself failed (exit 4)."""
+
+    kind = "runtime"
+
+
+def _step_tokens(prompts: list[Any]) -> int | None:
+    """The most tokens one step of this run can hold (every prompt prefilled at once), when
+    the prompts are token ids; None for text (its length is known only once tokenized)."""
+    if any(isinstance(p, str) for p in prompts):
+        return None
+    return max(len(prompts), sum(len(p) for p in prompts))
+
+
+def _cap_capture_sizes(decision: Any, steps: int) -> tuple[Any, Any]:
+    """Keep the sizes a step of this run can pad to: those up to ``steps`` and the next one."""
+    from dataclasses import replace
+
+    from interlock.policy.trace import Step
+
+    sizes = sorted(decision.capture_sizes)
+    kept = [s for s in sizes if s < steps]
+    kept += [s for s in sizes if s >= steps][:1]
+    if len(kept) == len(sizes):
+        return decision, None
+    note = Step(
+        stage="run",
+        name="capture_sizes",
+        sets={"capture_sizes": tuple(kept)},
+        reason=f"this run's steps hold at most {steps} token(s): {len(sizes) - len(kept)} of "
+        f"the {len(sizes)} capture sizes could never be used and are not captured",
+    )
+    return replace(decision, capture_sizes=tuple(kept)), note
+
+
+def _output_dict(o: Any) -> dict[str, Any]:
+    return {
+        "prompt_token_ids": list(o.prompt_token_ids),
+        "token_ids": list(o.token_ids),
+        "text": o.text,
+        "finish_reason": o.finish_reason,
+    }
+
+
+def _render_outputs(outputs: list[dict[str, Any]]) -> str:
+    lines = []
+    for i, out in enumerate(outputs):
+        lines.append(f"[{i}] prompt {out['prompt_token_ids']}")
+        lines.append(f"    -> {out['token_ids']} ({out['finish_reason']})")
+        if out["text"] is not None:
+            lines.append(f"    text: {out['text']!r}")
+    return "\n".join(lines)
 
 
 def _document(
@@ -184,6 +269,7 @@ def _document(
     outputs: Any,
     report: Any,
     metrics: dict[str, Any],
+    trace: tuple[Any, ...],
     *,
     verbose: bool,
 ) -> dict[str, Any]:
@@ -197,28 +283,22 @@ def _document(
             "name": report.runner, "plugin": provider, "device": report.device,
             "dtype": report.dtype,
         },
-        "outputs": [
-            {
-                "prompt_token_ids": list(o.prompt_token_ids),
-                "token_ids": list(o.token_ids),
-                "text": o.text,
-                "finish_reason": o.finish_reason,
-            }
-            for o in outputs
-        ],
+        "outputs": [_output_dict(o) for o in outputs],
         "metrics": metrics,
         "kernels": {k.op: k.implementation for k in report.kernels},
         "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
     }
     if verbose:
-        document["trace"] = resolved["trace"]
+        document["trace"] = [step.to_dict() for step in trace]
         document["kernel_choices"] = {
             k.op: {"implementation": k.implementation, "reason": k.reason} for k in report.kernels
         }
     return document
 
 
-def _render_text(resolution: Any, doc: dict[str, Any], *, verbose: bool) -> str:
+def _render_text(
+    resolution: Any, doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool
+) -> str:
     from interlock.policy.explain import render_trace
 
     ctx = resolution.context
@@ -232,12 +312,7 @@ def _render_text(resolution: Any, doc: dict[str, Any], *, verbose: bool) -> str:
     ]
     for fallback in graphs["fallbacks"]:
         lines.append(f"  fallback: {fallback}")
-    lines.append("")
-    for i, out in enumerate(doc["outputs"]):
-        lines.append(f"[{i}] prompt {out['prompt_token_ids']}")
-        lines.append(f"    -> {out['token_ids']} ({out['finish_reason']})")
-        if out["text"] is not None:
-            lines.append(f"    text: {out['text']!r}")
+    lines += ["", _render_outputs(doc["outputs"])]
     tpot = "-" if metrics["tpot_ms"] is None else f"{metrics['tpot_ms']:.2f} ms"
     lines += [
         "",
@@ -246,7 +321,7 @@ def _render_text(resolution: Any, doc: dict[str, Any], *, verbose: bool) -> str:
         f"load {metrics['load_s']:.2f} s",
     ]
     if verbose:
-        lines += ["", "trace", *render_trace(resolution.trace)]
+        lines += ["", "trace", *render_trace(trace)]
         lines += ["", "kernels"]
         width = max(len(op) for op in doc["kernel_choices"])
         for op, choice in doc["kernel_choices"].items():

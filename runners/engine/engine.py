@@ -54,7 +54,17 @@ class Engine:
     ) -> Request:
         """A validated request (not yet queued): token ids in range, fits the engine alone."""
         vocab = self.model.config.vocab_size
-        tokens = tuple(int(t) for t in prompt_token_ids)
+        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(
+            prompt_token_ids, Sequence
+        ):
+            raise RequestRejected(
+                f"a prompt must be a list of token ids (or text, with a tokenizer); got "
+                f"{type(prompt_token_ids).__name__}"
+            )
+        odd = [t for t in prompt_token_ids if type(t) is not int]
+        if odd:  # 2.5 or True would be truncated into a different token
+            raise RequestRejected(f"prompt token ids must be integers; got {odd[0]!r}")
+        tokens = tuple(prompt_token_ids)
         bad = [t for t in tokens if not 0 <= t < vocab]
         if bad:
             raise RequestRejected(
@@ -87,6 +97,10 @@ class Engine:
             return []
         output = self.runner.execute(batch)
         return self.scheduler.update(output, time.perf_counter())
+
+    def abort(self, requests: Sequence[Request]) -> None:
+        """End the unfinished ``requests`` (finish reason ``aborted``), freeing their cache."""
+        self.scheduler.abort(list(requests), time.perf_counter())
 
     def report(self) -> RunnerReport:
         return self.runner.report()

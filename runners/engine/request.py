@@ -17,6 +17,7 @@ class RequestStatus(Enum):
 class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens reached
     STOP = "stop"  # EOS or a stop token
+    ABORTED = "aborted"  # the call failed or was interrupted before the request finished
 
 
 @dataclass(eq=False)

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from interlock.core.errors import InputError
+
+#: Seeds live in int64 tensors on the device.
+SEED_LIMIT = 2**63
+
+
+def _int(name: str, value: object, allowed: str) -> int:
+    if type(value) is not int:  # bool and float (2.5, 2.0) are refused, not truncated
+        raise InputError(f"{name}={value!r} is invalid; allowed: {allowed}")
+    return value
+
+
+def _real(name: str, value: object, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name}={value!r} is invalid; allowed: {allowed}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -25,15 +43,25 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens} is invalid; allowed: an integer >= 1")
-        if self.temperature < 0:
-            raise ValueError(
-                f"temperature={self.temperature} is invalid; allowed: >= 0 (0 = greedy)"
-            )
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is invalid; allowed: >= 0 (0 = off)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} is invalid; allowed: 0 < top_p <= 1 (1 = off)")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed={self.seed} is invalid; allowed: an integer >= 0 or None")
+        if _int("max_tokens", self.max_tokens, "an integer >= 1") < 1:
+            raise InputError(f"max_tokens={self.max_tokens} is invalid; allowed: an integer >= 1")
+        allowed = "a finite number >= 0 (0 = greedy)"
+        if _real("temperature", self.temperature, allowed) < 0:
+            raise InputError(f"temperature={self.temperature} is invalid; allowed: {allowed}")
+        if _int("top_k", self.top_k, "an integer >= 0 (0 = off)") < 0:
+            raise InputError(f"top_k={self.top_k} is invalid; allowed: >= 0 (0 = off)")
+        allowed = "a number with 0 < top_p <= 1 (1 = off)"
+        if not 0 < _real("top_p", self.top_p, allowed) <= 1:
+            raise InputError(f"top_p={self.top_p} is invalid; allowed: {allowed}")
+        allowed = "an integer in [0, 2**63) or None"
+        if self.seed is not None and not 0 <= _int("seed", self.seed, allowed) < SEED_LIMIT:
+            raise InputError(f"seed={self.seed} is out of range; allowed: {allowed}")
+        if type(self.ignore_eos) is not bool:
+            raise InputError(f"ignore_eos={self.ignore_eos!r} is invalid; allowed: True, False")
+        stops = self.stop_token_ids
+        if not isinstance(stops, (tuple, list)):
+            raise InputError(f"stop_token_ids={stops!r} is invalid; allowed: a list of token ids")
+        for t in stops:
+            if _int("stop_token_ids item", t, "an integer >= 0") < 0:
+                raise InputError(f"stop_token_ids item {t} is invalid; allowed: an integer >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(stops))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from interlock.core.errors import InputError
 from interlock.runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
 from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
-from interlock.runners.engine.request import Request, RequestStatus
+from interlock.runners.engine.request import FinishReason, Request, RequestStatus
 
 
 class RequestRejected(InputError):
@@ -161,6 +161,20 @@ class Scheduler:
             return False
         request.block_table.extend(self.allocator.allocate(missing))
         return True
+
+    def abort(self, requests: list[Request], now: float) -> None:
+        """Finish unfinished ``requests`` as aborted and free their blocks; the batch in
+        flight (if a step failed) is forgotten, so the engine is clean for the next call."""
+        for request in requests:
+            if request.status is RequestStatus.FINISHED:
+                continue
+            if request in self.running:
+                self.running.remove(request)
+                self._release(request)
+            elif request in self.waiting:
+                self.waiting.remove(request)
+            request.finish(FinishReason.ABORTED, now)
+        self._scheduled = []
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

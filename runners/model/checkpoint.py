@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from interlock.core.errors import ModelError
+from interlock.core.errors import InputError, ModelError
 from interlock.runners.contract import MODEL_DTYPES, ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
@@ -57,7 +57,7 @@ def resolve_model(model: str | Path) -> ModelSource:
     if directory is None:
         return ModelSource(demo.DEMO, None, demo.demo_config())
     if not (directory / "config.json").is_file():
-        raise CheckpointError(
+        raise InputError(
             f"model {str(model)!r} is neither {demo.DEMO!r}, a named model "
             f"({', '.join(NAMED_MODELS)}), a .gguf file nor a directory containing config.json"
         )

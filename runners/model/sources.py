@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from interlock.core.disk_cache import safe_cache_dir
+from interlock.core.errors import ModelError
 
 DEMO = "demo"
 MANIFEST = "interlock-conversion.json"
@@ -39,7 +40,7 @@ MANIFEST = "interlock-conversion.json"
 _DIGESTED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(ModelError):
     """A model name or file that cannot be resolved, with what to do about it."""
 
 
@@ -82,6 +83,8 @@ def model_directory(model: str | os.PathLike[str]) -> Path | None:
     path = Path(name)
     if path.suffix == ".gguf":
         return converted(path)
+    if path.name == "config.json" and path.is_file():
+        return path.parent  # the same forms in `policy run`, `policy explain` and LLM
     return path
 
 

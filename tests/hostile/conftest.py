@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from interlock import plugins
 from interlock.core import disk_cache
+
+# The installed-looking distributions of the plugin tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
+from plugin_builders import make_dist  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +25,33 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The "running without the cache" notice is said once per process; each test is one.
     monkeypatch.setattr(disk_cache, "_warned", False)
     monkeypatch.setattr(disk_cache, "_refused", None)
+    for name in (
+        "INTERLOCK_DISABLE_PLUGINS",
+        "INTERLOCK_PLUGINS_STRICT",
+        "INTERLOCK_NO_PLUGIN_CACHE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def install(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """install(dist, entry_points, modules): an installed-looking distribution on sys.path for
+    one test (the plugin registry is rediscovered)."""
+    path = list(sys.path)
+    site = tmp_path / "site"
+
+    def _install(dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
+        make_dist(site, dist, "1.0", entry_points, modules)
+        if str(site) not in sys.path:
+            sys.path.insert(0, str(site))
+        plugins.reset()
+        return site
+
+    yield _install
+    sys.path[:] = path
+    for name in [m for m in sys.modules if m.startswith("hostile_")]:
+        del sys.modules[name]
+    plugins.reset()
 
 
 POLICY = """\

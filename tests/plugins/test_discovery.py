@@ -187,8 +187,11 @@ def test_same_plugin_name_from_two_distributions() -> None:
     ]
     found = discover(sources, Settings()).registry
     assert [p.status_line for p in found.plugins] == [
-        "failed: plugin name 'same' is used by one 1 and two 1"
+        "failed: plugin name 'same' is used by one 1 and two 1; choose with "
+        "INTERLOCK_DISABLE_PLUGINS=one:same or INTERLOCK_DISABLE_PLUGINS=two:same"
     ] * 2
+    picked = discover(sources, Settings(disabled=frozenset({"one:same"}))).registry
+    assert [p.status for p in picked.plugins] == ["disabled", "ok"]
 
 
 def test_incompatible_api_is_skipped_before_anything_else_runs() -> None:
@@ -292,5 +295,5 @@ def test_strict_failures_reach_the_cli_as_errors(register_plugin, monkeypatch, c
 
     register_plugin(Raises(), "raises")
     monkeypatch.setenv("INTERLOCK_PLUGINS_STRICT", "1")
-    assert main(["explain", "LlamaForCausalLM", "--platform", "cpu"]) == 1
+    assert main(["explain", "LlamaForCausalLM", "--platform", "cpu"]) == 3  # a plugin error
     assert "policy: error: INTERLOCK_PLUGINS_STRICT=1: plugin raises" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def test_a_failed_capture_is_reported_not_hidden(policy_run, tiny_llama, monkeyp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--model", "/no/such/dir"), "cannot read model config"),
+        (("--model", "/no/such/dir"), "nor a directory containing config.json"),
         (("--set", "compile=true"), "does not support torch.compile on cpu"),
         (("--feature", "pipeline_parallel_size=2"), "does not support pipeline parallelism"),
         (("--platform", "rocm"), "runs the model on this machine, which is cpu"),
@@ -124,7 +124,7 @@ def test_an_unsupported_architecture_is_explained_but_not_run(policy_run, tmp_pa
         "kv_lora_rank": 512, "n_routed_experts": 8,
     }))
     result = policy_run("--model", tmp_path)
-    assert result.code == 1
+    assert result.code == 4  # a model error
     assert "runner=" in result.err  # the decision was made and logged first
     assert "DeepseekV3ForCausalLM" in result.err and "supported" in result.err
 
