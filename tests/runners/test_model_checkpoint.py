@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from interlock.core.errors import InputError
 from interlock.llm import LLM
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
@@ -85,7 +86,7 @@ def test_directory_without_weights_or_config(tmp_path, llama_dir):
     (llama_dir / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no weights found; expected model.safetensors"):
         tokens(llama_dir)
-    with pytest.raises(CheckpointError, match=r"neither 'demo', a named model \(smollm2\)"):
+    with pytest.raises(InputError, match=r"neither 'demo', a named model \(smollm2\)"):
         tokens(tmp_path / "nowhere")
 
 
