@@ -227,7 +227,9 @@ def _git_rule_time(path: Path, lines: Sequence[int]) -> float | None:
     ranges = [arg for line in sorted(set(lines)) for arg in ("-L", f"{line},{line}")]
     out = _git(["blame", "--porcelain", *ranges, "--", path.name], path.parent)
     if out is None:
-        return None
+        # An untracked file inside a work tree is all uncommitted edits.
+        inside = _git(["rev-parse", "--is-inside-work-tree"], path.parent)
+        return UNCOMMITTED if inside is not None and inside.strip() == "true" else None
     latest = 0.0
     commit = ""
     for row in out.splitlines():

@@ -281,15 +281,17 @@ def near_miss_lists(subject: Subject) -> Iterator[Finding]:
 
 
 def reasons(subject: Subject) -> Iterator[Finding]:
-    """Warnings: a rule without a ref, or whose reason cannot explain a decision."""
+    """Warnings: a rule without a ref (or evidence), or whose reason cannot explain a
+    decision."""
     for rule in subject.policy.rules:
-        if rule.ref is None:
+        if rule.ref is None and not rule.evidence:
             yield subject.finding(
                 subject.at(rule, "id", key=True),
                 WARNING,
                 "missing-ref",
                 f"rule {rule.id} has no ref: link the pull request, issue or measurement "
-                "that motivates it (`ref: https://...`)",
+                "that motivates it (`ref: https://...`), or cite a bench record "
+                "(`evidence: [file.json]`)",
             )
         vague = _vague(rule.reason)
         if vague:

@@ -197,3 +197,25 @@ def test_explain_summarises_the_evidence(cli, site):
     assert "evidence: runner fast -" in line
     assert "ms/token [" in line
     assert f"vs slow (batch 1) on cpu, {day} (evidence/runner.json)" in line
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_site_rule_cites_a_record_that_check_verifies(cli, monkeypatch):
+    monkeypatch.chdir(REPO)
+    result = cli(
+        "check", "--policy", "policies.yaml", "--policy", "examples/measured-cpu.yaml", "--json"
+    )
+    assert result.code == 0, result.out
+    findings = result.json()["findings"]
+    assert [f["code"] for f in findings] == ["evidence"], findings
+    assert "rule cpu-llama-eager: evidence evidence/cpu-demo-2x2.json: cudagraph none" in (
+        findings[0]["message"]
+    )
+    assert "context matches" in findings[0]["message"]
+    explained = cli(
+        "explain", "LlamaForCausalLM", "--platform", "cpu", "--policy", "policies.yaml",
+        "--policy", "examples/measured-cpu.yaml",
+    )
+    assert "evidence: cudagraph none " in explained.out
