@@ -46,8 +46,8 @@ def run(
     """Measure ``model`` under every combination of ``vary`` (decision field -> levels, typed
     as in a policy); the other fields are the policy's decision for this machine (layered
     ``policy`` files, the process environment's bindings and ``env``, ``overrides``).
-    Returns the record. Raises ``PolicyError`` for policy and input errors, ``ValueError``
-    for a bad workload or model."""
+    Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
+    ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
     from interlock.bench.harness import resolve_design
     from interlock.core.errors import PolicyError
     from interlock.core.fields import check_field

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from interlock.bench.design import block_order, combinations
+from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
 
 #: The harness's own time (outside the engine's steps) must stay under this share.
@@ -48,7 +49,7 @@ class Workload:
         if self.warmup < 0:
             problems.append(f"warmup {self.warmup} must be >= 0")
         if problems:
-            raise ValueError("workload: " + "; ".join(problems))
+            raise InputError("workload: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "batch_sizes": list(self.batch_sizes)}
@@ -115,7 +116,7 @@ def load_configs(
 
     seq_len = prompt_len + workload.max_tokens
     if seq_len > max_position:
-        raise ValueError(
+        raise InputError(
             f"prompt ({prompt_len} tokens) + max_tokens ({workload.max_tokens}) = {seq_len} "
             f"exceeds the model's max_position_embeddings ({max_position})"
         )
@@ -219,7 +220,7 @@ def prompt_token_ids(workload: Workload, source: Any) -> list[int]:
         return [1 + (7 * i) % (vocab - 1) for i in range(workload.prompt_len)]
     path = source.directory / "tokenizer.json" if source.directory is not None else None
     if path is None or not path.is_file():
-        raise ValueError(
+        raise InputError(
             f"--prompt needs the model's tokenizer.json, and {source.name} has none; "
             "use --prompt-len N instead"
         )
@@ -227,7 +228,7 @@ def prompt_token_ids(workload: Workload, source: Any) -> list[int]:
 
     ids = Tokenizer.from_file(str(path)).encode(workload.prompt).ids
     if not ids:
-        raise ValueError(f"--prompt {workload.prompt!r} encodes to no tokens")
+        raise InputError(f"--prompt {workload.prompt!r} encodes to no tokens")
     return list(ids)
 
 

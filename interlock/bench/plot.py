@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from interlock.bench.render import effect_text
+from interlock.core.errors import InputError
 
 FORMATS = (".svg", ".png")
 
@@ -15,11 +16,11 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
     """Draw the record into ``path`` (its suffix picks the format)."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise ValueError(f"--plot {path}: the file must end in .svg or .png")
+        raise InputError(f"--plot {path}: the file must end in .svg or .png")
     try:
         import matplotlib
     except ImportError:
-        raise ValueError(
+        raise InputError(
             "--plot needs matplotlib: pip install 'interlock[bench]'"
         ) from None
     matplotlib.use("Agg")

@@ -26,6 +26,7 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
+from interlock.core.errors import InputError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -95,15 +96,11 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 def workload_of(args: argparse.Namespace) -> Any:
     """The ``Workload`` the flags of :func:`add_workload_args` describe (torch threads set)."""
     from interlock.bench import Workload
-    from interlock.core.errors import PolicyError
 
-    try:
-        workload = Workload(
-            batch_sizes=args.batch_sizes, prompt_len=args.prompt_len, prompt=args.prompt,
-            max_tokens=args.max_tokens, trials=args.trials, warmup=args.warmup, seed=args.seed,
-        )
-    except ValueError as exc:
-        raise PolicyError(str(exc)) from None
+    workload = Workload(
+        batch_sizes=args.batch_sizes, prompt_len=args.prompt_len, prompt=args.prompt,
+        max_tokens=args.max_tokens, trials=args.trials, warmup=args.warmup, seed=args.seed,
+    )
     if args.threads:
         import torch
 
@@ -169,9 +166,6 @@ def run(args: argparse.Namespace) -> int:
             overrides=overrides_of(args), dtype=args.dtype, load_format=args.load_format,
             progress=bar, command="policy bench " + shlex.join(sys.argv[2:]),
         )
-    except (ValueError, RuntimeError, LookupError, OSError) as exc:
-        print(f"policy: error: {exc}", file=sys.stderr)
-        return 1
     finally:
         if bar is not None:
             bar.close()
@@ -181,9 +175,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             write_plot(record, args.plot)
-        except (ValueError, OSError) as exc:
-            print(f"policy: error: {exc}", file=sys.stderr)
-            return 1
+        except OSError as exc:
+            raise InputError(f"--plot {args.plot}: cannot write it: {exc.strerror}") from None
     if args.json:
         write_json(record)
     else:
@@ -202,8 +195,11 @@ def write_record(record: dict[str, Any], target: str | None) -> Path:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         target = str(cache_dir() / "bench" / f"{stamp}-{record['model']['architecture']}.json")
     path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as exc:
+        raise InputError(f"--record {target}: cannot write the record: {exc.strerror}") from None
     return path
 
 

@@ -116,8 +116,6 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
             load_format=args.load_format, progress=bar,
             command="policy diff " + shlex.join(sys.argv[2:]),
         )
-    except (ValueError, RuntimeError, LookupError, OSError) as exc:
-        raise PolicyError(f"--measure: {exc}") from None
     finally:
         if bar is not None:
             bar.close()
