@@ -7,8 +7,14 @@
     [out] = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
     out.token_ids  # (8 token ids)
 
-A model directory with a ``tokenizer.json`` also accepts text prompts and
-returns text. Without a ``decision`` the policy decides, exactly as
+A model with a ``tokenizer.json`` also accepts text prompts and returns
+text, and with a chat template (``tokenizer_config.json``) ``llm.chat(...)``
+runs conversations:
+
+    llm = LLM("smollm2")
+    [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}])
+    out.text  # 'The capital of France is Paris.'
+ Without a ``decision`` the policy decides, exactly as
 ``policy run`` does (``interlock.model_run``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
@@ -22,9 +28,10 @@ installed before it loads, whichever runner it is.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer
 
-from interlock.core.errors import InputError
+from interlock.core.errors import InputError, ModelError
 from interlock.core.platform import detect_platform
 from interlock.model_run import (
     GIVEN_BY_CALLER,
@@ -57,6 +64,10 @@ if TYPE_CHECKING:
     from interlock.policy.resolution import Decision, Resolution
 
 Prompt = str | Sequence[int]
+Message = Mapping[str, str]  # {"role": ..., "content": ...}
+#: Called during generation with (prompt index, every token generated for it so far,
+#: its finish reason: None until it has finished).
+OnTokens = Callable[[int, tuple[int, ...], str | None], None]
 LOG = logging.getLogger("interlock")
 
 
@@ -140,6 +151,7 @@ class LLM:
             num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
         )
         self.tokenizer = _load_tokenizer(source.directory)
+        self.chat_template = _load_chat_template(source.directory)
         self.engine = Engine(
             spec,
             kv_cache,
@@ -153,8 +165,13 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        on_tokens: OnTokens | None = None,
     ) -> list[CompletionOutput]:
         """Run every prompt to completion; outputs in prompt order.
+
+        ``on_tokens(index, token_ids, finish_reason)`` is called after every step in
+        which prompt ``index`` got a token (for streaming).
 
         All requests are validated before any runs: one that cannot fit the
         engine even alone raises ``RequestRejected`` and nothing is run.
@@ -176,9 +193,17 @@ class LLM:
                 raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
         for request in requests:
             self.engine.add_request(request)
+        seen = [0] * len(requests)
         try:
             while self.engine.has_unfinished():
                 self.engine.step()
+                if on_tokens is not None:
+                    for index, request in enumerate(requests):
+                        if len(request.output_token_ids) > seen[index]:
+                            seen[index] = len(request.output_token_ids)
+                            reason = request.finish_reason
+                            on_tokens(index, tuple(request.output_token_ids),
+                                      None if reason is None else reason.value)
         except BaseException as exc:
             # Every request of the call ends here, one way or the other: none stays running.
             self.engine.abort(requests)
@@ -186,6 +211,37 @@ class LLM:
                 raise GenerationInterrupted([self._output(r) for r in requests]) from exc
             raise
         return [self._output(r) for r in requests]
+
+    def chat(
+        self,
+        conversations: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        on_tokens: OnTokens | None = None,
+    ) -> list[CompletionOutput]:
+        """``generate`` for one conversation (a list of messages) or several, each rendered
+        with the model's chat template and an assistant turn to answer."""
+        if conversations and isinstance(conversations[0], Mapping):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, on_tokens=on_tokens)
+
+    def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids of ``messages`` rendered by the chat template, ready for the reply."""
+        if self.chat_template is None or self.tokenizer is None:
+            raise InputError(
+                "chat needs a tokenizer.json and a chat_template in tokenizer_config.json in "
+                "the model directory; this model has none"
+            )
+        text = self.chat_template.render(messages)
+        # The template writes every special token itself (BOS included, where it wants one).
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated tokens (special tokens such as EOS left out)."""
+        if self.tokenizer is None:
+            raise InputError("decoding needs a tokenizer.json in the model directory")
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def encode(self, prompt: Prompt) -> list[int]:
         if not isinstance(prompt, str):
@@ -205,9 +261,7 @@ class LLM:
 
     def _output(self, request: Request) -> CompletionOutput:
         tokens = tuple(request.output_token_ids)
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        text = None if self.tokenizer is None else self.decode(tokens)
         first = request.first_token_time
         ttft = 0.0 if first is None else first - request.arrival_time
         decode_time = 0.0 if first is None else (request.finish_time or first) - first
@@ -337,3 +391,60 @@ def _load_tokenizer(directory: Path | None) -> Tokenizer | None:
     if directory is None or not (directory / "tokenizer.json").is_file():
         return None
     return Tokenizer.from_file(str(directory / "tokenizer.json"))
+
+
+class ChatTemplate:
+    """A model's Jinja chat template, rendered in a sandbox: the template comes from the
+    model's files, so it may not reach Python objects beyond the values given to it."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str], origin: str) -> None:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        self.origin = origin
+        self.special_tokens = dict(special_tokens)
+        try:
+            self.template = environment.from_string(source)
+        except TemplateError as exc:
+            raise ModelError(f"{origin}: chat_template is not a valid template: {exc}") from None
+
+    def render(self, messages: Sequence[Message]) -> str:
+        from jinja2 import TemplateError
+
+        for i, message in enumerate(messages):
+            if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)):
+                raise InputError(
+                    f"message {i} is {message!r}; a message is a mapping with string 'role' "
+                    "and 'content'"
+                )
+        try:
+            return self.template.render(
+                messages=[dict(m) for m in messages], add_generation_prompt=True,
+                **self.special_tokens,
+            )
+        except TemplateError as exc:
+            raise ModelError(f"{self.origin}: chat_template failed: {exc}") from None
+
+
+def _load_chat_template(directory: Path | None) -> ChatTemplate | None:
+    """The chat template of ``tokenizer_config.json`` (None when there is none)."""
+    path = None if directory is None else directory / "tokenizer_config.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: not a readable JSON object: {exc}") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        raise ModelError(f"{path}: chat_template must be a string (one template)")
+    special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+    return ChatTemplate(template, special, str(path))

@@ -27,10 +27,13 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
+from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_PROMPT = (1, 2, 3)
+TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
+IDS_MAX_TOKENS = 16
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "generated tokens.",
     )
     parser.add_argument(
-        "--model", required=True, metavar="PATH|demo",
-        help="a Hugging Face model directory, or `demo` (the built-in model)",
+        "--model", required=True, metavar="PATH|NAME",
+        help="a Hugging Face model directory, a GGUF file, a named model (smollm2), or `demo` "
+        "(the built-in model, random weights)",
     )
     parser.add_argument(
         "--prompt-token-ids", action="append", type=_token_ids, default=[], metavar="1,2,3",
@@ -54,12 +58,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a text prompt (needs the model's tokenizer.json); repeat for several",
     )
     parser.add_argument(
-        "--max-tokens", type=_positive, default=16, metavar="N",
-        help="tokens to generate per prompt (default: 16)",
+        "--chat", action="store_true",
+        help="send each --prompt as a user message through the model's chat template",
+    )
+    parser.add_argument(
+        "--max-tokens", type=_positive, default=None, metavar="N",
+        help=f"tokens to generate per prompt at most (default: {TEXT_MAX_TOKENS} for text "
+        f"prompts, {IDS_MAX_TOKENS} for token ids)",
     )
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
-    parser.add_argument("--ignore-eos", action="store_true", help="generate max tokens")
+    parser.add_argument(
+        "--ignore-eos", action="store_true",
+        help="generate --max-tokens tokens even past the model's end-of-sequence token",
+    )
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="model dtype (auto: the checkpoint's)"
     )
@@ -100,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from interlock.runners.engine.sampling import SamplingParams
     from interlock.runners.model.checkpoint import resolve_model
 
+    if args.chat and not args.prompt:
+        raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")
     policy = load(args)
     check_runs_here(args.platform)
     # Everything the user gave is checked before the decision is logged: the model's form
@@ -107,8 +121,11 @@ def run(args: argparse.Namespace) -> int:
     model = model_target(args.model)
     if model != "demo" and not Path(model, "config.json").is_file():
         resolve_model(model)  # raises the error naming every accepted form
+    max_tokens = args.max_tokens
+    if max_tokens is None:
+        max_tokens = TEXT_MAX_TOKENS if args.prompt else IDS_MAX_TOKENS
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+        max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
     resolution = resolve_model_run(
@@ -117,25 +134,35 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
+    # Text replies stream to a terminal as they are generated; the header comes first.
+    stream = _Stream(sys.stdout, resolution, plugin.provider, args) if (
+        args.prompt and not args.json and sys.stdout.isatty()
+    ) else None
     try:
         # Plugin code (the runner) prints to stderr: stdout is this command's output.
         with _debug_graphs(args.debug_graphs), redirect_stdout(sys.stderr):
-            result = _execute(args, resolution, model, prompts, params)
+            result = _execute(args, resolution, model, prompts, params, stream)
     except KeyboardInterrupt as exc:
         # Ctrl-C: show what was generated so far (exit 130 is the command line's).
         partial = [_output_dict(o) for o in getattr(exc, "outputs", ())]
         if partial and args.json:
             exc.details = {"outputs": partial}  # type: ignore[attr-defined]
         elif partial:
-            sys.stdout.write(_render_outputs(partial) + "\n")
+            sys.stdout.write(_render_outputs(partial))
         raise
     outputs, report, metrics, trace = result
     document = _document(resolution, plugin.provider, outputs, report, metrics, trace,
-                         verbose=args.verbose)
+                         verbose=args.verbose, prompts=args.prompt, chat=args.chat)
     if args.json:
         write_json(document)
+    elif stream is not None:  # the header and the text replies are out already
+        token_ids = [o for o in document["outputs"] if "prompt" not in o]
+        sys.stdout.write(_render_outputs(token_ids)
+                         + _render_tail(document, trace, verbose=args.verbose))
     else:
-        sys.stdout.write(_render_text(resolution, document, trace, verbose=args.verbose))
+        sys.stdout.write(_header(resolution, plugin.provider, report) + "\n"
+                         + _render_outputs(document["outputs"])
+                         + _render_tail(document, trace, verbose=args.verbose))
     return 0
 
 
@@ -162,9 +189,11 @@ def _execute(
     model: str,
     prompts: list[Any],
     params: Any,
+    stream: _Stream | None,
 ) -> tuple[Any, Any, dict[str, Any], tuple[Any, ...]]:
-    """Run the prompts; returns (outputs, runner report, metrics, the trace with this run's
-    own steps)."""
+    """Run the prompts (with ``--chat`` the text ones as user messages), streaming text
+    replies to ``stream``; returns (outputs, runner report, metrics, the trace with this
+    run's own steps)."""
     import torch
 
     from interlock.llm import LLM, run_decision
@@ -188,7 +217,16 @@ def _execute(
             decision=decision,
         )
         loaded = time.perf_counter()
-        outputs = llm.generate(prompts, params)
+        if args.chat:
+            first = len(args.prompt_token_ids)
+            prompts = [*prompts[:first], *(
+                llm.apply_chat_template([{"role": "user", "content": text}])
+                for text in prompts[first:]
+            )]
+        on_tokens = None
+        if stream is not None:
+            on_tokens = stream.start(llm)
+        outputs = llm.generate(prompts, params, on_tokens=on_tokens)
     except torch.OutOfMemoryError as exc:
         raise RunFailed(f"out of memory on {device}: {' '.join(str(exc).split())[:300]}") from exc
     if device == "cuda":
@@ -254,13 +292,76 @@ def _output_dict(o: Any) -> dict[str, Any]:
 
 
 def _render_outputs(outputs: list[dict[str, Any]]) -> str:
-    lines = []
+    """Token-id prompts as ids (and text); text prompts as the reply's text, as it streams.
+    Each text reply, and each run of token-id prompts, ends with a blank line."""
+    lines: list[str] = []
     for i, out in enumerate(outputs):
-        lines.append(f"[{i}] prompt {out['prompt_token_ids']}")
-        lines.append(f"    -> {out['token_ids']} ({out['finish_reason']})")
+        if "prompt" in out:
+            lines += [_prompt_label(i, out["prompt"], out["chat"]), out["text"],
+                      _finish_line(out["token_ids"], out["finish_reason"]), ""]
+            continue
+        lines += [f"[{i}] prompt {out['prompt_token_ids']}",
+                  f"    -> {out['token_ids']} ({out['finish_reason']})"]
         if out["text"] is not None:
             lines.append(f"    text: {out['text']!r}")
-    return "\n".join(lines)
+        if i + 1 == len(outputs) or "prompt" in outputs[i + 1]:
+            lines.append("")
+    return "".join(line + "\n" for line in lines)
+
+
+def _prompt_label(index: int, text: str, chat: bool) -> str:
+    return f"[{index}] {'user' if chat else 'prompt'}: {text}"
+
+
+def _finish_line(tokens: Any, reason: str | None) -> str:
+    why = {"stop": "end of sequence", "length": "max tokens"}.get(reason or "", reason)
+    return f"[{len(tokens)} tokens, {why}]"
+
+
+class _Stream:
+    """Writes the header, then each text prompt's reply as its tokens arrive, in prompt
+    order: the first unfinished prompt live, each later one once those before it are done.
+    Token-id prompts are shown with the metrics, at the end."""
+
+    def __init__(self, out: Any, resolution: Any, provider: str, args: argparse.Namespace):
+        self.out, self.resolution, self.provider = out, resolution, provider
+        self.first = len(args.prompt_token_ids)
+        self.labels = [_prompt_label(self.first + i, text, args.chat)
+                       for i, text in enumerate(args.prompt)]
+        self.tokens: list[tuple[int, ...]] = [()] * len(args.prompt)
+        self.reasons: list[str | None] = [None] * len(args.prompt)
+        self.turn = 0  # the prompt being shown
+        self.shown: str | None = None  # its reply so far on the terminal (None: no label yet)
+
+    def start(self, llm: Any) -> Any:
+        """Write the header of the loaded model; returns the ``on_tokens`` callback."""
+        self.llm = llm
+        self.out.write(_header(self.resolution, self.provider, llm.report()) + "\n")
+        self.out.flush()
+        return self.on_tokens
+
+    def on_tokens(self, index: int, tokens: tuple[int, ...], reason: str | None) -> None:
+        index -= self.first
+        if index < 0:
+            return
+        self.tokens[index], self.reasons[index] = tokens, reason
+        while self.turn < len(self.tokens):
+            i = self.turn
+            if self.shown is None:
+                self.out.write(self.labels[i] + "\n")
+                self.shown = ""
+            text = self.llm.decode(self.tokens[i])
+            if self.reasons[i] is None:
+                # An incomplete UTF-8 sequence decodes to U+FFFD until its last byte arrives.
+                text = text.rstrip("\ufffd")
+            if text.startswith(self.shown):
+                self.out.write(text[len(self.shown):])
+                self.shown = text
+            if self.reasons[i] is None:
+                break
+            self.out.write("\n" + _finish_line(self.tokens[i], self.reasons[i]) + "\n\n")
+            self.turn, self.shown = self.turn + 1, None
+        self.out.flush()
 
 
 def _document(
@@ -272,9 +373,14 @@ def _document(
     trace: tuple[Any, ...],
     *,
     verbose: bool,
+    prompts: list[str],
+    chat: bool,
 ) -> dict[str, Any]:
     resolved = resolution.to_dict()
     graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    rows = [_output_dict(o) for o in outputs]
+    for row, text in zip(rows[len(rows) - len(prompts):], prompts, strict=True):
+        row["prompt"], row["chat"] = text, chat  # text prompts follow the token-id ones
     document: dict[str, Any] = {
         "decision": resolved["decision"],
         "provenance": resolved["provenance"],
@@ -283,7 +389,7 @@ def _document(
             "name": report.runner, "plugin": provider, "device": report.device,
             "dtype": report.dtype,
         },
-        "outputs": [_output_dict(o) for o in outputs],
+        "outputs": rows,
         "metrics": metrics,
         "kernels": {k.op: k.implementation for k in report.kernels},
         "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
@@ -296,26 +402,27 @@ def _document(
     return document
 
 
-def _render_text(
-    resolution: Any, doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool
-) -> str:
+def _header(resolution: Any, provider: str, report: Any) -> str:
+    """Which runner runs the model, and how (before the outputs, streamed or not)."""
+    ctx, decision = resolution.context, resolution.decision
+    graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    lines = [
+        f"{ctx.architecture} on {ctx.platform}: runner {report.runner} from "
+        f"plugin {provider}, {report.device}, {report.dtype}",
+        f"graphs: cudagraph={decision.cudagraph} breakable={show_scalar(decision.breakable)} "
+        f"compile={show_scalar(decision.compile)}; {_graph_summary(graphs)}",
+    ]
+    lines += [f"  fallback: {fallback}" for fallback in report.fallbacks]
+    return "\n".join(lines) + "\n"
+
+
+def _render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -> str:
+    """The metrics (and with ``verbose`` the trace, kernels and graphs)."""
     from interlock.policy.explain import render_trace
 
-    ctx = resolution.context
-    runner, graphs, metrics = doc["runner"], doc["graphs"], doc["metrics"]
-    decision = doc["decision"]
-    lines = [
-        f"{ctx.architecture} on {ctx.platform}: runner {runner['name']} from "
-        f"plugin {runner['plugin']}, {runner['device']}, {runner['dtype']}",
-        f"graphs: cudagraph={decision['cudagraph']} breakable={show_scalar(decision['breakable'])} "
-        f"compile={show_scalar(decision['compile'])}; {_graph_summary(graphs)}",
-    ]
-    for fallback in graphs["fallbacks"]:
-        lines.append(f"  fallback: {fallback}")
-    lines += ["", _render_outputs(doc["outputs"])]
+    graphs, metrics = doc["graphs"], doc["metrics"]
     tpot = "-" if metrics["tpot_ms"] is None else f"{metrics['tpot_ms']:.2f} ms"
-    lines += [
-        "",
+    lines = [
         f"ttft {metrics['ttft_ms']:.2f} ms, tpot {tpot}, {metrics['output_tokens']} tokens in "
         f"{metrics['generate_s']:.3f} s ({metrics['output_tokens_per_s']:.1f} tokens/s); "
         f"load {metrics['load_s']:.2f} s",

@@ -103,3 +103,55 @@ def test_an_unsupported_gguf_is_refused_by_the_cli_naming_it(cli, tmp_path):
     writer.close()
     result = cli("explain", "--model", path, "--platform", "cpu")
     assert result.code == 1 and "'phi3'" in result.err and "Traceback" not in result.err
+
+
+def test_on_tokens_sees_every_step_of_every_prompt(tiny):
+    llm = LLM(str(tiny("llama", "Q8_0")), decision=RunDecision(), max_model_len=64,
+              num_blocks=32, block_size=4)
+    seen: dict[int, list[tuple[tuple[int, ...], str | None]]] = {}
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 5)]
+    outputs = llm.generate(PROMPTS[:2], params,
+                           on_tokens=lambda i, tokens, reason: seen.setdefault(i, []).append(
+                               (tokens, reason)))
+    for i, out in enumerate(outputs):
+        assert [tokens for tokens, _ in seen[i]] == [
+            out.token_ids[:n] for n in range(1, len(out.token_ids) + 1)
+        ]
+        assert [reason for _, reason in seen[i]] == [None] * (len(out.token_ids) - 1) + ["length"]
+
+
+def test_policy_run_text_mode_streams_to_a_terminal_what_it_returns(cli, tiny, monkeypatch):
+    model = tiny("qwen2", "Q8_0")
+    args = ("run", "--model", model, "--prompt", "The quick brown fox", "--prompt", "Paris is",
+            "--chat", "--ignore-eos", "--platform", "cpu", "--set", "cudagraph=none")
+    doc = cli(*args, "--json").json()
+    assert [len(o["token_ids"]) for o in doc["outputs"]] == [64, 64]  # text mode's default
+    assert [o["prompt"] for o in doc["outputs"]] == ["The quick brown fox", "Paris is"]
+    with monkeypatch.context() as terminal:
+        terminal.setattr("sys.stdout.isatty", lambda: True)
+        streamed = cli(*args).out
+    piped = cli(*args).out
+    for i, out in enumerate(doc["outputs"]):
+        # A random model writes control characters too: escaped on the terminal.
+        text = "".join(
+            f"\\x{ord(c):02x}" if (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0) and c not in "\n\t"
+            else c
+            for c in out["text"]
+        )
+        block = f"[{i}] user: {out['prompt']}\n{text}\n[64 tokens, max tokens]\n"
+        assert block in piped
+    assert "\x07" not in streamed + piped
+    # Only the metrics line differs (timings).
+    assert streamed.splitlines()[:-1] == piped.splitlines()[:-1]
+
+
+def test_token_id_prompts_keep_their_default_and_format(cli, tiny):
+    result = cli("run", "--model", tiny("llama", "Q8_0"), "--prompt-token-ids", "5,9",
+                 "--ignore-eos", "--platform", "cpu", "--set", "cudagraph=none")
+    assert "[0] prompt [5, 9]" in result.out
+    assert result.out.count(",") >= 15  # 16 token ids
+
+
+def test_chat_needs_a_text_prompt(cli, tiny):
+    result = cli("run", "--model", tiny("llama", "Q8_0"), "--chat", "--platform", "cpu")
+    assert result.code == 1 and "--chat" in result.err
