@@ -219,6 +219,7 @@ def measure(
             ],
             "blocks": order,
             "warmup_blocks": workload.warmup,
+            **_balance(order[workload.warmup :], len(ids) * len(workload.batch_sizes)),
         },
         "samples": samples,
         "overhead": {
@@ -233,6 +234,17 @@ def measure(
             samples, ids, factors, workload.batch_sizes, complete=not skipped,
             seed=workload.seed,
         ),
+    }
+
+
+def _balance(blocks: Sequence[Sequence[int]], units: int) -> dict[str, Any]:
+    """How often each unit ran at each position over the measured blocks, and whether
+    that is even (it is over every full balanced square)."""
+    positions = [[row.index(unit) for row in blocks] for unit in range(units)]
+    table = [[seen.count(p) for p in range(units)] for seen in positions]
+    return {
+        "position_counts": table,
+        "positions_balanced": len({c for row in table for c in row}) <= 1,
     }
 
 

@@ -77,6 +77,7 @@ def test_each_configuration_is_loaded_once_and_the_order_is_balanced(two_by_two)
     for unit in range(4):
         assert [row.index(unit) for row in measured].count(0) == 2
         assert sorted(row.index(unit) for row in measured) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert order["positions_balanced"] and order["position_counts"] == [[2] * 4] * 4
     follows = [(row[i], row[i + 1]) for row in measured for i in range(3)]
     assert {follows.count(pair) for pair in itertools.permutations(range(4), 2)} == {2}
     # The samples are the trials in that order, the warm-up block marked.
