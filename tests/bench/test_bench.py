@@ -221,3 +221,12 @@ def test_policy_bench_input_errors(cli, tiny_model, tmp_path, argv, message):
     assert result.code == 1
     assert message in result.err
     assert "Traceback" not in result.err
+
+
+def test_a_text_prompt_needs_the_models_tokenizer(cli, tiny_model, tmp_path):
+    result = cli(
+        "bench", tiny_model, "--load-format", "dummy", "--prompt", "hello there",
+        "--max-tokens", "2", "--trials", "2", "--record", tmp_path / "r.json",
+    )
+    assert result.code == 1
+    assert "--prompt needs the model's tokenizer.json" in result.err
