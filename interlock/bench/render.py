@@ -27,11 +27,14 @@ def render_text(record: dict[str, Any]) -> str:
         header = ["config", *columns, "TPOT ms [95% CI]", "TTFT ms [95% CI]", "tokens/s"]
         rows = []
         for cid, metrics in entry["configurations"].items():
-            decision = by_id[cid]["decision"]
+            config = by_id[cid]
             rows.append(
                 [
                     cid,
-                    *(show_scalar(_value(decision[name])) for name in columns),
+                    *(
+                        show_scalar(_value(config["levels"].get(name, config["decision"][name])))
+                        for name in columns
+                    ),
                     _interval(metrics["tpot_ms"]),
                     _interval(metrics["ttft_ms"]),
                     f"{metrics['throughput_tok_s']['value']:.1f}",

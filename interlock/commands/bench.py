@@ -15,6 +15,7 @@ import datetime
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,33 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def command_line(words: Sequence[str], args: argparse.Namespace) -> str:
+    """The command as a record keeps it: ``policy`` and ``words`` (e.g. ``bench MODEL``),
+    then the flags that shape the measurement, rebuilt from the parsed arguments."""
+    parts = ["policy", *map(str, words)]
+    for name, levels in getattr(args, "vary", ()):
+        parts += ["--vary", f"{name}={','.join(levels)}"]
+    parts += ["--batch-sizes", ",".join(map(str, args.batch_sizes))]
+    if args.prompt is not None:
+        parts += ["--prompt", args.prompt]
+    else:
+        parts += ["--prompt-len", str(args.prompt_len)]
+    parts += ["--max-tokens", str(args.max_tokens), "--trials", str(args.trials)]
+    parts += ["--warmup", str(args.warmup), "--seed", str(args.seed)]
+    parts += ["--dtype", args.dtype, "--load-format", args.load_format]
+    if args.threads:
+        parts += ["--threads", str(args.threads)]
+    for flag in ("platform", "device_arch"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    for flag in ("feature", "env", "set"):
+        for key, value in getattr(args, flag, ()):
+            parts += [f"--{flag}", f"{key}={value}"]
+    for path in getattr(args, "policy", None) or ():
+        parts += ["--policy", str(path)]
+    return shlex.join(parts)
+
+
 def workload_of(args: argparse.Namespace) -> Any:
     """The ``Workload`` the flags of :func:`add_workload_args` describe (torch threads set)."""
     from interlock.bench import Workload
@@ -164,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             platform=flags["platform"], device_arch=flags["device_arch"],
             features=flags["features"], env={k: v for k, v in args.env},
             overrides=overrides_of(args), dtype=args.dtype, load_format=args.load_format,
-            progress=bar, command="policy bench " + shlex.join(sys.argv[2:]),
+            progress=bar, command=command_line(("bench", args.model), args),
         )
     finally:
         if bar is not None:
@@ -189,11 +217,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_record(record: dict[str, Any], target: str | None) -> Path:
+    """Write ``record`` to ``target``, else under the cache directory's ``bench/``."""
     if target is None:
-        from interlock.core.disk_cache import cache_dir
+        from interlock.core.disk_cache import refused, safe_cache_dir
 
+        cache = safe_cache_dir()
+        if cache is None:
+            raise InputError(
+                f"no --record FILE given, and the cache directory cannot hold the record "
+                f"({refused()}); pass --record FILE"
+            )
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        target = str(cache_dir() / "bench" / f"{stamp}-{record['model']['architecture']}.json")
+        target = str(cache / "bench" / f"{stamp}-{record['model']['architecture']}.json")
     path = Path(target)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

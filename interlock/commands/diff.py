@@ -8,7 +8,6 @@ repository root). The repository is the one holding the current directory.
 from __future__ import annotations
 
 import argparse
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +104,7 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
     """Benchmark the decisions both policies make for --model here, when they differ; list
     the changed contexts this machine cannot measure, grouped by why."""
     from interlock.bench import compare
-    from interlock.commands.bench import progress_bar, workload_of
+    from interlock.commands.bench import command_line, progress_bar, workload_of
     from interlock.core.platform import detect_platform
 
     workload = workload_of(args)
@@ -114,7 +113,9 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
         before, after, record = compare(
             args.model, old, new, workload=workload, dtype=args.dtype,
             load_format=args.load_format, progress=bar,
-            command="policy diff " + shlex.join(sys.argv[2:]),
+            command=command_line(
+                ("diff", args.old, args.new, "--measure", "--model", args.model), args
+            ),
         )
     finally:
         if bar is not None:

@@ -178,7 +178,10 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, tiny_mode
     assert "harness overhead:" in result.out
     assert result.err.strip().splitlines()[-1] == f"record: {target}"
     record = json.loads(target.read_text())
-    assert record["command"].startswith("policy bench ")
+    assert record["command"] == (
+        f"policy bench {tiny_model} --vary runner=fast,slow --batch-sizes 1 --prompt-len 4 "
+        "--max-tokens 3 --trials 2 --warmup 0 --seed 0 --dtype auto --load-format dummy"
+    )
     assert record["factors"] == {"runner": ["fast", "slow"]}
     text = plot.read_text()
     assert text.startswith("<?xml") and "<svg" in text and text.rstrip().endswith("</svg>")
