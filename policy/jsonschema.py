@@ -1,4 +1,5 @@
-"""JSON Schemas of the policy file and of the policy tests file, generated from their models.
+"""JSON Schemas of the policy file, the policy tests file and the bench evidence record,
+generated from their models.
 
 Editors use them through the first line of a YAML file
 (``# yaml-language-server: $schema=schemas/policy.schema.json``); the copies in
@@ -16,15 +17,18 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILES = {
     "policy": ("policy.schema.json", "interlock policy file"),
     "tests": ("policy-tests.schema.json", "interlock policy tests file"),
+    "evidence": ("evidence.schema.json", "interlock bench evidence record"),
 }
 
 
 def json_schema(kind: str) -> dict[str, Any]:
-    """The JSON Schema of ``kind`` (``policy`` or ``tests``)."""
+    """The JSON Schema of ``kind`` (``policy``, ``tests`` or ``evidence``)."""
     if kind == "policy":
         from interlock.policy.schema import PolicyFileModel as model
     elif kind == "tests":
         from interlock.policy.testfile import TestsFileModel as model
+    elif kind == "evidence":
+        from interlock.policy.evidence_schema import EvidenceRecordModel as model
     else:
         raise ValueError(f"unknown schema {kind!r}; known: {', '.join(SCHEMA_FILES)}")
     schema = model.model_json_schema()

@@ -1,4 +1,5 @@
-"""``policy schema``: the JSON Schema of the policy file or of the policy tests file."""
+"""``policy schema``: the JSON Schema of the policy file, the policy tests file or a bench
+evidence record."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import sys
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "schema",
-        help="JSON Schema of the policy file or the tests file",
-        description="Print the JSON Schema (draft 2020-12) of a policy file (default) or of a "
-        "policy tests file, for editors: the repository keeps them in schemas/ "
+        help="JSON Schema of the policy file, the tests file or an evidence record",
+        description="Print the JSON Schema (draft 2020-12) of a policy file (default), of a "
+        "policy tests file or of a bench evidence record (policy bench --record), for "
+        "editors and tools: the repository keeps them in schemas/ "
         "(policy schema policy > schemas/policy.schema.json).",
     )
     parser.add_argument(
-        "kind", nargs="?", choices=("policy", "tests"), default="policy", help="which file format"
+        "kind", nargs="?", choices=("policy", "tests", "evidence"), default="policy", help="which file format"
     )
     parser.set_defaults(run=run)
 

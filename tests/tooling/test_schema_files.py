@@ -52,6 +52,15 @@ def test_the_policy_schema_refuses_what_the_loader_refuses() -> None:
         jsonschema.validate(policy, schema)
 
 
+def test_shipped_evidence_validates_against_its_schema() -> None:
+    schema = json_schema("evidence")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    records = sorted((REPO / "evidence").glob("*.json"))
+    assert records
+    for path in records:
+        jsonschema.validate(json.loads(path.read_text()), schema)
+
+
 def test_schema_command(capsys) -> None:
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "interlock policy file"
