@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(policy schema policy > schemas/policy.schema.json).",
     )
     parser.add_argument(
-        "kind", nargs="?", choices=("policy", "tests", "evidence"), default="policy", help="which file format"
+        "kind", nargs="?", choices=("policy", "tests", "evidence"), default="policy",
+        help="which file format",
     )
     parser.set_defaults(run=run)
 
