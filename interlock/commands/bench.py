@@ -248,7 +248,7 @@ class _Bar:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="bench", unit="trial", file=sys.stderr)
+            self.bar = tqdm(total=total, desc="bench", unit="trial", file=_terminal())
         self.bar.n = done
         self.bar.refresh()
 
@@ -257,10 +257,16 @@ class _Bar:
             self.bar.close()
 
 
+def _terminal() -> Any:
+    """stderr beneath the command line's escaping writer: the bar is interlock's own text and
+    redraws itself with carriage returns, which the writer would show escaped."""
+    return getattr(sys.stderr, "stream", sys.stderr)
+
+
 def progress_bar() -> _Bar | None:
     """A bar only on a terminal (and only where tqdm is installed)."""
     import importlib.util
 
-    if not sys.stderr.isatty() or importlib.util.find_spec("tqdm") is None:
+    if not _terminal().isatty() or importlib.util.find_spec("tqdm") is None:
         return None
     return _Bar()

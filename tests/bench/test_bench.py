@@ -233,3 +233,23 @@ def test_a_text_prompt_needs_the_models_tokenizer(cli, tiny_model, tmp_path):
     )
     assert result.code == 1
     assert "--prompt needs the model's tokenizer.json" in result.err
+
+
+def test_the_progress_bar_runs_only_on_a_terminal(monkeypatch):
+    import io
+
+    from interlock.commands import bench as command
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert command.progress_bar() is None  # pytest's stderr is no terminal
+    terminal = Terminal()
+    monkeypatch.setattr(command, "_terminal", lambda: terminal)
+    bar = command.progress_bar()
+    assert bar is not None
+    for done in range(4):
+        bar(done, 3)
+    bar.close()
+    assert "bench: 100%" in terminal.getvalue() and "3/3" in terminal.getvalue()
