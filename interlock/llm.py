@@ -28,7 +28,6 @@ installed before it loads, whichever runner it is.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ import torch
 from tokenizers import Tokenizer
 
 from interlock.core.errors import InputError, ModelError
+from interlock.core.files import FileProblem, decode_utf8, read_json, read_regular
 from interlock.core.platform import detect_platform
 from interlock.model_run import (
     GIVEN_BY_CALLER,
@@ -387,10 +387,24 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     return prompts
 
 
+#: A tokenizer.json larger than this is refused unread (large vocabularies are ~20 MB).
+MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+
+
 def _load_tokenizer(directory: Path | None) -> Tokenizer | None:
-    if directory is None or not (directory / "tokenizer.json").is_file():
+    path = None if directory is None else directory / "tokenizer.json"
+    if path is None or not os.path.lexists(path):
         return None
-    return Tokenizer.from_file(str(directory / "tokenizer.json"))
+    try:
+        text = decode_utf8(read_regular(path, MAX_TOKENIZER_BYTES), str(path))
+        return Tokenizer.from_str(text)
+    except FileProblem as exc:
+        raise ModelError(f"cannot read the tokenizer: {exc}") from None
+    except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ModelError(
+            f"{path}: not a tokenizer the `tokenizers` library can load: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from None
 
 
 class ChatTemplate:
@@ -438,9 +452,9 @@ def _load_chat_template(directory: Path | None) -> ChatTemplate | None:
     if path is None or not path.is_file():
         return None
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: not a readable JSON object: {exc}") from None
+        config = read_json(path, MAX_TOKENIZER_BYTES)
+    except FileProblem as exc:
+        raise ModelError(f"cannot read the chat template: {exc}") from None
     template = config.get("chat_template") if isinstance(config, dict) else None
     if template is None:
         return None

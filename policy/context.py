@@ -179,24 +179,25 @@ def has_triton_fact(detected: bool) -> tuple[bool, str]:
     return found, f"{DETECTED} (triton {'is' if found else 'is not'} installed)"
 
 
+#: A config.json larger than this is refused unread (real ones are a few KB).
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def read_model_config(model: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """Read ``model`` (a directory holding config.json, or the file itself)."""
-    import json
+    from interlock.core.files import FileProblem, read_json
 
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+        config = read_json(path, MAX_CONFIG_BYTES)
+    except FileProblem as exc:
         raise PolicyError(
-            f"cannot read model config: {exc.strerror or exc}", file=str(path)
-        ) from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PolicyError(
-            f"invalid JSON: {exc.msg}", file=str(path), line=exc.lineno, col=exc.colno
+            f"cannot read model config: {exc.detail}",
+            file=exc.file or str(path),
+            line=exc.line,
+            col=exc.col,
         ) from None
     if not isinstance(config, dict):
         raise PolicyError("a model config is a JSON object", file=str(path))

@@ -9,6 +9,7 @@ error naming the tensor, the expected and the found shape.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from interlock.core.errors import InputError, ModelError
+from interlock.core.files import FileProblem, check_regular, read_json
+from interlock.policy.context import MAX_CONFIG_BYTES
 from interlock.runners.contract import MODEL_DTYPES, ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
@@ -83,21 +86,33 @@ class TensorSource(Protocol):
     def get(self, name: str) -> torch.Tensor: ...
 
 
+#: Stored dtypes a weight may have (safetensors' names); integers or booleans cast into
+#: float weights would load silently as a different model.
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
 class SafetensorsFiles:
-    """Tensors of ``model.safetensors`` or of the shards an index file lists."""
+    """Tensors of ``model.safetensors`` or of the shards an index file lists.
+
+    A checkpoint is untrusted: every file it names must be a regular file inside
+    the model directory (no absolute paths, ``..`` or links leading out of it;
+    a Hugging Face cache snapshot's links into its own ``blobs`` are inside),
+    and a damaged file or index is an error naming it, never a crash.
+    """
 
     def __init__(self, directory: Path) -> None:
         index = directory / SAFETENSORS_INDEX
         single = directory / SAFETENSORS
         if index.is_file():
             weight_map = _read_weight_map(index)
-            self.files = {name: directory / file for name, file in weight_map.items()}
-            for file in sorted(set(self.files.values())):
-                if not file.is_file():
-                    raise CheckpointError(f"{index}: lists shard {file.name}, which does not exist")
+            self.files = {
+                name: _shard_path(directory, index, name, file)
+                for name, file in weight_map.items()
+            }
             self.origin = str(index)
         elif single.is_file():
-            self.files = dict.fromkeys(safe_open(single, framework="pt").keys(), single)
+            path = _shard_path(directory, single, None, SAFETENSORS)
+            self.files = dict.fromkeys(self._open(path).keys(), path)
             self.origin = str(single)
         else:
             raise CheckpointError(
@@ -111,25 +126,82 @@ class SafetensorsFiles:
         return set(self.files)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handle(name).get_slice(name).get_shape())
+        return tuple(self._slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype, as safetensors spells it (``F32``, ``BF16``, ``I32``, ``BOOL``)."""
+        return str(self._slice(name).get_dtype())
 
     def get(self, name: str) -> torch.Tensor:
-        return self._handle(name).get_tensor(name)
+        try:
+            return self._handle(name).get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(f"{self.files[name]}: tensor {name}: {exc}") from None
+
+    def _slice(self, name: str) -> Any:
+        try:
+            return self._handle(name).get_slice(name)
+        except SafetensorError as exc:
+            raise CheckpointError(
+                f"{self.files[name]}: tensor {name}: {exc} (the index {self.origin} lists it "
+                "in this file)"
+            ) from None
 
     def _handle(self, name: str) -> Any:
         file = self.files[name]
         if file not in self._handles:
-            self._handles[file] = safe_open(file, framework="pt")
+            self._handles[file] = self._open(file)
         return self._handles[file]
 
+    @staticmethod
+    def _open(path: Path) -> Any:
+        try:
+            return safe_open(path, framework="pt")
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(
+                f"{path}: not a readable safetensors file ({exc}); the file is truncated, "
+                "empty or damaged"
+            ) from None
 
-def _read_weight_map(index: Path) -> dict[str, str]:
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+
+def _shard_path(directory: Path, origin: Path, tensor: str | None, file: object) -> Path:
+    """The file a checkpoint names, checked to be a regular file inside ``directory``."""
+    where = f"{origin}: weight_map[{tensor!r}]" if tensor is not None else str(origin)
+    if not isinstance(file, str) or not file:
+        raise CheckpointError(f"{where}: a shard must be a file name, got {file!r}")
+    relative = Path(file)
+    if relative.is_absolute() or ".." in relative.parts:
         raise CheckpointError(
-            f"{index}: not a safetensors index with a 'weight_map': {exc}"
-        ) from exc
+            f"{where}: shard {file!r} is outside the model directory; a checkpoint may only "
+            "name files inside it"
+        )
+    path = directory / relative
+    real, root = path.resolve(), directory.resolve()
+    # A Hugging Face cache snapshot links its files to <repo>/blobs: that is still the model.
+    roots = [root]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    if not any(real.is_relative_to(r) for r in roots):
+        raise CheckpointError(
+            f"{where}: shard {file!r} leads outside the model directory (to {real}); a "
+            "checkpoint may only name files inside it"
+        )
+    try:
+        check_regular(path, str(path))
+    except FileProblem as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+    return path
+
+
+def _read_weight_map(index: Path) -> dict[str, object]:
+    try:
+        weight_map = read_json(index, MAX_CONFIG_BYTES)["weight_map"]
+    except FileProblem as exc:
+        raise CheckpointError(str(exc)) from None
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{index}: not a safetensors index with a 'weight_map': {exc!r}"
+        ) from None
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard files")
     return weight_map
@@ -161,9 +233,23 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
         raise CheckpointError(
             f"{source.origin} does not match {model.config.architecture}: " + "; ".join(listed)
         )
+    dtype_of = getattr(source, "dtype", None)  # what the file stores (dummy weights: floats)
     with torch.no_grad():
         for name, slot in slots.items():
-            slot.copy_(source.get(name))
+            if dtype_of is not None and dtype_of(name) not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"{source.origin}: tensor {name} is stored as {dtype_of(name)}; weights "
+                    f"must be floating point ({', '.join(FLOAT_DTYPES)})"
+                )
+            tensor = source.get(name)
+            # One pass over each weight, as the copy makes anyway: NaN or infinite weights
+            # would generate garbage (token 0 over and over) without a word.
+            if not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise CheckpointError(
+                    f"{source.origin}: tensor {name} holds {bad} NaN or infinite value(s)"
+                )
+            slot.copy_(tensor)
 
 
 @contextmanager
@@ -204,6 +290,7 @@ def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) ->
         raise CheckpointError(
             f"the {demo.DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
         )
+    check_fits_in_memory(spec, ops, device)
     model = build_model(spec.config, ops, spec.dtype, device, spec.max_model_len)
     if directory is None or spec.load_format == "dummy":
         seed = spec.seed if spec.load_format == "dummy" else demo.DEMO_SEED
@@ -213,6 +300,48 @@ def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) ->
         tensors = SafetensorsFiles(directory)
     load_weights(model, tensors)
     return model.eval()
+
+
+def model_bytes(spec: ModelSpec, ops: KernelTable) -> int:
+    """Bytes of the model's parameters and buffers (weights, rotary tables), counted on the
+    meta device: nothing is allocated."""
+    meta = build_model(spec.config, ops, spec.dtype, "meta", spec.max_model_len)
+    tensors = [*meta.parameters(), *meta.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def available_bytes(device: str | torch.device) -> int | None:
+    """Memory a model may take on ``device``: free device memory, or the host's available
+    memory; None when unknown."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if hasattr(os, "sysconf"):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def check_fits_in_memory(spec: ModelSpec, ops: KernelTable, device: str | torch.device) -> None:
+    """Refuse, before allocating, a model whose weights cannot fit (a config.json with
+    absurd sizes would otherwise reach the allocator with no file or field named)."""
+    need = model_bytes(spec, ops)
+    have = available_bytes(device)
+    if have is not None and need > have:
+        c = spec.config
+        raise CheckpointError(
+            f"{spec.name}: the model needs about {need / 2**30:.1f} GiB for its weights in "
+            f"{spec.dtype} (config.json: vocab_size={c.vocab_size}, hidden_size="
+            f"{c.hidden_size}, intermediate_size={c.intermediate_size}, num_hidden_layers="
+            f"{c.num_layers}, max_model_len={spec.max_model_len}), more than the "
+            f"{have / 2**30:.1f} GiB available on {torch.device(device).type}"
+        )
 
 
 def write_demo_checkpoint(directory: str | Path) -> Path:

@@ -9,7 +9,7 @@ here as there.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from interlock.core.errors import ModelError
+from interlock.core.files import FileProblem, read_json
+from interlock.policy.context import MAX_CONFIG_BYTES
 from interlock.runners.model import families
 
 
@@ -146,9 +148,9 @@ def load_config(model_dir: str | Path) -> ModelConfig:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+        data = read_json(path, MAX_CONFIG_BYTES)
+    except FileProblem as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return data
@@ -160,6 +162,8 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
     if not architectures or not isinstance(architectures, list):
         raise ConfigError(f"{source}: 'architectures' must be a non-empty list")
     architecture = architectures[0]
+    if not isinstance(architecture, str):
+        raise ConfigError(f"{source}: architectures[0] must be a string, got {architecture!r}")
     family = families.family(architecture)
     if family is None:
         raise ConfigError(
@@ -186,7 +190,23 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         raise bad("num_key_value_heads", num_kv_heads,
                   f"a divisor of num_attention_heads={num_heads}")
     head_dim = cfg.head_dim or defaults.head_dim or cfg.hidden_size // num_heads
-    max_positions = cfg.max_position_embeddings or defaults.max_position_embeddings
+    max_positions = cfg.max_position_embeddings
+    if max_positions is None:
+        max_positions = defaults.max_position_embeddings
+    elif max_positions < 1:  # 0 is not "unset": refuse it rather than guess
+        raise bad("max_position_embeddings", max_positions, "an integer >= 1")
+    eps = defaults.rms_norm_eps if cfg.rms_norm_eps is None else cfg.rms_norm_eps
+    eps = _finite("rms_norm_eps", eps, bad, positive=True)
+    if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_hidden_layers:
+        raise bad(
+            "layer_types", f"<{len(cfg.layer_types)} entries>",
+            f"one entry per layer ({cfg.num_hidden_layers}, num_hidden_layers)",
+        )
+    special = [("bos_token_id", cfg.bos_token_id)] if cfg.bos_token_id is not None else []
+    special += [("eos_token_id", t) for t in _eos_ids(cfg.eos_token_id)]
+    for key, token in special:
+        if not 0 <= token < cfg.vocab_size:
+            raise bad(key, token, f"a token id in [0, {cfg.vocab_size}) (vocab_size)")
     qkv_bias = defaults.qkv_bias
     if family.bias_key is not None and getattr(cfg, family.bias_key) is not None:
         qkv_bias = getattr(cfg, family.bias_key)
@@ -199,7 +219,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=cfg.rms_norm_eps if cfg.rms_norm_eps is not None else defaults.rms_norm_eps,
+        rms_norm_eps=eps,
         max_position_embeddings=max_positions,
         rope=_rope(cfg, defaults.rope_theta, max_positions, bad),
         tie_word_embeddings=cfg.tie_word_embeddings,
@@ -215,7 +235,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         ),
         moe=None if family.moe is None else family.moe(cfg, family, bad),
         dtype=_checkpoint_dtype(cfg, bad),
-        initializer_range=cfg.initializer_range,
+        initializer_range=_finite("initializer_range", cfg.initializer_range, bad),
         bos_token_id=cfg.bos_token_id,
         eos_token_ids=_eos_ids(cfg.eos_token_id),
     )
@@ -223,9 +243,11 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
 
 def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) -> RopeConfig:
     # transformers 5 writes rope_parameters; older checkpoints write rope_theta + rope_scaling.
-    params = dict(cfg.rope_parameters or cfg.rope_scaling or {})
+    # With both, transformers takes a non-empty rope_scaling (convert_rope_params_to_dict:
+    # ``rope_scaling or rope_parameters``); so do we, or the same file would be two models.
+    params = dict(cfg.rope_scaling or cfg.rope_parameters or {})
     theta = params.get("rope_theta", cfg.rope_theta)
-    theta = float(theta if theta is not None else default_theta)
+    theta = _finite("rope_theta", theta if theta is not None else default_theta, bad)
     partial = params.get("partial_rotary_factor", cfg.partial_rotary_factor)
     if partial not in (None, 1, 1.0):
         raise bad("partial_rotary_factor", partial, "1.0 (full rotary)")
@@ -237,7 +259,7 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
 
     def number(key: str, default: float | None = None) -> float | None:
         value = params.get(key, default)
-        return None if value is None else float(value)
+        return None if value is None else _finite(f"rope {kind} {key}", value, bad)
 
     factor = number("factor")
     if factor is None:
@@ -259,6 +281,14 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
         mscale_all_dim=number("mscale_all_dim"),
         truncate=bool(params.get("truncate", True)),
     )
+
+
+def _finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> float:
+    """A finite number (NaN and infinities are refused; ``positive``: > 0 as well)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or (positive and value <= 0):
+        raise bad(key, value, "a finite number" + (" > 0" if positive else ""))
+    return float(value)
 
 
 def _checkpoint_dtype(cfg: RawConfig, bad: Bad) -> str:

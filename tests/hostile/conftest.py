@@ -76,3 +76,39 @@ def policy_file(tmp_path: Path) -> Path:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     return path
+
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    """A tiny Llama checkpoint (config.json + model.safetensors) a test may damage."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from interlock.runners.dispatch import build_kernel_table
+    from interlock.runners.model.checkpoint import build_model, checkpoint_shapes
+    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.dummy import DummyTensors
+
+    directory = tmp_path / "tiny"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(TINY))
+    model = build_model(
+        parse_config(TINY), build_kernel_table("cpu", "float32"), "float32", "meta", 64
+    )
+    shapes = checkpoint_shapes(model)
+    tensors = DummyTensors(shapes, 0, 0.1)
+    save_file({n: tensors.get(n) for n in shapes}, directory / "model.safetensors")
+    return directory

@@ -91,7 +91,7 @@ def test_moe_layout():
 
 def test_file_errors_name_the_file_and_key(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],\n  oops}')
-    with pytest.raises(ConfigError, match=r"config.json:2: invalid JSON"):
+    with pytest.raises(ConfigError, match=r"config.json:2:3: invalid JSON"):
         load_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(
         {"architectures": ["LlamaForCausalLM"], **BASE, "hidden_size": "wide"}))
