@@ -26,6 +26,7 @@ demo: install
 	$(VENV)/bin/policy explain KimiK3ForConditionalGeneration --platform rocm --device-arch gfx950
 	$(VENV)/bin/policy explain LlamaForCausalLM --platform cuda --device-arch sm_90
 	$(VENV)/bin/policy run --model demo --max-tokens 16 --prompt-token-ids 1,2,3 --verbose
+	$(VENV)/bin/policy run --model smollm2 --chat --prompt "What is the capital of France?"
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,4 @@
-"""Model execution benchmark: interlock vs transformers `generate` on the demo model's weights.
+"""Model execution benchmark: interlock vs transformers `generate` on the same weights.
 
 Measures, side by side in one process with the runs interleaved (medians of --reps):
 
@@ -8,13 +8,20 @@ Measures, side by side in one process with the runs interleaved (medians of --re
   asking for --new-tokens tokens, and requests asking for different numbers of tokens
   (transformers runs every row to the longest; only requested tokens are counted);
 * batch-1 decode as a fraction of the memory-bandwidth roofline: weight bytes read per
-  token / read bandwidth, the bandwidth measured here by streaming a large buffer.
+  token / read bandwidth, the bandwidth measured here by streaming a large buffer;
+* time to first token of one --long-prompt-token prompt (prefill and one token);
+* with a real model (``--model smollm2``, a GGUF file or a model directory): the concurrent
+  requests are chat requests (real questions through the model's chat template), and each
+  load is timed in a fresh process: cold (converting the GGUF into an empty cache), warm
+  (the cached conversion) and warm in bfloat16, with the peak RSS of each.
 
-    .venv/bin/python bench/bench_model.py [--reps 3] [--new-tokens 64] [--threads N] [--json]
-        [--runner mrv1|mrv2] [--cudagraph MODE]
+    .venv/bin/python bench/bench_model.py [--model demo|smollm2|PATH] [--reps 3]
+        [--new-tokens 64] [--threads N] [--json] [--runner mrv1|mrv2] [--cudagraph MODE]
 
-interlock runs the decision the shipped policy resolves for the demo on the CPU unless
---runner / --cudagraph override it.
+interlock runs the decision the shipped policy resolves for the model on the CPU unless
+--runner / --cudagraph override it. transformers loads the same weights: the demo's
+written as a checkpoint, or a GGUF model's conversion (whose every tensor equals
+transformers' own GGUF loader's: tests/models/test_smollm2.py).
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ from collections.abc import Callable
 import torch
 
 from interlock.llm import LLM
+from interlock.model_run import DEMO, model_target
 from interlock.runners.contract import RunDecision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint
+from interlock.runners.model.config import ModelConfig, load_config
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.layers import Linear
 from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
@@ -92,11 +101,11 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
         return statistics.median(timed(forward_products) for _ in range(reps)) * 1e3
 
 
-def policy_decision(platform: str) -> RunDecision:
-    """The decision the shipped policy resolves for the demo's architecture on ``platform``
-    (``policy resolve``, capabilities stage included)."""
-    command = [sys.executable, "-m", "interlock.cli", "resolve", demo_config().architecture,
-               "--platform", platform]
+def policy_decision(platform: str, target: str) -> RunDecision:
+    """The decision the shipped policy resolves for the model (``demo``: its architecture)
+    on ``platform`` (``policy resolve``, capabilities stage included)."""
+    model = [demo_config().architecture] if target == DEMO else ["--model", target]
+    command = [sys.executable, "-m", "interlock.cli", "resolve", *model, "--platform", platform]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()}")
@@ -134,6 +143,58 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
             "context_tokens": int(metadata.seq_lens.max())}
 
 
+# Questions of different lengths: the concurrent chat requests of a real model.
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "Why is the sky blue?",
+    "Write a haiku about the sea.",
+    "How many legs does a spider have?",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 12?",
+    "Give me a short tip for learning a new language quickly and remembering new words.",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Describe a cat to someone who has never seen one, in two or three sentences.",
+    "What does a CPU do?",
+    "Suggest a name for a small bakery that sells bread and cakes in a quiet village.",
+    "Is a tomato a fruit or a vegetable?",
+    "List the planets of the solar system in order from the sun.",
+    "Tell me a fun fact about octopuses.",
+]
+
+# Peak RSS from VmHWM: ru_maxrss survives exec, so a child would report the parent's peak.
+_LOAD_PROBE = """
+import json, sys, time
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+from interlock.llm import LLM
+start = time.perf_counter()
+llm = LLM(sys.argv[1], dtype=sys.argv[2], device="cpu", max_num_seqs=1)
+seconds = time.perf_counter() - start
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+print(json.dumps({"load_s": seconds, "peak_rss_mb": peak / 1024}))
+"""
+
+
+def load_figures(model: str, threads: int) -> dict[str, dict[str, float]]:
+    """``LLM(model)`` timed in fresh processes (max_num_seqs=1), with each one's peak RSS:
+    cold into an empty cache (the GGUF conversion included), then warm (the cached
+    conversion) in float32 and in bfloat16."""
+    results = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "INTERLOCK_CACHE_DIR": os.path.join(cache, "interlock")}
+        for label, dtype in (("cold_float32", "float32"), ("warm_float32", "float32"),
+                             ("warm_bfloat16", "bfloat16")):
+            command = [sys.executable, "-c", _LOAD_PROBE, model, dtype, str(threads)]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"loading {model} ({label}) failed: {done.stderr.strip()}")
+            results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
 def machine() -> dict[str, object]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -152,10 +213,14 @@ def machine() -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEMO, help="demo (default), a named model "
+                        "(smollm2), a GGUF file or a model directory")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=32, help="batch-1 prompt length")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--long-prompt", type=int, default=512, help="prompt length of the "
+                        "time-to-first-token run")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: "
                         "torch's own choice)")
     parser.add_argument("--runner", default=None, help="interlock runner (default: the "
@@ -164,7 +229,8 @@ def main() -> None:
                         "policy's)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    decision = policy_decision("cpu")
+    target = model_target(args.model)
+    decision = policy_decision("cpu", target)
     if args.runner is not None or args.cudagraph is not None:
         decision = RunDecision(
             runner=args.runner or decision.runner, cudagraph=args.cudagraph or decision.cudagraph,
@@ -183,15 +249,25 @@ def main() -> None:
     def draw(low: int, high: int, count: int) -> list[int]:
         return torch.randint(low, high + 1, (count,), generator=generator).tolist()
 
-    prompt = draw(3, 31999, args.prompt_len)
-    prompts = [draw(3, 31999, n) for n in draw(8, 64, concurrency)]
+    config: ModelConfig = demo_config() if target == DEMO else load_config(target)
+    top = config.vocab_size - 1
+    prompt = draw(3, top, args.prompt_len)
+    long_prompt = draw(3, top, args.long_prompt)
     mixed_outputs = draw(new_tokens // 4, 2 * new_tokens, concurrency)
 
-    llm = LLM("demo", dtype="float32", device="cpu", max_num_seqs=concurrency, decision=decision)
-    with tempfile.TemporaryDirectory() as directory:
-        hf = AutoModelForCausalLM.from_pretrained(
-            write_demo_checkpoint(directory), dtype=torch.float32
-        ).eval()
+    llm = LLM(target, dtype="float32", device="cpu", max_num_seqs=concurrency, decision=decision)
+    if llm.chat_template is not None:  # a real model: real questions, each a chat request
+        asked = [QUESTIONS[i % len(QUESTIONS)] for i in range(concurrency)]
+        prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in asked]
+    else:
+        prompts = [draw(3, top, n) for n in draw(8, 64, concurrency)]
+    if target == DEMO:
+        with tempfile.TemporaryDirectory() as directory:
+            hf = AutoModelForCausalLM.from_pretrained(
+                write_demo_checkpoint(directory), dtype=torch.float32
+            ).eval()
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
 
     def ours(prompts_: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
         params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outputs]
@@ -217,6 +293,7 @@ def main() -> None:
         "batch1_many": ([prompt], [new_tokens]),
         "same_outputs": (prompts, [new_tokens] * concurrency),
         "mixed_outputs": (prompts, mixed_outputs),
+        "long_prompt": ([long_prompt], [1]),
     }
     samples: dict[tuple[str, str], list[float]] = {}
     for _ in range(reps):
@@ -234,21 +311,27 @@ def main() -> None:
                    / (new_tokens - 1) * 1e3)
     same = compare(lambda e: concurrency * new_tokens / median[e, "same_outputs"])
     mixed = compare(lambda e: sum(mixed_outputs) / median[e, "mixed_outputs"])
+    ttft = compare(lambda e: median[e, "long_prompt"] * 1e3)
     breakdown = decode_step_breakdown(llm, prompts, new_tokens)
     bandwidth = read_bandwidth()
     weight_bytes = decode_weight_bytes(llm.engine.runner.model)
     roofline_ms = weight_bytes / max(bandwidth.values()) * 1e3
+    loads = None if target == DEMO else load_figures(args.model, torch.get_num_threads())
     figures = {
+        "model": args.model,
         "machine": {**machine(), "transformers": transformers.__version__},
         "decision": {"runner": decision.runner, "cudagraph": decision.cudagraph,
                      "breakable": decision.breakable, "compile": decision.compile},
         "settings": {"reps": reps, "new_tokens": new_tokens, "prompt_len": args.prompt_len,
                      "concurrency": concurrency, "prompt_lens": [len(p) for p in prompts],
-                     "mixed_max_tokens": mixed_outputs},
+                     "chat_requests": llm.chat_template is not None,
+                     "mixed_max_tokens": mixed_outputs, "long_prompt": args.long_prompt},
         "greedy_tokens_identical": same_tokens,
         "batch1_tpot_ms": tpot,
         "concurrent_same_outputs_tokens_per_s": same,
         "concurrent_mixed_outputs_tokens_per_s": mixed,
+        "long_prompt_ttft_ms": ttft,
+        "load": loads,
         "concurrent_decode_step": breakdown,
         "roofline": {
             "weight_bytes_per_token": weight_bytes,
@@ -263,15 +346,18 @@ def main() -> None:
     m = figures["machine"]
     print(f"machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} "
           f"({m['torch_threads']} threads), transformers {m['transformers']}")
+    print(f"model: {args.model}")
     print(f"interlock: runner {decision.runner}, cudagraph={decision.cudagraph}, breakable="
           f"{decision.breakable}, compile={decision.compile}")
     print(f"greedy tokens identical to transformers: {same_tokens}")
     print("| metric | interlock | transformers | ratio |")
     print("|---|---|---|---|")
+    kind = "chat requests" if llm.chat_template is not None else "requests"
     rows = [
         ("batch-1 decode, ms per output token", tpot, ".2f"),
-        (f"{concurrency} concurrent, same max_tokens, output tokens/s", same, ".1f"),
-        (f"{concurrency} concurrent, mixed max_tokens, output tokens/s", mixed, ".1f"),
+        (f"{concurrency} concurrent {kind}, same max_tokens, output tokens/s", same, ".1f"),
+        (f"{concurrency} concurrent {kind}, mixed max_tokens, output tokens/s", mixed, ".1f"),
+        (f"time to first token, {args.long_prompt}-token prompt, ms", ttft, ".1f"),
     ]
     for label, row, fmt in rows:
         print(f"| {label} | {row['interlock']:{fmt}} | {row['transformers']:{fmt}} | "
@@ -286,6 +372,9 @@ def main() -> None:
     print(f"roofline: {weight_bytes / 1e6:.1f} MB of weights per token / best read "
           f"({reads} GB/s) = {roof['roofline_ms']:.2f} ms; batch-1 decode at "
           f"{roof['fraction']:.0%} of roofline")
+    for label, load in (loads or {}).items():
+        print(f"load {label.replace('_', ', ')}: {load['load_s']:.2f} s, peak RSS "
+              f"{load['peak_rss_mb']:.0f} MB (fresh process, max_num_seqs=1)")
 
 
 if __name__ == "__main__":
