@@ -23,6 +23,14 @@ QUICK = dict(prompt_len=4, max_tokens=6, warmup=1)
 TWO_BY_TWO = {"runner": ["fast", "slow"], "breakable": [False, True]}
 
 
+def recovers_known_effects(record: dict[str, Any]) -> bool:
+    return (
+        abs(effect(record, "runner")["value"] - 30) <= 3
+        and abs(effect(record, "breakable")["value"] - 12) <= 2
+        and contains_zero(effect(record, "runner", "breakable"))
+    )
+
+
 @pytest.fixture(scope="module")
 def two_by_two(tiny_model: Path) -> dict[str, Any]:
     # 8 blocks: two full balanced squares of the 4 configurations.
@@ -31,7 +39,7 @@ def two_by_two(tiny_model: Path) -> dict[str, Any]:
             tiny_model, vary=TWO_BY_TWO, workload=Workload(trials=8, **QUICK),
             load_format="dummy",
         ),
-        lambda record: [effect(record, "runner", "breakable")],
+        recovers_known_effects,
     )
 
 
@@ -56,11 +64,10 @@ def test_a_null_factor_has_no_effect(tiny_model):
             tiny_model, vary={"cudagraph": ["none", "piecewise"]}, overrides={"runner": "fast"},
             workload=Workload(trials=8, **QUICK), load_format="dummy",
         ),
-        lambda record: [effect(record, "cudagraph")],
+        lambda record: contains_zero(effect(record, "cudagraph")),
     )
     cudagraph = effect(record, "cudagraph")
     assert contains_zero(cudagraph), cudagraph
-    assert abs(cudagraph["value"]) < 2
     assert [c["decision"]["cudagraph"] for c in record["configurations"]] == ["none", "piecewise"]
 
 

@@ -49,7 +49,8 @@ def test_a_switch_to_the_slow_runner_fails_the_gate(cli, tiny_model, tmp_path):
     document = cli("diff", old, new, "--measure", "--model", tiny_model, "--json",
                    *WORKLOAD).json()
     [entry] = document["measure"]["measured"]
-    assert entry["delta_ms"]["low"] > 0 and entry["delta_pct"] > 100
+    # +30 ms on a step of a few ms: far beyond 5 %, however busy the machine.
+    assert entry["delta_ms"]["low"] > 0 and entry["delta_pct"] > 20
     assert document["measure"]["regressions"] == []  # no --max-regression: report only
     assert Path(document["measure"]["record"]).is_file()
 
