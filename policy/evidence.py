@@ -13,7 +13,6 @@ checked). ``policy explain`` prints a one-line summary per record
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,19 +49,16 @@ def policy_file_path(name: str) -> Path:
 
 def read_record(path: Path, name: str) -> dict[str, Any]:
     """Read and validate a record; a problem is a ``PolicyError`` at ``name:line:col``."""
+    from interlock.core.files import FileProblem, load_json, read_regular
     from interlock.policy.evidence_schema import EvidenceRecordModel
     from interlock.policy.schema import validate_doc
-    from interlock.policy.source import SourceDoc, parse_yaml, read_source
+    from interlock.policy.source import SourceDoc, parse_yaml
 
-    content = read_source(path, name, limit=MAX_FILE_BYTES)
     try:
-        data = json.loads(content)
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"not UTF-8 text: {exc.reason}", file=name) from None
-    except json.JSONDecodeError as exc:
-        raise PolicyError(
-            f"not valid JSON: {exc.msg}", file=name, line=exc.lineno, col=exc.colno
-        ) from None
+        content = read_regular(path, MAX_FILE_BYTES, name)
+        data = load_json(content, name)
+    except FileProblem as exc:
+        raise PolicyError(exc.detail, file=name, line=exc.line, col=exc.col) from None
     try:
         # JSON is YAML: the YAML parser gives every value its line:col for the messages.
         marks = parse_yaml(content, name)
@@ -146,10 +142,12 @@ def comparisons(rule: Rule, record: dict[str, Any]) -> tuple[list[Comparison], l
 def summaries(rule: Rule, policy_file: Path) -> Iterator[str]:
     """One line per cited record for ``policy explain``; an unreadable record says so (run
     ``policy check`` for the details) instead of failing the explanation."""
+    from interlock.core.files import load_json, read_regular
+
     for cited in rule.evidence:
         path = record_path(cited, policy_file)
         try:
-            record = json.loads(path.read_bytes())
+            record = load_json(read_regular(path, MAX_FILE_BYTES), cited)
             found, _ = comparisons(rule, record)
             ctx = record["context"]
             where = ctx["platform"] + (f" {ctx['device_arch']}" if ctx["device_arch"] else "")

@@ -128,7 +128,12 @@ def test_a_missing_record_is_an_error(cli, site):
             ":2:",
             "schema",
         ),
-        (lambda text: text[: len(text) // 2], "not valid JSON", ""),
+        (lambda text: text[: len(text) // 2], "invalid JSON", ""),
+        (
+            lambda text: text.replace('"confidence": 0.95', '"confidence": NaN'),
+            "invalid JSON",
+            "NaN",
+        ),
     ],
 )
 def test_a_malformed_record_is_a_clear_error_at_its_line(cli, site, damage, where, message):
