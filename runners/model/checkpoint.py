@@ -242,13 +242,15 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
                     f"must be floating point ({', '.join(FLOAT_DTYPES)})"
                 )
             tensor = source.get(name)
-            # One pass over each weight, as the copy makes anyway: NaN or infinite weights
-            # would generate garbage (token 0 over and over) without a word.
-            if not bool(torch.isfinite(tensor).all()):
+            # NaN or infinite weights would generate garbage (token 0 over and over) without a
+            # word. A NaN or an infinity makes the sum non-finite: one streaming pass with no
+            # temporary the size of the weight; the exact count tells a finite overflow apart.
+            if not bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
                 bad = int((~torch.isfinite(tensor)).sum())
-                raise CheckpointError(
-                    f"{source.origin}: tensor {name} holds {bad} NaN or infinite value(s)"
-                )
+                if bad:
+                    raise CheckpointError(
+                        f"{source.origin}: tensor {name} holds {bad} NaN or infinite value(s)"
+                    )
             slot.copy_(tensor)
 
 

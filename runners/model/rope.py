@@ -15,6 +15,10 @@ from interlock.runners.model.config import RopeConfig
 
 def cos_sin_cache(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:
     """[max_positions, head_dim] float32: cos in the first half of each row, sin in the second."""
+    if torch.get_default_device().type == "meta":
+        # Shapes only (sizing a model, listing its tensors): a meta tensor holds no values, and
+        # the first arange on meta imports torch's Python meta kernels, seconds for nothing.
+        return torch.empty(max_positions, head_dim, dtype=torch.float32)
     inv_freq, scaling = inverse_frequencies(rope, head_dim)
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
