@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
-from interlock.policy.lint import WARNING, Check, Finding, RunnerCheck, Subject
+from interlock.policy.lint import ERROR, WARNING, Check, Finding, RunnerCheck, Subject
 from interlock.policy.lint import lint_paths as _lint_paths
 from interlock.policy.lint import lint_sources as _lint_sources
 
@@ -64,6 +64,40 @@ def _unserved_cudagraph_modes(registry: PluginRegistry, subject: Subject) -> Ite
             )
 
 
+#: Platforms the default runner must serve (itself or along its fallback chain).
+GPU_PLATFORMS = ("cuda", "rocm", "xpu")
+
+
+def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterator[Finding]:
+    """Errors: the defaults' runner (following its fallbacks) serves no GPU platform the
+    context may name, or its fallback chain loops; either way some contexts cannot resolve."""
+    setting = subject.policy.defaults.get("runner")
+    if setting is None or registry.find(setting.value) is None:
+        return  # an unregistered runner is reported by unknown-runner
+    chain, name, loop = [], setting.value, None
+    while name is not None:
+        if name in chain:
+            loop = " -> ".join([*chain, name])
+            break
+        chain.append(name)
+        found = registry.find(name)
+        name = found.spec.fallback if found is not None else None
+    if loop is not None:
+        yield subject.finding(
+            setting.location, ERROR, "fallback-loop",
+            f"defaults.runner {setting.value}: its fallback chain loops: {loop}",
+        )
+    specs = [reg.spec for n in chain if (reg := registry.find(n)) is not None]
+    for platform in GPU_PLATFORMS:
+        if not any(platform in spec.platforms for spec in specs):
+            yield subject.finding(
+                setting.location, ERROR, "default-runner-unserved",
+                f"defaults.runner {setting.value} (fallbacks: {' -> '.join(chain)}) serves no "
+                f"runner on {platform}: every {platform} context without a rule choosing "
+                "another runner fails",
+            )
+
+
 def registered_runners(registry: PluginRegistry) -> RunnerCheck:
     """Runner names as the plugin registry knows them (the built-in runners are plugins too)."""
     names = set(registry.runner_names())
@@ -72,7 +106,10 @@ def registered_runners(registry: PluginRegistry) -> RunnerCheck:
 
 def registry_checks(registry: PluginRegistry) -> tuple[Check, ...]:
     """The lint checks that ask the registry."""
-    return (lambda subject: _unserved_cudagraph_modes(registry, subject),)
+    return (
+        lambda subject: _unserved_cudagraph_modes(registry, subject),
+        lambda subject: _default_runner_serves(registry, subject),
+    )
 
 
 def lint_paths(

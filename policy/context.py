@@ -143,6 +143,12 @@ def make_context(
             facts[f"traits.{name}"] = f"{MODEL_CONFIG} ({note})"
     if architecture is None:
         raise PolicyError("an architecture is required: give ARCH or --model PATH")
+    if len(architecture) > MAX_NAME:
+        where = facts.get("architecture", "given")
+        raise PolicyError(
+            f"architecture name {architecture[:60]!r}… ({where}) is {len(architecture)} "
+            f"characters long; an architecture name has at most {MAX_NAME}"
+        )
     detected = platform is None
     if platform is None:
         platform, detected_arch, how = detect_platform()
@@ -179,6 +185,8 @@ def has_triton_fact(detected: bool) -> tuple[bool, str]:
     return found, f"{DETECTED} (triton {'is' if found else 'is not'} installed)"
 
 
+#: Longest architecture name accepted (real ones are under 60 characters).
+MAX_NAME = 256
 #: A config.json larger than this is refused unread (real ones are a few KB).
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 

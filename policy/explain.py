@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from interlock.core.fields import DECISION_FIELDS
@@ -161,19 +162,38 @@ def _show(value: Any) -> str:
 TABLE_COLUMNS = ("architecture", "platform", *DECISION_FIELDS)
 
 
-def render_table(rows: list[Resolution], fmt: str) -> str:
-    """The decision matrix as ``text``, ``csv`` or ``json``."""
+@dataclass(frozen=True)
+class TableError:
+    """A context of the table that did not resolve: its cell shows the error."""
+
+    architecture: str
+    platform: str
+    message: str
+
+
+def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
+    """The decision matrix as ``text``, ``csv`` or ``json``; a context that failed to resolve
+    shows ``error: ...`` in its runner cell (``error`` in JSON)."""
     records = []
     for res in rows:
-        record: dict[str, Any] = {
-            "architecture": res.context.architecture,
-            "platform": res.context.platform,
-            **res.decision.to_dict(),
-        }
+        if isinstance(res, TableError):
+            first = res.message.splitlines()[0]
+            record: dict[str, Any] = {"architecture": res.architecture, "platform": res.platform}
+            record.update(dict.fromkeys(DECISION_FIELDS))
+            record["runner"] = f"error: {first}" if fmt != "json" else None
+            if fmt == "json":
+                record["error"] = res.message
+        else:
+            record = {
+                "architecture": res.context.architecture,
+                "platform": res.context.platform,
+                **res.decision.to_dict(),
+            }
         records.append(record)
     if fmt == "json":
         for record, res in zip(records, rows, strict=True):
-            record["set_by"] = {k: p.source for k, p in res.provenance.items()}
+            if not isinstance(res, TableError):
+                record["set_by"] = {k: p.source for k, p in res.provenance.items()}
         return json.dumps(records, indent=2) + "\n"
     if fmt == "csv":
         import csv

@@ -34,6 +34,8 @@ NOTE = "note"
 #: A shared trait value held by more than this share of the catalog explains nothing about
 #: why names were listed, so it never makes a near-miss (``moe: true`` in a MoE-heavy catalog).
 NEAR_MISS_MAX_SHARE = 0.5
+#: A trait value this share of the catalog holds is never a near-miss's reason.
+NEAR_MISS_NEARLY_ALL = 0.8
 #: Reasons that say nothing (compared lower-cased, without surrounding punctuation).
 PLACEHOLDER_REASONS = frozenset(
     {"todo", "tbd", "fixme", "xxx", "wip", "n/a", "na", "none", "reason", "fix", "hack",
@@ -258,13 +260,21 @@ def near_miss_lists(subject: Subject) -> Iterator[Finding]:
                 continue
             value = values[0]
             holders = [a for a, e in catalog.items() if _same(e.traits.get(key), value)]
-            if len(holders) > NEAR_MISS_MAX_SHARE * len(catalog):
+            share = len(holders) / len(catalog)
+            covered = sum(1 for a in holders if a in condition.literals)
+            # A value nearly every architecture has (`moe: false`) says nothing about why
+            # names were listed; a common one does only if the list covers most of it.
+            if share >= NEAR_MISS_NEARLY_ALL or (
+                share > NEAR_MISS_MAX_SHARE and 2 * covered <= len(holders)
+            ):
                 continue
             missing = [a for a in holders if a in eligible and a not in condition.literals]
-            if missing:
-                candidate = (len(missing), len(holders), key, value, missing)
-                if best is None or candidate[:3] < best[:3]:
-                    best = candidate
+            if not missing:  # the list is exactly this value's members: nothing is missed
+                best = None
+                break
+            candidate = (len(missing), len(holders), key, value, missing)
+            if best is None or candidate[:3] < best[:3]:
+                best = candidate
         if best is None:
             continue
         _, _, key, value, missing = best

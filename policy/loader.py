@@ -34,11 +34,18 @@ def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[
     """``(display name, path)`` of the files to layer: the given ones, else ``$INTERLOCK_POLICY``
     (an ``os.pathsep`` list), else the shipped policy."""
     if paths:
+        if any(os.fspath(p) == "" for p in paths):
+            raise PolicyError("--policy '': an empty path names no policy file")
         return [(os.fspath(p), Path(p)) for p in paths]
     env = os.environ.get("INTERLOCK_POLICY", "")
     listed = [p for p in env.split(os.pathsep) if p]
     if listed:
         return [(p, Path(p)) for p in listed]
+    if env:  # set, yet naming nothing (":::"): not a reason to use another policy silently
+        raise PolicyError(
+            f"INTERLOCK_POLICY={env!r} names no policy file; give file paths separated by "
+            f"{os.pathsep!r}, or unset it for the shipped policy"
+        )
     return [(SHIPPED_NAME, shipped_policy_path())]
 
 

@@ -209,7 +209,10 @@ def _located(
         elif err["type"] == "missing":
             message = f"missing required field {err['loc'][-1]!r}"
         elif err["loc"] and err["loc"][-1] == "[key]":
-            message = f"key {err['input']!r} must be a string (quote it)"
+            if isinstance(err["input"], str):  # a string, but not of the allowed form
+                message = f"key {_shown(err['input'])}: {_message(err)}"
+            else:
+                message = f"key {err['input']!r} must be a string (quote it)"
         else:
             message = _message(err)
             if not isinstance(err["input"], (dict, list)):
@@ -230,6 +233,15 @@ def _located(
     first, *rest = located
     first.more = tuple(rest)
     return first
+
+
+#: Echoed values are cut to this many characters (a 100 KB name is not repeated back).
+SHOWN_CHARS = 80
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}… ({len(value)} chars)"
 
 
 def _message(err: Any) -> str:

@@ -8,6 +8,7 @@ laughs") and keep a 1-based line:col for every key and value.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,23 +60,40 @@ class SourceDoc:
 
 
 def read_source(path: Path, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """Read a policy file, refusing one over ``limit`` bytes without reading it whole."""
+    """Read a policy file (a regular file: a FIFO or device is refused, not waited on),
+    refusing one over ``limit`` bytes without reading it whole."""
+    from interlock.core.files import FileProblem, read_regular
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", file=name) from None
-    if len(data) > limit:
-        raise PolicyError(f"policy file is larger than the {limit} byte limit", file=name)
-    return data
+        return read_regular(path, limit, name)
+    except FileProblem as exc:
+        raise PolicyError(
+            f"cannot read policy file: {exc.detail}", file=exc.file or repr(name)
+        ) from None
 
 
 def parse_yaml(text: bytes, name: str, *, max_alias_nodes: int = MAX_ALIAS_NODES) -> SourceDoc:
     """Parse one YAML document safely into a :class:`SourceDoc`."""
     import yaml
 
+    from interlock.core.files import FileProblem, decode_utf8
+
+    # Decoded and checked here, so that encoding errors say line:col and what is wrong
+    # (PyYAML reports a byte offset, sometimes of the wrong character).
+    try:
+        source = decode_utf8(text, name)
+    except FileProblem as exc:
+        raise PolicyError(exc.detail, file=name, line=exc.line, col=exc.col) from None
+    bad = _CONTROL.search(source)
+    if bad is not None:
+        line = source.count("\n", 0, bad.start()) + 1
+        col = bad.start() - (source.rfind("\n", 0, bad.start()) + 1) + 1
+        raise PolicyError(
+            f"control character {bad.group()!r} is not allowed in a policy file",
+            file=name, line=line, col=col,
+        )
     loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_cls(text)
+    loader = loader_cls(source)
     try:
         root = loader.get_single_node()
         if root is None:
@@ -87,11 +105,34 @@ def parse_yaml(text: bytes, name: str, *, max_alias_nodes: int = MAX_ALIAS_NODES
         mark = exc.problem_mark or exc.context_mark
         message = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
-        raise PolicyError(f"invalid YAML: {message}", file=name, line=line, col=col) from None
+        raise PolicyError(
+            f"invalid YAML: {message}{_explain(source, line, col)}",
+            file=name, line=line, col=col,
+        ) from None
     except yaml.YAMLError as exc:
         raise PolicyError(f"invalid YAML: {exc}", file=name) from None
     finally:
         loader.dispose()
+
+
+# C0 controls but tab, newline and carriage return; DEL. (YAML refuses them anyway, with
+# a byte position.)
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: PyYAML's limit on an implicit (unquoted or quoted single-line) key.
+_MAX_KEY = 1024
+
+
+def _explain(source: str, line: int | None, col: int | None) -> str:
+    """What PyYAML's message means, for the two that puzzle people: a tab, a long key."""
+    if line is None:
+        return ""
+    lines = source.splitlines()
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    if "\t" in text[: (col or 0) + 1].lstrip(" ") or text.startswith("\t"):
+        return " (a tab: YAML indents with spaces only)"
+    if len(text) > _MAX_KEY and ":" in text[_MAX_KEY:]:
+        return f" (a key longer than {_MAX_KEY} characters: YAML does not allow one)"
+    return ""
 
 
 class _Builder:
@@ -135,7 +176,7 @@ class _Builder:
             m = node.start_mark
             self.doc.marks[path] = Mark(m.line + 1, m.column + 1)
         if isinstance(node, yaml.ScalarNode):
-            return self.loader.construct_object(node, deep=True)
+            return self._scalar(node, path)
         if node.tag not in (_MAP_TAG, _SEQ_TAG):
             raise self._fail(node, path, f"YAML tag {node.tag!r} is not allowed in a policy file")
         self.ancestors.add(id(node))
@@ -145,6 +186,19 @@ class _Builder:
             return self._mapping(node, path, aliased)
         finally:
             self.ancestors.discard(id(node))
+
+    def _scalar(self, node: Any, path: Path_) -> Any:
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except ValueError as exc:  # e.g. an integer past Python's 4300-digit limit
+            shown = node.value if len(node.value) <= 40 else f"{node.value[:40]}…"
+            why = str(exc).split(";")[0]
+            raise self._fail(
+                node, path, f"cannot read value {shown!r} ({len(node.value)} characters): {why}"
+            ) from None
+        if isinstance(value, float) and value != value:
+            raise self._fail(node, path, "NaN is not allowed in a policy (it equals nothing)")
+        return value
 
     def _mapping(self, node: Any, path: Path_, aliased: bool) -> dict[Any, Any]:
         import yaml
@@ -165,7 +219,7 @@ class _Builder:
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self._fail(key_node, path, "mapping keys must be plain scalars")
-            key = self.loader.construct_object(key_node, deep=True)
+            key = self._scalar(key_node, path)
             if key in out:
                 first = self.doc.key_marks[(*path, key)]
                 raise self._fail(

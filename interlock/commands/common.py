@@ -124,10 +124,62 @@ def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]
     return dict(
         platform=args.platform,
         device_arch=args.device_arch,
-        features={k: parse_scalar(v) for k, v in args.feature},
+        features=features_of(args, policy),
         env=env,
         sources=sources,
     )
+
+
+def feature_types(policy: Policy) -> dict[str, str]:
+    """The form each known feature takes (``"an integer"``, ``"a number"``, ``"true or
+    false"``): the facts runners may require, and every feature the policy's rules or the
+    runners' unsupported conditions compare, typed by the values they compare it with."""
+    from interlock.plugins import load_registry
+    from interlock.plugins.spec import REQUIRABLE_FACTS
+    from interlock.policy.conditions import FeatureMatch
+
+    types = dict.fromkeys(REQUIRABLE_FACTS, "true or false")
+    conditions = [c for rule in policy.rules for c in rule.when.conditions]
+    for reg in load_registry().runners():
+        conditions += [c for u in reg.spec.unsupported for c in u.condition.conditions]
+    for c in conditions:
+        if not isinstance(c, FeatureMatch) or c.key in types:
+            continue
+        values = [v for op, w in c.ops for v in (w if op == "in" else (w,))]
+        if all(type(v) is bool for v in values):
+            types[c.key] = "true or false"
+        elif all(type(v) is int for v in values):
+            types[c.key] = "an integer"
+        elif all(isinstance(v, (int, float)) and type(v) is not bool for v in values):
+            types[c.key] = "a number"
+    return types
+
+
+_TYPE_OK = {
+    "true or false": lambda v: type(v) is bool,
+    "an integer": lambda v: type(v) is int,
+    "a number": lambda v: isinstance(v, (int, float)) and type(v) is not bool,
+}
+
+
+def features_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
+    """``--feature`` values, typed; a known feature given a value of another form (``nan``,
+    ``0x10``, ``maybe``) is an error saying the allowed form."""
+    from interlock.core.errors import InputError
+
+    features: dict[str, Any] = {}
+    types = feature_types(policy) if args.feature else {}
+    for key, text in args.feature:
+        try:
+            value = parse_scalar(text)
+        except ValueError as exc:
+            raise InputError(f"--feature {key}={text}: {exc}") from None
+        kind = types.get(key)
+        if kind is not None and not _TYPE_OK[kind](value):
+            raise InputError(f"--feature {key}={text}: {key} takes {kind}, e.g. "
+                             f"{key}={'true' if kind == 'true or false' else '2'}")
+        features[key] = value
+    return features
 
 
 def context_of(args: argparse.Namespace, policy: Policy) -> Any:

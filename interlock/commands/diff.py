@@ -230,7 +230,18 @@ def read_policy_arg(spec: str) -> tuple[str, bytes]:
     rev, _, path = spec[len(GIT_PREFIX) :].partition(":")
     if not rev:
         raise PolicyError(f"{spec!r}: expected git:REV or git:REV:path, e.g. git:HEAD~1")
+    if rev.startswith("-") or any(c.isspace() or not c.isprintable() for c in rev):
+        # It reaches `git show` as an argument: `git:--output=FILE` would write a file.
+        raise PolicyError(
+            f"{spec!r}: {rev!r} is not a revision (it may not start with '-' or hold spaces "
+            "or control characters); e.g. git:HEAD~1 or git:origin/main"
+        )
     path = path or DEFAULT_GIT_PATH
+    parts = Path(path).parts
+    if Path(path).is_absolute() or ".." in parts or "\0" in path:
+        raise PolicyError(
+            f"{spec!r}: the path {path!r} must be relative to the repository root, without '..'"
+        )
     return f"{rev}:{path}", _git_show(rev, path, spec)
 
 

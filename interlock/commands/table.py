@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from interlock.commands.common import add_env_args, add_policy_args, env_of, load
 from interlock.policy.model import Policy
@@ -32,22 +33,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.core.errors import PolicyError
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.context import Context
-    from interlock.policy.explain import render_table
+    from interlock.policy.explain import TableError, render_table
     from interlock.policy.resolution import resolve
 
     policy = load(args)
     env, _ = env_of(args, policy, process=False)
     platforms = args.platform or _platforms(policy)
     stage = capability_stage()
-    rows = [
-        resolve(policy, Context(arch, platform, env=env), capabilities=stage)
-        for arch in policy.catalog
-        for platform in platforms
-    ]
+    rows: list[Any] = []
+    for arch in policy.catalog:
+        for platform in platforms:
+            try:
+                rows.append(resolve(policy, Context(arch, platform, env=env), capabilities=stage))
+            except PolicyError as exc:  # one context's error is its cell, not the table's end
+                rows.append(TableError(arch, platform, str(exc)))
     sys.stdout.write(render_table(rows, args.format))
-    return 0
+    return 1 if any(isinstance(r, TableError) for r in rows) else 0
 
 
 def _platforms(policy: Policy) -> list[str]:

@@ -29,6 +29,8 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 FieldValue = str | bool | tuple[int, ...]
+#: No batch of one step is larger (a graph per size is captured: 1e20 is a mistake).
+MAX_CAPTURE_SIZE = 65536
 
 
 def allowed_values(name: str) -> str:
@@ -40,7 +42,7 @@ def allowed_values(name: str) -> str:
     if name in ("breakable", "compile"):
         return "true, false"
     if name == "capture_sizes":
-        return "a list of distinct positive integers, e.g. 1,2,4,8"
+        return f"a list of distinct integers from 1 to {MAX_CAPTURE_SIZE}, e.g. 1,2,4,8"
     raise KeyError(name)
 
 
@@ -59,7 +61,8 @@ def check_field(name: str, value: object) -> FieldValue:
     elif name in ("breakable", "compile"):
         ok = isinstance(value, bool)
     elif isinstance(value, (list, tuple)) and value:
-        ok = all(type(v) is int and v > 0 for v in value) and len(set(value)) == len(value)
+        ok = all(type(v) is int and 0 < v <= MAX_CAPTURE_SIZE for v in value)
+        ok = ok and len(set(value)) == len(value)
         value = tuple(value)
     if not ok:
         raise ValueError(f"{name}: bad value {value!r}; allowed: {allowed_values(name)}")
@@ -79,7 +82,12 @@ def parse_field(name: str, text: str) -> FieldValue:
             value = [int(part) for part in text.split(",")]
         except ValueError:
             value = text
-    return check_field(name, value)
+    try:
+        return check_field(name, value)
+    except ValueError:  # echo what the user typed, not the parsed form
+        raise ValueError(
+            f"{name}: bad value {text!r}; allowed: {allowed_values(name)}"
+        ) from None
 
 
 def _unknown_field(name: str) -> str:
@@ -96,9 +104,12 @@ def parse_scalar(text: str) -> bool | int | float | str:
         return lowered == "true"
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
-            pass
+            continue
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{text!r} is not a finite number")
+        return value
     return text
 
 

@@ -64,10 +64,11 @@ def read_regular(path: str | os.PathLike[str], limit: int, name: str | None = No
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise FileProblem(shown, f"{exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise FileProblem(shown, f"is {_kind(st.st_mode)}, not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FileProblem(shown, f"is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise FileProblem(shown, f"is {st.st_size} bytes, over the {limit} byte limit")
         data = fh.read(limit + 1)

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+#: Words longer than this get no suggestion (names are short; a 100 KB word is not a typo).
+MAX_WORD = 256
+#: At most this many candidates are measured (those sharing the first two letters, when a
+#: catalog has more), so a suggestion costs milliseconds whatever the catalog's size.
+MAX_CANDIDATES = 2000
+
 
 def edit_distance(a: str, b: str) -> int:
     """Edits turning ``a`` into ``b``: insertions, deletions, substitutions and swaps of two
@@ -29,14 +35,21 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to ``word``, or None when none is plausibly a misspelling.
 
     Plausible means at most one edit per three characters of ``word`` (at least one),
-    ignoring case. ``word`` itself is never suggested.
+    ignoring case. ``word`` itself is never suggested. The search is bounded (see
+    :data:`MAX_WORD`, :data:`MAX_CANDIDATES`).
     """
+    if len(word) > MAX_WORD:
+        return None  # no name is that long: nothing is a plausible misspelling of it
     budget = max(1, len(word) // 3)
     lowered = word.lower()
     best: tuple[int, int, str] | None = None
-    for candidate in candidates:
-        if candidate == word:
-            continue
+    # A length gap over the budget rules a candidate out for free; the rest are bounded
+    # in number, so a huge catalog or a huge word never makes an error slow.
+    near = [c for c in candidates if abs(len(c) - len(word)) <= budget and c != word]
+    if len(near) > MAX_CANDIDATES:
+        head = lowered[:2]
+        near = [c for c in near if c[:2].lower() == head][:MAX_CANDIDATES]
+    for candidate in near:
         distance = edit_distance(lowered, candidate.lower())
         if distance > budget:
             continue

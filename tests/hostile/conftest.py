@@ -10,6 +10,7 @@ import pytest
 
 from interlock import plugins
 from interlock.core import disk_cache
+from interlock.testing import register_plugin  # noqa: F401  (a fixture)
 
 # The installed-looking distributions of the plugin tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
