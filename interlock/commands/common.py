@@ -133,7 +133,7 @@ def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]
 def feature_types(policy: Policy) -> dict[str, str]:
     """The form each known feature takes (``"an integer"``, ``"a number"``, ``"true or
     false"``): the facts runners may require, and every feature the policy's rules or the
-    runners' unsupported conditions compare, typed by the values they compare it with."""
+    runners' unsupported conditions compare by order, typed by the thresholds."""
     from interlock.plugins import load_registry
     from interlock.plugins.spec import REQUIRABLE_FACTS
     from interlock.policy.conditions import FeatureMatch
@@ -145,12 +145,12 @@ def feature_types(policy: Policy) -> dict[str, str]:
     for c in conditions:
         if not isinstance(c, FeatureMatch) or c.key in types:
             continue
-        values = [v for op, w in c.ops for v in (w if op == "in" else (w,))]
-        if all(type(v) is bool for v in values):
-            types[c.key] = "true or false"
-        elif all(type(v) is int for v in values):
+        # Only an order comparison (gt, ge, lt, le) says a feature is a number; equality says
+        # nothing (`speculative: {ne: false}` takes a method name or false).
+        values = [w for op, w in c.ops if op in ("gt", "ge", "lt", "le")]
+        if values and all(type(v) is int for v in values):
             types[c.key] = "an integer"
-        elif all(isinstance(v, (int, float)) and type(v) is not bool for v in values):
+        elif values:
             types[c.key] = "a number"
     return types
 

@@ -70,10 +70,10 @@ def read_regular(path: str | os.PathLike[str], limit: int, name: str | None = No
         raise FileProblem(shown, f"is {_kind(st.st_mode)}, not a regular file")
     with os.fdopen(fd, "rb") as fh:
         if st.st_size > limit:
-            raise FileProblem(shown, f"is {st.st_size} bytes, over the {limit} byte limit")
+            raise FileProblem(shown, f"is {st.st_size} bytes, larger than the {limit} byte limit")
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise FileProblem(shown, f"is over the {limit} byte limit")
+        raise FileProblem(shown, f"is larger than the {limit} byte limit")
     return data
 
 

@@ -171,7 +171,7 @@ def test_override_beats_env(policy) -> None:
         ({"runnr": "mrv1"}, "unknown decision field 'runnr'; allowed: runner, cudagraph"),
         ({"cudagraph": "fast"}, "allowed: none, piecewise, full, full_decode_only"),
         ({"breakable": "yes"}, "allowed: true, false"),
-        ({"capture_sizes": [0]}, "distinct positive integers"),
+        ({"capture_sizes": [0]}, "distinct integers from 1 to 65536"),
         ({"runner": "MRV1"}, "a runner name"),
     ],
 )
