@@ -155,3 +155,21 @@ def test_token_id_prompts_keep_their_default_and_format(cli, tiny):
 def test_chat_needs_a_text_prompt(cli, tiny):
     result = cli("run", "--model", tiny("llama", "Q8_0"), "--chat", "--platform", "cpu")
     assert result.code == 1 and "--chat" in result.err
+
+
+def test_explaining_a_gguf_model_does_not_import_torch(tiny, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from interlock.cli import main; "
+        f"code = main(['explain', '--model', {str(tiny('llama', 'Q4_K'))!r}, '--platform', "
+        "'rocm', '--json']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)"
+    )
+    env = {**os.environ, "INTERLOCK_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert '"architecture": "LlamaForCausalLM"' in done.stdout
