@@ -142,3 +142,10 @@ def test_policy_explain_and_run_with_the_named_model(cli, monkeypatch):
     lines = streamed.out.splitlines()
     start = lines.index(f"[0] user: {question}")
     assert lines[start + 1:start + 3] == [out["text"], "[8 tokens, end of sequence]"]
+
+
+def test_bfloat16_weights_answer_the_same_question(gguf_file):
+    llm = LLM("smollm2", dtype="bfloat16", device="cpu", max_num_seqs=1, max_model_len=256)
+    assert llm.report().dtype == "bfloat16"
+    [out] = llm.chat(QUESTION, SamplingParams(max_tokens=16))
+    assert out.text == "The capital of France is Paris." and out.finish_reason == "stop"
