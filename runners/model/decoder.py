@@ -123,7 +123,13 @@ class CausalLM(nn.Module):
         self.config = config
         self.ops = ops
         self.eps = config.rms_norm_eps
-        self.embed_tokens = empty_weight(config.vocab_size, config.hidden_size)
+        # Tied, the table is also the LM head, which every decode step streams whole: it is
+        # then stored [hidden, vocab], the layout BLAS streams faster for a few rows (see
+        # Linear); a lookup reads one strided column per token. ``embedding`` is [vocab,
+        # hidden] either way.
+        tied = config.tie_word_embeddings
+        shape = (config.hidden_size, config.vocab_size)
+        self.embed_tokens = empty_weight(*(shape if tied else shape[::-1]))
         self.register_buffer(
             "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
             persistent=False,
@@ -136,6 +142,11 @@ class CausalLM(nn.Module):
         self.lm_head = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         )
+
+    @property
+    def embedding(self) -> torch.Tensor:
+        """The embedding table as [vocab, hidden] (a view when stored transposed)."""
+        return self.embed_tokens.t() if self.lm_head is None else self.embed_tokens
 
     @property
     def attention_layers(self) -> list[Attention]:
@@ -152,7 +163,7 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = F.embedding(input_ids, self.embedding)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, metadata)
@@ -170,7 +181,7 @@ class CausalLM(nn.Module):
         layers = self.layers
 
         def first(_: torch.Tensor | None, __: torch.Tensor | None) -> tuple[Tensor, Tensor]:
-            hidden = F.embedding(input_ids, self.embed_tokens)
+            hidden = F.embedding(input_ids, self.embedding)
             return layers[0].before_attention(positions, hidden, None, metadata)
 
         def middle(index: int) -> PieceFn:
@@ -190,12 +201,12 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens)
+            return torch.mm(hidden, self.embed_tokens)
         return self.lm_head(hidden)
 
     def checkpoint_slots(self) -> CheckpointSlots:
         """Every checkpoint tensor this model needs, with the view it fills (HF names)."""
-        yield "model.embed_tokens.weight", self.embed_tokens
+        yield "model.embed_tokens.weight", self.embedding
         for i, layer in enumerate(self.layers):
             yield from layer.checkpoint_slots(f"model.layers.{i}")
         yield "model.norm.weight", self.norm

@@ -46,7 +46,7 @@ class Linear(nn.Module):
         if not self.transposed:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:
-            return torch.matmul(x, self.weight)
+            return torch.mm(x, self.weight)
         return torch.addmm(self.bias, x, self.weight)
 
     def rows(self, rows: slice = slice(None)) -> torch.Tensor:
