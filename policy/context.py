@@ -22,6 +22,7 @@ from typing import Any
 from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS
 from interlock.core.platform import detect_platform
+from interlock.core.terminal import shown
 
 GIVEN = "given"
 DETECTED = "detected"
@@ -146,8 +147,8 @@ def make_context(
     if len(architecture) > MAX_NAME:
         where = facts.get("architecture", "given")
         raise PolicyError(
-            f"architecture name {architecture[:60]!r}… ({where}) is {len(architecture)} "
-            f"characters long; an architecture name has at most {MAX_NAME}"
+            f"architecture name {shown(architecture, 60)} ({where}) is "
+            f"{len(architecture)} characters long; an architecture name has at most {MAX_NAME}"
         )
     detected = platform is None
     if platform is None:

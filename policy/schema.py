@@ -27,6 +27,7 @@ from pydantic import (
 from interlock.core.errors import PolicyError, dotted
 from interlock.core.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
 from interlock.core.suggest import hint
+from interlock.core.terminal import shown
 from interlock.policy.source import Path_, SourceDoc
 
 SCHEMA_VERSION = 1
@@ -210,7 +211,7 @@ def _located(
             message = f"missing required field {err['loc'][-1]!r}"
         elif err["loc"] and err["loc"][-1] == "[key]":
             if isinstance(err["input"], str):  # a string, but not of the allowed form
-                message = f"key {_shown(err['input'])}: {_message(err)}"
+                message = f"key {shown(err['input'])}: {_message(err)}"
             else:
                 message = f"key {err['input']!r} must be a string (quote it)"
         else:
@@ -233,15 +234,6 @@ def _located(
     first, *rest = located
     first.more = tuple(rest)
     return first
-
-
-#: Echoed values are cut to this many characters (a 100 KB name is not repeated back).
-SHOWN_CHARS = 80
-
-
-def _shown(value: str) -> str:
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}… ({len(value)} chars)"
 
 
 def _message(err: Any) -> str:

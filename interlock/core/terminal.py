@@ -41,6 +41,13 @@ def escape(text: str) -> str:
     return _UNSAFE.sub(lambda m: _escape_char(m.group()), text)
 
 
+def shown(value: str, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for echoing an untrusted value in a
+    message (a 60 KB name is not repeated back)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(value)} characters)"
+
+
 def use_color(stream: IO[str]) -> bool:
     """Colour only on a terminal that shows it: never with NO_COLOR (https://no-color.org)
     or TERM=dumb."""

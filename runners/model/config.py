@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from interlock.core.errors import ModelError
 from interlock.core.files import FileProblem, read_json
+from interlock.core.terminal import shown
 from interlock.policy.context import MAX_CONFIG_BYTES
 from interlock.runners.model import families
 
@@ -167,7 +168,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
     family = families.family(architecture)
     if family is None:
         raise ConfigError(
-            f"{source}: architecture {architecture!r} is not supported; supported: "
+            f"{source}: architecture {shown(architecture)} is not supported; supported: "
             + ", ".join(families.architectures())
         )
     try:

@@ -230,3 +230,17 @@ def test_32_special_files_are_refused_as_such(tiny_model, special) -> None:
     shard(tiny_model, every_tensor(tiny_model, name))
     with pytest.raises(ModelError, match=expected):
         generate(tiny_model)
+
+
+def test_14_a_huge_architecture_name_is_not_echoed_whole(tiny_model, cli) -> None:
+    from interlock.runners.model.config import ConfigError, parse_config
+
+    from .conftest import TINY
+
+    with pytest.raises(ConfigError) as info:
+        parse_config({**TINY, "architectures": ["X" * 60_000]})
+    assert len(str(info.value)) < 1000 and "(60000 characters)" in str(info.value)
+    config = json.loads((tiny_model / "config.json").read_text())
+    (tiny_model / "config.json").write_text(json.dumps({**config, "architectures": ["X" * 60_000]}))
+    res = cli("explain", "--model", tiny_model, "--platform", "cpu")
+    assert res.code == 1 and "is 60000 characters long" in res.err and len(res.err) < 1000
