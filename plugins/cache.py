@@ -5,8 +5,8 @@ module (tens of ms); the declarations are plain dataclasses, so the registry
 is stored as JSON (rebuilt with the specs' ``from_dict``) and reused while
 nothing it came from has changed. Like a ``.pyc``, validity is checked by
 stat: every ``sys.path`` entry (installing or removing a distribution changes
-its directory), every distribution's ``entry_points.txt`` (an edit in place
-changes no directory) and every source file the declarations were read
+its directory), every ``entry_points.txt`` declaring interlock plugins (an
+edit in place changes no directory) and every source file the declarations were read
 from. A registry with a failed plugin or a runner conflict is never stored,
 so fixing a plugin takes effect at once.
 """

@@ -246,8 +246,9 @@ def _watched_files(sources: Sequence[PluginSource], modules_before: set[str]) ->
 
 
 def _entry_point_files() -> list[str]:
-    """Every distribution's ``entry_points.txt`` on ``sys.path``: editing one in place changes
-    what is discovered but not the directory it sits in."""
+    """The ``entry_points.txt`` on ``sys.path`` that declare interlock plugins: editing one in
+    place changes what is discovered but not the directory it sits in. (Only these are
+    watched, so that a warm start stats a handful of files, not every distribution's.)"""
     found = []
     for entry in sys.path:
         try:
@@ -257,6 +258,11 @@ def _entry_point_files() -> list[str]:
             continue
         for name in names:
             path = os.path.join(os.path.abspath(entry or os.curdir), name, "entry_points.txt")
-            if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    declares = f"[{ENTRY_POINT_GROUP}]" in fh.read()
+            except OSError:
+                continue
+            if declares:
                 found.append(path)
     return found
