@@ -12,6 +12,7 @@ from interlock.policy.conditions import build_when
 from interlock.policy.index import RuleIndex
 from interlock.policy.model import (
     CatalogEntry,
+    Deviation,
     EnvBinding,
     Location,
     Policy,
@@ -32,6 +33,7 @@ class _Layer:
     defaults: dict[str, Setting] = field(default_factory=dict)
     env: dict[str, EnvBinding] = field(default_factory=dict)
     rules: list[Rule] = field(default_factory=list)
+    deviations: list[Deviation] = field(default_factory=list)
 
 
 def build_policy(sources: list[tuple[str, bytes, str]], revision: str) -> Policy:
@@ -86,17 +88,32 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
                 evidence=tuple(rule.evidence or ()),
             )
         )
+    for i, deviation in enumerate(model.deviations):
+        layer.deviations.append(
+            Deviation(
+                id=deviation.id,
+                when=build_when(deviation.when.model_dump(by_alias=True, exclude_none=True)),
+                env=dict(deviation.env),
+                field=deviation.field,
+                reason=deviation.reason,
+                ref=deviation.ref,
+                location=_loc(doc, ("deviations", i)),
+            )
+        )
     return layer
 
 
 def _merge(layers: list[_Layer], revision: str) -> Policy:
-    """Later files append rules and replace defaults fields, env bindings and catalog entries."""
+    """Later files append rules and deviations and replace defaults fields, env bindings and
+    catalog entries."""
     catalog: dict[str, CatalogEntry] = {}
     defaults: dict[str, Setting] = {}
     env: dict[str, EnvBinding] = {}
     rules: list[Rule] = []
+    deviations: list[Deviation] = []
     seen_ids: dict[str, Rule] = {}
     for layer in layers:
+        deviations.extend(layer.deviations)
         catalog.update(layer.catalog)
         defaults.update(layer.defaults)
         env.update(layer.env)
@@ -132,4 +149,5 @@ def _merge(layers: list[_Layer], revision: str) -> Policy:
         env=env,
         rules=rule_tuple,
         index=RuleIndex.build(rule_tuple),
+        deviations=tuple(deviations),
     )

@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import PolicyError
-from interlock.core.fields import DECISION_FIELDS
+from interlock.core.fields import DECISION_FIELDS, OUTCOME
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution, resolve
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
-#: The pseudo-field of a change where one side fails to resolve (or both, differently).
-OUTCOME = "outcome"
 #: Text reports wrap context summaries at this width.
 WIDTH = 100
 

@@ -60,6 +60,13 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
             lines.append(f"  {'':<13} {s(prov.ref, 'dim')}")
         for summary in _evidence(res, prov):
             lines.append(f"  {'':<13} {s('evidence: ' + summary, 'dim')}")
+    if res.deviations:
+        lines += ["", s("deviations (declared: this policy departs from the engine here)", "bold")]
+        for dev in res.deviations:
+            lines.append(f"  {dev.field:<13} {s(dev.id, 'yellow')}  {s(str(dev.location), 'dim')}")
+            lines.append(f"  {'':<13} {s(dev.reason, 'dim')}")
+            if dev.ref:
+                lines.append(f"  {'':<13} {s(dev.ref, 'dim')}")
     lines += ["", s("context", "bold"), *_context_lines(res, s), "", s("trace", "bold")]
     lines += _trace_lines(res.trace, s)
     return "\n".join(lines) + "\n"

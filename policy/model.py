@@ -7,10 +7,11 @@ the policy as plain data (:mod:`interlock.policy.stored`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from interlock.core.fields import FieldValue
-from interlock.policy.conditions import When
+from interlock.policy.conditions import Facts, When
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,37 @@ class Rule:
     location: Location
     #: Paths of the bench records the rule cites, as written (relative to its file).
     evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """Where the policy departs from the engine it mirrors on purpose (``deviations:``).
+
+    ``field`` is a decision field or ``outcome`` (the engine refuses the context).
+    Conformance counts these apart; ``explain`` shows those that apply.
+    """
+
+    id: str
+    when: When
+    env: dict[str, str]
+    field: str
+    reason: str
+    ref: str | None
+    location: Location
+
+    def applies(self, facts: Facts, env: Mapping[str, str]) -> bool:
+        return all(env.get(k) == v for k, v in self.env.items()) and self.when.matches(facts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "field": self.field,
+            "when": self.when.to_data(),
+            "env": dict(self.env),
+            "reason": self.reason,
+            "ref": self.ref,
+            "location": self.location.to_dict(),
+        }
 
 
 @dataclass(frozen=True)
@@ -87,6 +119,7 @@ class Policy:
     env: dict[str, EnvBinding]
     rules: tuple[Rule, ...]
     index: Any = field(repr=False)
+    deviations: tuple[Deviation, ...] = ()
     #: Resolutions memoized by (context, overrides, capabilities); never stored.
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 

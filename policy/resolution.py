@@ -17,7 +17,7 @@ from interlock.core.errors import PolicyError
 from interlock.core.fields import DECISION_FIELDS, check_field
 from interlock.policy.conditions import Facts
 from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
-from interlock.policy.model import Policy, Rule
+from interlock.policy.model import Deviation, Policy, Rule
 from interlock.policy.trace import (
     DEFAULTS,
     ENV,
@@ -137,6 +137,12 @@ class Resolution:
             steps.extend(draft.steps[stage])
         return tuple(steps)
 
+    @cached_property
+    def deviations(self) -> tuple[Deviation, ...]:
+        """The policy's declared deviations from the engine that apply to this context."""
+        facts, env = self._draft.facts, self.context.env
+        return tuple(d for d in self.policy.deviations if d.applies(facts, env))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document of ``policy resolve`` / ``policy explain --json``."""
         context = self.context.to_dict()
@@ -149,6 +155,7 @@ class Resolution:
             "decision": self.decision.to_dict(),
             "provenance": {k: p.to_dict() for k, p in self.provenance.items()},
             "trace": [step.to_dict() for step in self.trace],
+            "deviations": [d.to_dict() for d in self.deviations],
             "context": context,
             "policy": self.policy.stamp(),
         }

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from interlock.core.errors import PolicyError, dotted
-from interlock.core.fields import CUDAGRAPH_MODES, DECISION_FIELDS, RUNNER_NAME, TRAITS
+from interlock.core.fields import CUDAGRAPH_MODES, DECISION_FIELDS, OUTCOME, RUNNER_NAME, TRAITS
 from interlock.core.suggest import hint
 from interlock.core.terminal import shown
 from interlock.policy.source import Path_, SourceDoc
@@ -127,6 +127,18 @@ class EnvBindingModel(_Model):
     values: Annotated[dict[StrictStr, Any], Field(min_length=1)]
 
 
+class DeviationModel(_Model):
+    """A context where the policy differs from the engine it mirrors, on purpose."""
+
+    id: RuleId
+    when: WhenModel = WhenModel()  # type: ignore[valid-type]
+    #: Environment values the context must carry, exactly (``"0"``, ``"1"``).
+    env: dict[EnvName, StrictStr] = {}
+    field: Literal[(*DECISION_FIELDS, OUTCOME)]  # type: ignore[valid-type]
+    reason: Name
+    ref: Url = None  # type: ignore[assignment]
+
+
 class PolicyFileModel(_Model):
     schema_version: StrictInt
     version: Name
@@ -134,6 +146,7 @@ class PolicyFileModel(_Model):
     defaults: DecisionFields = DecisionFields()
     env: dict[EnvName, EnvBindingModel] = {}
     rules: list[RuleModel] = []
+    deviations: list[DeviationModel] = []
 
 
 def validate_file(doc: SourceDoc) -> PolicyFileModel:

@@ -14,6 +14,8 @@ ATTENTION_KINDS = ("mha", "gqa", "mla", "dsa", "linear", "hybrid")
 #: Decision fields in output order; ``capture_sizes`` is optional.
 DECISION_FIELDS = ("runner", "cudagraph", "breakable", "compile", "capture_sizes")
 REQUIRED_FIELDS = ("runner", "cudagraph", "breakable", "compile")
+#: Not a field: whether a decision is made at all (an engine may refuse a context).
+OUTCOME = "outcome"
 
 #: Trait key -> allowed values (a tuple) or the Python type of a free value.
 TRAITS: dict[str, tuple[str, ...] | type] = {

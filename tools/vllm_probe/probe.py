@@ -1,0 +1,430 @@
+"""Run vLLM's own config path for many contexts of ONE platform, in one process.
+
+Runs inside the probe venv (tools/vllm_probe/setup_venv.sh), never in interlock's:
+it imports vLLM. vLLM binds ``current_platform`` (and, on ROCm, the GCN arch) at
+import time, so a process serves one (platform, device_arch); within it every
+context re-runs ``EngineArgs(...).create_engine_config()`` after restoring the
+process environment (vLLM's breakable auto-enable writes ``os.environ``).
+
+Stand-ins, each the smallest that lets the config code run on a CPU machine:
+- the platform: a subclass of vLLM's own ``CudaPlatformBase`` / ``RocmPlatform`` whose
+  device queries (capability, name, memory, connectivity) answer for the named GPU;
+- ``vllm._C_stable_libtorch`` (loads libcuda at import): an empty module;
+- ROCm reads ``gcnArchName`` at import: ``torch.cuda.get_device_properties`` answers it;
+- ``HAS_TRITON`` in ``vllm.config.vllm``: True (the GPU build ships Triton);
+- ``torchvision`` (the registry's build needs CUDA torch): an import-only module;
+- a model whose class cannot be inspected here (CUDA-only extensions, sub-configs of
+  a real checkpoint): registered under its own name with Llama's class, so every
+  decision keyed on the architecture name is exact; such rows are ``surrogate``.
+
+Each stand-in names the vLLM symbol it replaces; when that symbol has moved the
+probe stops with ``ProbeError`` naming it.
+
+Output: one JSON object per context on stdout-like ``--out`` (JSON lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+#: The env vars of the domain; every combination of unset / "0" / "1".
+ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH")
+
+#: What the stand-in GPUs answer: (vLLM platform class, name, capability or gcn arch, memory GiB).
+GPUS: dict[tuple[str, str], dict[str, Any]] = {
+    ("cuda", "sm_90"): {"name": "NVIDIA H100 80GB HBM3", "capability": (9, 0), "gib": 80},
+    ("cuda", "sm_100"): {"name": "NVIDIA B200", "capability": (10, 0), "gib": 180},
+    ("rocm", "gfx942"): {"name": "AMD Instinct MI300X", "gcn": "gfx942:sramecc+:xnack-", "gib": 192},
+    ("rocm", "gfx950"): {"name": "AMD Instinct MI355X", "gcn": "gfx950:sramecc+:xnack-", "gib": 288},
+}
+
+
+class NotInspected(RuntimeError):
+    """A model class the CPU platform could not inspect (see ``inspect_models``)."""
+
+
+class ProbeError(RuntimeError):
+    """A vLLM internal the probe stands in for is missing or has changed."""
+
+
+def _require(module: Any, name: str) -> Any:
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ProbeError(
+            f"vLLM moved {module.__name__}.{name}: the probe's stand-in for it needs updating"
+        ) from None
+
+
+def _import(name: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ProbeError(f"cannot import {name} ({exc}): vLLM moved it; update the probe") from None
+
+
+def install_stand_ins(platform: str, device_arch: str) -> Any:
+    """Install the stand-ins and the platform; returns the platform instance."""
+    gpu = GPUS[(platform, device_arch)]
+    import torch
+
+    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    props = types.SimpleNamespace(
+        name=gpu["name"],
+        gcnArchName=gpu.get("gcn", ""),
+        total_memory=gpu["gib"] << 30,
+        major=gpu.get("capability", (9, 4))[0],
+        minor=gpu.get("capability", (9, 4))[1],
+        multi_processor_count=132,
+    )
+    torch.cuda.get_device_properties = lambda *a, **k: props  # type: ignore[assignment]
+
+    platforms = _import("vllm.platforms")
+    interface = _import("vllm.platforms.interface")
+    capability = _require(interface, "DeviceCapability")
+    if platform == "cuda":
+        base = _require(_import("vllm.platforms.cuda"), "CudaPlatformBase")
+        major, minor = gpu["capability"]
+
+        class StandInCuda(base):  # type: ignore[misc, valid-type]
+            @classmethod
+            def get_device_capability(cls, device_id: int = 0) -> Any:
+                return capability(major=major, minor=minor)
+
+            @classmethod
+            def get_device_name(cls, device_id: int = 0) -> str:
+                return gpu["name"]
+
+            @classmethod
+            def get_device_uuid(cls, device_id: int = 0) -> str:
+                return "GPU-probe"
+
+            @classmethod
+            def get_device_total_memory(cls, device_id: int = 0) -> int:
+                return int(gpu["gib"]) << 30
+
+            @classmethod
+            def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+                return True
+
+        instance = StandInCuda()
+    else:
+        rocm = _import("vllm.platforms.rocm")
+        base = _require(rocm, "RocmPlatform")
+        gcn = _require(rocm, "_GCN_ARCH")
+        if not str(gcn).startswith(device_arch):
+            raise ProbeError(f"vllm.platforms.rocm._GCN_ARCH is {gcn!r}, expected {device_arch}")
+
+        class StandInRocm(base):  # type: ignore[misc, valid-type]
+            @classmethod
+            def get_device_name(cls, device_id: int = 0) -> str:
+                return gpu["name"]
+
+            @classmethod
+            def get_device_uuid(cls, device_id: int = 0) -> str:
+                return "GPU-probe"
+
+            @classmethod
+            def get_device_total_memory(cls, device_id: int = 0) -> int:
+                return int(gpu["gib"]) << 30
+
+            @classmethod
+            def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+                return True
+
+        instance = StandInRocm()
+    if platforms._current_platform is not None:
+        raise ProbeError(
+            "vllm.platforms.current_platform was resolved during import; "
+            "the stand-in platform can no longer be installed"
+        )
+    platforms.current_platform = instance
+    # vLLM inspects a model class in a fresh interpreter (which here would see no GPU
+    # and none of these stand-ins) unless its on-disk model-info cache has the class:
+    # `inspect_models` fills that cache first, on the CPU platform where model modules
+    # import. A miss here means the class could not be inspected: a surrogate stands in.
+    registry = _import("vllm.model_executor.models.registry")
+    _require(registry, "_run_in_subprocess")
+
+    def not_inspected(fn: Any) -> Any:
+        raise NotInspected("model class not in the model-info cache")
+
+    registry._run_in_subprocess = not_inspected
+    config_vllm = _import("vllm.config.vllm")
+    _require(config_vllm, "HAS_TRITON")
+    config_vllm.HAS_TRITON = True
+    return instance
+
+
+def inspect_models(archs: list[str]) -> dict[str, str]:
+    """Fill vLLM's model-info cache for ``archs`` with vLLM's own inspection, run in this
+    process on the CPU platform (no stand-ins installed); returns ``{arch: why}`` for
+    the architectures that could not be inspected here."""
+    registry_mod = _import("vllm.model_executor.models.registry")
+    registry = _require(registry_mod, "ModelRegistry")
+    _require(registry_mod, "_run_in_subprocess")
+    registry_mod._run_in_subprocess = lambda fn: fn()
+    failed: dict[str, str] = {}
+    for arch in archs:
+        model = registry.models.get(arch)
+        if model is None:
+            failed[arch] = "not in vLLM's model registry"
+            continue
+        try:
+            _quiet(model.inspect_model_cls)
+        except Exception as exc:  # noqa: BLE001 - recorded: the arch becomes a surrogate
+            failed[arch] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return failed
+
+
+def defaults_named() -> dict[str, list[str]]:
+    """The architecture sets vLLM's defaults name (for the snapshot's domain)."""
+    config_vllm = _import("vllm.config.vllm")
+    models_config = _import("vllm.model_executor.models.config")
+    named: dict[str, list[str]] = {}
+    for symbol in (
+        "DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES",
+        "ROCM_DEFAULT_MRV1_ARCHITECTURES",
+        "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES",
+        "ROCM_EXCLUDED_V2_MODEL_RUNNER_ARCHITECTURES",
+    ):
+        if hasattr(config_vllm, symbol):
+            named[symbol] = sorted(getattr(config_vllm, symbol))
+    fn = _require(config_vllm, "default_breakable_cudagraph_architectures")
+    fn.cache_clear()
+    named["default_breakable_cudagraph_architectures()"] = sorted(fn())
+    hooks = _require(models_config, "MODELS_CONFIG_MAP")
+    named["MODELS_CONFIG_MAP (compilation hooks)"] = sorted(
+        arch for arch, cls in hooks.items() if _hook_touches_compilation(cls)
+    )
+    return named
+
+
+def _hook_touches_compilation(cls: Any) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return "compilation_config" in source
+
+
+# A small Llama-shaped config: every architecture is tried with it first (with the
+# architecture's own model_type where vLLM registers one), then as a surrogate.
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+#: The class a surrogate architecture is registered with.
+SURROGATE_CLASS = "vllm.model_executor.models.llama:LlamaForCausalLM"
+#: Extra keys some architectures assert on even with a Llama-shaped config.
+EXTRA = {"index_topk": 64, "index_n_heads": 4, "index_head_dim": 64}
+
+
+def _model_dir(root: Path, arch: str) -> Path:
+    path = root / arch
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**LLAMA, **EXTRA, "architectures": [arch]}))
+    return path
+
+
+class ServeConfig:
+    """``vllm serve``'s argument parsing and config path, built once per process."""
+
+    def __init__(self) -> None:
+        argparse_utils = _import("vllm.utils.argparse_utils")
+        engine = _import("vllm.engine.arg_utils")
+        self.engine_args = _require(engine, "AsyncEngineArgs")
+        parser = _require(argparse_utils, "FlexibleArgumentParser")()
+        self.parser = self.engine_args.add_cli_args(parser)
+        self.usage = _require(_import("vllm.usage.usage_lib"), "UsageContext").OPENAI_API_SERVER
+        self.envs = _import("vllm.envs")
+        self.none = _require(_import("vllm.config.compilation"), "CompilationMode").NONE
+        self.breakable = _require(
+            _import("vllm.compilation.breakable_cudagraph"), "is_breakable_cudagraph_enabled"
+        )
+
+    def run(
+        self, model: Path, env: dict[str, str], flags: list[str], base_env: dict[str, str]
+    ) -> dict[str, Any]:
+        """One context: vLLM's decision, or the error it raises."""
+        os.environ.clear()
+        os.environ.update(base_env)
+        os.environ.update(env)
+        if getattr(self.envs, "_is_envs_cache_enabled", lambda: False)():
+            raise ProbeError("vllm.envs caches values: contexts would leak into each other")
+        argv = ["--model", str(model), "--skip-tokenizer-init", "--load-format", "dummy", *flags]
+        record: dict[str, Any] = {}
+        try:
+            args = self.engine_args.from_cli_args(self.parser.parse_args(argv))
+            config = args.create_engine_config(usage_context=self.usage)
+        except Exception as exc:  # noqa: BLE001 - vLLM's refusal is the recorded outcome
+            errors = getattr(exc, "errors", None)  # pydantic: the message without the input dump
+            text = errors()[0]["msg"] if callable(errors) else str(exc)
+            record["error"] = f"{type(exc).__name__}: {' '.join(text.split())}"
+            if os.environ.get("VLLM_PROBE_DEBUG"):
+                traceback.print_exc()
+            return record
+        cc = config.compilation_config
+        record["runner"] = "mrv2" if config.use_v2_model_runner else "mrv1"
+        record["breakable"] = bool(self.breakable())
+        record["cudagraph"] = str(getattr(cc.cudagraph_mode, "name", cc.cudagraph_mode)).lower()
+        record["compile"] = cc.mode != self.none
+        record["capture_sizes"] = list(cc.cudagraph_capture_sizes or []) or None
+        record["pooling"] = config.model_config.runner_type == "pooling"
+        return record
+
+
+def env_grid(kind: str) -> list[dict[str, str]]:
+    if kind == "unset":
+        return [{}]
+    grid: list[dict[str, str]] = [{}]
+    for name in ENV_VARS:
+        grid = [{**g, **({} if v is None else {name: v})} for g in grid for v in (None, "0", "1")]
+    return grid
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--platform", choices=("cuda", "rocm"))
+    parser.add_argument("--device-arch")
+    parser.add_argument("--archs", default="", help="comma-separated architectures")
+    parser.add_argument("--env", default="all", choices=("all", "unset"))
+    parser.add_argument("--out", help="JSON lines, appended; contexts already there are skipped")
+    parser.add_argument(
+        "--inspect", action="store_true", help="fill the model-info cache (CPU platform); print failures"
+    )
+    parser.add_argument("--surrogates", default="", help="JSON {arch: why} from --inspect")
+    parser.add_argument(
+        "--requests",
+        help="JSON lines {architecture, env, flags}: run these instead of the env grid",
+    )
+    parser.add_argument("--list-defaults", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ENV_VARS:
+        os.environ.pop(name, None)
+    archs = [a for a in args.archs.split(",") if a]
+    started = time.perf_counter()
+    if args.inspect:
+        import vllm
+
+        failed = inspect_models(archs)
+        print(json.dumps({"vllm": vllm.__version__, "not_inspected": failed}, sort_keys=True))
+        return 0
+    if not (args.platform and args.device_arch):
+        parser.error("--platform and --device-arch are required")
+    install_stand_ins(args.platform, args.device_arch)
+    import vllm
+
+    if args.list_defaults:
+        print(json.dumps({"vllm": vllm.__version__, "named": defaults_named()}, sort_keys=True))
+        return 0
+    if not args.out:
+        parser.error("--out is required")
+    surrogates: dict[str, str] = json.loads(args.surrogates) if args.surrogates else {}
+    done: set[str] = set()
+    if Path(args.out).exists():
+        for line in Path(args.out).read_text().splitlines():
+            if line.strip():
+                done.add(_key(json.loads(line)))
+    base_env = dict(os.environ)
+    registry = _require(_import("vllm.model_executor.models.registry"), "ModelRegistry")
+    tmp = Path(tempfile.mkdtemp(prefix="vllm-probe-models-"))
+    print(
+        f"probe: vLLM {vllm.__version__} on {args.platform} {args.device_arch}: "
+        f"imported in {time.perf_counter() - started:.1f}s",
+        file=sys.stderr,
+    )
+    if args.requests:
+        requests = [json.loads(line) for line in Path(args.requests).read_text().splitlines() if line]
+    else:
+        requests = [
+            {"architecture": arch, "env": env, "flags": []} for arch in archs for env in env_grid(args.env)
+        ]
+    serve = ServeConfig()
+    models: dict[str, Path] = {}
+    with open(args.out, "a", encoding="utf-8") as out:
+        for request in requests:
+            arch = request["architecture"]
+            if arch not in models:
+                models[arch] = _model_dir(tmp, arch)
+                if arch in surrogates:
+                    # Llama's class answers every question vLLM asks of the class; the
+                    # name (what vLLM's default sets and per-model hooks key on) stays.
+                    registry.register_model(arch, SURROGATE_CLASS)
+            row: dict[str, Any] = {
+                "vllm": vllm.__version__,
+                "architecture": arch,
+                "platform": args.platform,
+                "device_arch": args.device_arch,
+                "env": request["env"],
+            }
+            if request["flags"]:
+                row["flags"] = request["flags"]
+            if _key(row) in done:
+                continue
+            t0 = time.perf_counter()
+            row.update(_quiet(serve.run, models[arch], request["env"], request["flags"], base_env))
+            if arch in surrogates:
+                row["surrogate"] = surrogates[arch]
+            row["seconds"] = round(time.perf_counter() - t0, 3)
+            out.write(json.dumps(row, sort_keys=True) + "\n")
+            out.flush()
+    return 0
+
+
+def _key(row: dict[str, Any]) -> str:
+    return json.dumps(
+        [
+            row["architecture"],
+            row["platform"],
+            row["device_arch"],
+            sorted(row["env"].items()),
+            row.get("flags", []),
+        ]
+    )
+
+
+def _quiet(fn: Any, *args: Any) -> dict[str, Any]:
+    """Run ``fn`` with vLLM's log chatter captured; shown only if it raises unexpectedly."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            return fn(*args)  # type: ignore[no-any-return]
+    except ProbeError:
+        raise
+    except BaseException:
+        sys.stderr.write(buffer.getvalue())
+        traceback.print_exc()
+        raise
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ProbeError as exc:
+        print(f"vllm-probe: error: {exc}", file=sys.stderr)
+        sys.exit(3)

@@ -1,0 +1,210 @@
+"""Write ``conformance/vllm-<version>.jsonl``: vLLM's own decisions over the probe's domain.
+
+Run with interlock's Python (it reads the policies' catalogs); it drives
+``probe.py`` in the probe venv (``setup_venv.sh``), one process per (platform,
+device_arch), at most ``--jobs`` at a time. Per-process results are cached under
+``--work`` (keyed by the probe's own source), so an interrupted run resumes.
+
+Domain: architectures = every name vLLM's default sets and compilation hooks
+name (``probe.py --list-defaults``) + every architecture in interlock's
+policies' catalogs; platforms = cuda sm_90, sm_100, rocm gfx942, gfx950; env =
+VLLM_USE_V2_MODEL_RUNNER x VLLM_USE_BREAKABLE_CUDAGRAPH, each unset/"0"/"1".
+
+Cost (measured on a 2-core machine): ~10-15 s to import vLLM per process, then
+~10-30 ms per context (the model class is inspected once per architecture, on
+the CPU platform, and cached by vLLM itself). A whole release takes ~2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PROBE = HERE / "probe.py"
+PLATFORMS = (("cuda", "sm_90"), ("cuda", "sm_100"), ("rocm", "gfx942"), ("rocm", "gfx950"))
+#: Fields a snapshot row carries besides its context (``seconds`` stays in the cache).
+RESULT_FIELDS = ("runner", "breakable", "cudagraph", "compile", "capture_sizes", "pooling", "error")
+
+
+class SnapshotError(RuntimeError):
+    pass
+
+
+def catalog_architectures(paths: list[Path]) -> list[str]:
+    from interlock.policy import load_policy
+
+    names: set[str] = set()
+    for path in paths:
+        names.update(load_policy([path]).catalog)
+    return sorted(names)
+
+
+def _probe(python: Path, env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        [str(python), str(PROBE), *args], capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.splitlines()[-15:])
+        raise SnapshotError(f"probe {' '.join(args[:4])} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def _last_json(text: str) -> Any:
+    return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
+
+
+def build(args: argparse.Namespace) -> int:
+    python = Path(args.venv) / "bin" / "python"
+    if not python.exists():
+        raise SnapshotError(f"no probe venv at {args.venv}; run setup_venv.sh {args.vllm} {args.venv}")
+    probe_hash = hashlib.sha256(PROBE.read_bytes()).hexdigest()[:12]
+    work = Path(args.work) / f"{args.vllm}-{probe_hash}"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+    started = time.perf_counter()
+
+    listed = {}
+    for platform, arch in (("cuda", "sm_90"), ("rocm", "gfx950")):
+        listed[platform] = _last_json(
+            _probe(python, env, "--platform", platform, "--device-arch", arch, "--list-defaults")
+        )
+    version = listed["cuda"]["vllm"]
+    if version != args.vllm:
+        raise SnapshotError(f"the probe venv has vLLM {version}, not {args.vllm}")
+    named = {k: v for listing in listed.values() for k, v in listing["named"].items()}
+    named["default_breakable_cudagraph_architectures() on rocm"] = listed["rocm"]["named"][
+        "default_breakable_cudagraph_architectures()"
+    ]
+    catalog = catalog_architectures([Path(p) for p in args.policies])
+    archs = sorted(set(catalog).union(*named.values()))
+
+    surrogates = _last_json(_probe(python, env, "--inspect", "--archs", ",".join(archs)))[
+        "not_inspected"
+    ]
+
+    def run(platform: str, device_arch: str) -> Path:
+        out = work / f"{platform}-{device_arch}-{args.env}.jsonl"
+        _probe(
+            python, env,
+            "--platform", platform, "--device-arch", device_arch, "--env", args.env,
+            "--archs", ",".join(archs), "--surrogates", json.dumps(surrogates), "--out", str(out),
+        )  # fmt: skip
+        return out
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        outs = list(pool.map(lambda p: run(*p), PLATFORMS))
+    rows = [json.loads(line) for out in outs for line in out.read_text().splitlines() if line]
+    seconds = [row["seconds"] for row in rows]
+    elapsed = time.perf_counter() - started
+
+    if args.verify:
+        _verify(python, env, work, rows, args.verify, surrogates)
+
+    header = {
+        "snapshot": {
+            "vllm": version,
+            "tool": "tools/vllm_probe (make vllm-snapshot VLLM=" + version + ")",
+            "path": "EngineArgs(...).create_engine_config() as `vllm serve` parses it, "
+            "under stand-in platforms (subclasses of vLLM's CudaPlatformBase / RocmPlatform)",
+            "platforms": [f"{p}/{a}" for p, a in PLATFORMS],
+            "env": "VLLM_USE_V2_MODEL_RUNNER x VLLM_USE_BREAKABLE_CUDAGRAPH, each unset/0/1"
+            if args.env == "all"
+            else "unset only",
+            "architectures": archs,
+            "named_by_vllm_defaults": named,
+            "catalogs": [str(Path(p).resolve().relative_to(REPO)) for p in args.policies],
+            "surrogates": surrogates,
+            "contexts": len(rows),
+            "fields": list(RESULT_FIELDS),
+        }
+    }
+    body = sorted(
+        (_row(r) for r in rows),
+        key=lambda r: (r["architecture"], r["platform"], r["device_arch"], sorted(r["env"].items())),
+    )
+    target = Path(args.out or REPO / "conformance" / f"vllm-{version}.jsonl")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w", encoding="utf-8") as f:
+        f.write(json.dumps(header, sort_keys=True) + "\n")
+        for row in body:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    print(
+        f"vllm-snapshot: {target}: vLLM {version}, {len(body)} contexts, "
+        f"{len(archs)} architectures ({len(surrogates)} surrogate), "
+        f"{elapsed:.0f} s wall, {sum(seconds):.1f} s in config code "
+        f"({1000 * sum(seconds) / max(len(seconds), 1):.0f} ms per context)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    kept = {k: row[k] for k in ("vllm", "architecture", "platform", "device_arch", "env")}
+    kept.update({k: row[k] for k in RESULT_FIELDS if k in row})
+    if "surrogate" in row:
+        kept["surrogate"] = True
+    return kept
+
+
+def _verify(
+    python: Path, env: dict[str, str], work: Path, rows: list[dict[str, Any]], n: int,
+    surrogates: dict[str, str],
+) -> None:  # fmt: skip
+    """Re-run ``n`` sampled contexts each in a fresh process; the answers must be the same
+    as the in-process loop's (nothing leaks from one context into the next)."""
+    sample = random.Random(0).sample(rows, min(n, len(rows)))
+    for i, row in enumerate(sample):
+        request = work / f"verify-{i}.json"
+        request.write_text(json.dumps({"architecture": row["architecture"], "env": row["env"], "flags": []}))
+        out = work / f"verify-{i}.jsonl"
+        out.unlink(missing_ok=True)
+        _probe(
+            python, env, "--platform", row["platform"], "--device-arch", row["device_arch"],
+            "--requests", str(request), "--surrogates", json.dumps(surrogates), "--out", str(out),
+        )  # fmt: skip
+        fresh = json.loads(out.read_text().splitlines()[0])
+        if _row(fresh) != _row(row):
+            raise SnapshotError(
+                f"in-process and fresh-process answers differ for {row['architecture']} on "
+                f"{row['platform']}/{row['device_arch']} env {row['env']}:\n"
+                f"  loop:  {_row(row)}\n  fresh: {_row(fresh)}"
+            )
+    print(f"vllm-snapshot: {len(sample)} sampled contexts agree with fresh processes", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm", required=True, help="the vLLM version, e.g. 0.33.0")
+    parser.add_argument("--venv", required=True, help="the probe venv (setup_venv.sh)")
+    parser.add_argument("--work", default=str(REPO / ".vllm-probe" / "runs"))
+    parser.add_argument("--env", default="all", choices=("all", "unset"))
+    parser.add_argument("--jobs", type=int, default=1, help="probe processes at a time")
+    parser.add_argument("--verify", type=int, default=0, help="contexts re-run in fresh processes")
+    parser.add_argument("--out", help="default: conformance/vllm-<version>.jsonl")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=[str(REPO / "policies.yaml"), *map(str, sorted((REPO / "examples" / "history").glob("*.yaml")))],
+        help="policies whose catalogs join the domain",
+    )
+    args = parser.parse_args(argv)
+    try:
+        return build(args)
+    except SnapshotError as exc:
+        print(f"vllm-snapshot: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
