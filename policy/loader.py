@@ -19,7 +19,7 @@ from interlock.policy.model import Policy
 from interlock.policy.source import MAX_FILE_BYTES, read_source
 
 #: Bump when the stored form changes in a way file stats would not reveal.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 SHIPPED_NAME = "policies.yaml"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

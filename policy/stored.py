@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from interlock.core.fields import TRAITS, check_field
+from interlock.core.fields import DECISION_FIELDS, OUTCOME, TRAITS, check_field
 from interlock.policy.conditions import (
     Condition,
     FeatureMatch,
@@ -20,6 +20,7 @@ from interlock.policy.conditions import (
 from interlock.policy.index import RuleIndex
 from interlock.policy.model import (
     CatalogEntry,
+    Deviation,
     EnvBinding,
     Location,
     Policy,
@@ -55,6 +56,18 @@ def policy_to_data(policy: Policy) -> dict[str, Any]:
                 "evidence": list(r.evidence),
             }
             for r in policy.rules
+        ],
+        "deviations": [
+            {
+                "id": d.id,
+                "when": [_condition(c) for c in d.when.conditions],
+                "env": [[k, v] for k, v in d.env.items()],
+                "field": d.field,
+                "reason": d.reason,
+                "ref": d.ref,
+                "location": _loc(d.location),
+            }
+            for d in policy.deviations
         ],
     }
 
@@ -174,6 +187,22 @@ def _policy(data: Any) -> Policy:
                 evidence=tuple(_str(path, "evidence") for path in evidence),
             )
         )
+    deviations = []
+    for d in data["deviations"]:
+        ref = d["ref"]
+        _need(ref is None or isinstance(ref, str), "ref")
+        _need(d["field"] in (*DECISION_FIELDS, OUTCOME), "deviation field")
+        deviations.append(
+            Deviation(
+                id=_str(d["id"], "deviation id"),
+                when=When(tuple(_build_condition(c) for c in d["when"])),
+                env={_str(k, "env"): _str(v, "env value") for k, v in d["env"]},
+                field=d["field"],
+                reason=_str(d["reason"], "reason"),
+                ref=ref,
+                location=_location(d["location"]),
+            )
+        )
     rule_tuple = tuple(rules)
     return Policy(
         schema_version=_int(data["schema_version"], "schema_version"),
@@ -188,4 +217,5 @@ def _policy(data: Any) -> Policy:
         env=env,
         rules=rule_tuple,
         index=RuleIndex.build(rule_tuple),
+        deviations=tuple(deviations),
     )

@@ -240,14 +240,31 @@ LLAMA = {
 }
 #: The class a surrogate architecture is registered with.
 SURROGATE_CLASS = "vllm.model_executor.models.llama:LlamaForCausalLM"
-#: Extra keys some architectures assert on even with a Llama-shaped config.
+#: Keys every config carries: DSA models assert on their indexer's.
 EXTRA = {"index_topk": 64, "index_n_heads": 4, "index_head_dim": 64}
+#: Keys the per-architecture hooks (vllm/model_executor/models/config.py) validate.
+EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
+    "AliceAIForCausalLM": {
+        "kda_allow_negative_eigenvalues": False,
+        "router_score_function": "sigmoid",
+        "router_bias_correction": True,
+    },
+    **dict.fromkeys(
+        ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP"),
+        {"hc_count": 2, "ple_layer_ids": []},
+    ),
+}
+#: vLLM refusing a runner for a model: a decision, recorded as the row's ``error``.
+#: Any other exception is the probe's limit (a config only a real checkpoint has),
+#: recorded as ``probe_error`` and never compared.
+REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support")
 
 
 def _model_dir(root: Path, arch: str) -> Path:
     path = root / arch
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**LLAMA, **EXTRA, "architectures": [arch]}))
+    config = {**LLAMA, **EXTRA, **EXTRA_BY_ARCH.get(arch, {}), "architectures": [arch]}
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 
@@ -371,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
             arch = request["architecture"]
             if arch not in models:
                 models[arch] = _model_dir(tmp, arch)
+                if arch not in surrogates:
+                    # Its own class was inspected; if the config path still fails on the
+                    # stand-in config (CUDA-only imports, a real checkpoint's sub-configs),
+                    # the architecture runs as a surrogate in this process.
+                    trial = _quiet(serve.run, models[arch], {}, [], base_env)
+                    if "error" in trial and not _is_refusal(trial["error"]):
+                        surrogates[arch] = f"config path failed: {trial['error'][:300]}"
                 if arch in surrogates:
                     # Llama's class answers every question vLLM asks of the class; the
                     # name (what vLLM's default sets and per-model hooks key on) stays.
@@ -387,13 +411,20 @@ def main(argv: list[str] | None = None) -> int:
             if _key(row) in done:
                 continue
             t0 = time.perf_counter()
-            row.update(_quiet(serve.run, models[arch], request["env"], request["flags"], base_env))
+            result = _quiet(serve.run, models[arch], request["env"], request["flags"], base_env)
+            if "error" in result and not _is_refusal(result["error"]):
+                result["probe_error"] = result.pop("error")
+            row.update(result)
             if arch in surrogates:
                 row["surrogate"] = surrogates[arch]
             row["seconds"] = round(time.perf_counter() - t0, 3)
             out.write(json.dumps(row, sort_keys=True) + "\n")
             out.flush()
     return 0
+
+
+def _is_refusal(error: str) -> bool:
+    return any(text in error for text in REFUSALS)
 
 
 def _key(row: dict[str, Any]) -> str:

@@ -1,0 +1,36 @@
+"""``policy conformance SNAPSHOT``: how far a policy reproduces an engine's recorded decisions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from interlock.commands.common import add_policy_args, load, write_json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "conformance",
+        help="compare a policy with an engine snapshot (conformance/vllm-*.jsonl)",
+        description="Resolve the policy on every context of an engine snapshot (written by "
+        "tools/vllm_probe from vLLM's own config code) and print every field where they "
+        "disagree, with the rule that decided it on the policy's side. Disagreements the "
+        "policy declares under `deviations:` are counted apart; a deviation that covers no "
+        "disagreement is stale. Exit 0 on full agreement outside declared deviations, 1 "
+        "otherwise (and on a malformed snapshot).",
+    )
+    parser.add_argument("snapshot", metavar="SNAPSHOT", help="a snapshot file (JSON lines)")
+    add_policy_args(parser)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interlock.policy.snapshot import conformance, load_snapshot, render_text
+
+    report = conformance(load(args), load_snapshot(args.snapshot))
+    if args.json:
+        write_json(report.to_dict())
+    else:
+        sys.stdout.write(render_text(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,308 @@
+"""Engine snapshots, and how far a policy conforms to one.
+
+A snapshot (``conformance/vllm-<version>.jsonl``, written by ``tools/vllm_probe``)
+is JSON lines: a header ``{"snapshot": {...}}`` naming the engine version and the
+domain, then one object per context with what the engine decided there
+(``runner``, ``breakable``, ``cudagraph``, ``compile``, ``capture_sizes``) or the
+``error`` it refused the context with. Conformance resolves the policy on every
+context and compares field by field: ``capture_sizes`` only where the policy sets
+them (elsewhere it leaves them to the runner). A disagreement covered by one of
+the policy's ``deviations:`` is counted apart, never hidden; a deviation that
+covers no disagreement is stale and fails conformance like a disagreement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from interlock.core.errors import PolicyError
+from interlock.core.fields import OUTCOME, REQUIRED_FIELDS
+from interlock.policy.conditions import Facts
+from interlock.policy.context import Context
+from interlock.policy.model import Deviation, Policy
+from interlock.policy.resolution import resolve
+
+SNAPSHOT_SOURCE = "snapshot"
+#: Fields every row's decision carries; ``capture_sizes`` is compared only when the policy sets it.
+COMPARED = (*REQUIRED_FIELDS, "capture_sizes")
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    context: Context
+    #: The engine's decision (field -> value), empty when it refused the context.
+    decision: dict[str, Any]
+    error: str | None
+    surrogate: bool
+    line: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    path: str
+    engine_version: str
+    header: dict[str, Any]
+    rows: tuple[SnapshotRow, ...]
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    row: SnapshotRow
+    field: str
+    ours: Any
+    theirs: Any
+    #: What decided our side: ``rule-id (stage) file:line``, or the error we raised.
+    decider: str
+    deviation: Deviation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        ctx = self.row.context
+        return {
+            "architecture": ctx.architecture,
+            "platform": ctx.platform,
+            "device_arch": ctx.device_arch,
+            "env": dict(ctx.env),
+            "field": self.field,
+            "policy": self.ours,
+            "engine": self.theirs,
+            "decided_by": self.decider,
+            "surrogate": self.row.surrogate,
+            "snapshot_line": self.row.line,
+            "deviation": self.deviation.id if self.deviation else None,
+        }
+
+
+@dataclass
+class Conformance:
+    snapshot: Snapshot
+    policy: Policy
+    agree: int = 0
+    disagreements: list[Disagreement] = field(default_factory=list)
+    #: Contexts where the policy leaves capture sizes to the runner (not compared).
+    sizes_not_compared: int = 0
+
+    @property
+    def undeclared(self) -> list[Disagreement]:
+        return [d for d in self.disagreements if d.deviation is None]
+
+    @property
+    def declared(self) -> list[Disagreement]:
+        return [d for d in self.disagreements if d.deviation is not None]
+
+    @property
+    def deviated_contexts(self) -> int:
+        return len({d.row.line for d in self.declared})
+
+    @property
+    def stale_deviations(self) -> list[Deviation]:
+        used = {d.deviation.id for d in self.declared if d.deviation}
+        return [d for d in self.policy.deviations if d.id not in used]
+
+    @property
+    def ok(self) -> bool:
+        return not self.undeclared and not self.stale_deviations
+
+    @property
+    def compared(self) -> int:
+        """Contexts outside declared deviations."""
+        return len(self.snapshot.rows) - self.deviated_contexts
+
+    @property
+    def agreement(self) -> float:
+        """Share of the contexts outside declared deviations where every field agrees."""
+        failing = len({d.row.line for d in self.undeclared})
+        return 1.0 if not self.compared else (self.compared - failing) / self.compared
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot": self.snapshot.path,
+            "engine_version": self.snapshot.engine_version,
+            "policy": self.policy.stamp(),
+            "contexts": len(self.snapshot.rows),
+            "surrogate_contexts": sum(r.surrogate for r in self.snapshot.rows),
+            "agreement": self.agreement,
+            "ok": self.ok,
+            "agree": self.agree,
+            "deviated_contexts": self.deviated_contexts,
+            "capture_sizes_not_compared": self.sizes_not_compared,
+            "disagreements": [d.to_dict() for d in self.undeclared],
+            "declared": [d.to_dict() for d in self.declared],
+            "stale_deviations": [d.to_dict() for d in self.stale_deviations],
+        }
+
+
+def load_snapshot(path: str | Path) -> Snapshot:
+    """Read a snapshot; a malformed one is a :class:`PolicyError` naming file:line."""
+    name = str(path)
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise PolicyError(f"cannot read snapshot: {exc.strerror or exc}", file=name) from None
+    if not lines:
+        raise PolicyError("empty snapshot", file=name)
+    header = _object(lines[0], name, 1)
+    meta = header.get("snapshot")
+    if not isinstance(meta, dict) or not isinstance(meta.get("vllm"), str):
+        raise PolicyError('line 1 must be {"snapshot": {"vllm": VERSION, ...}}', file=name, line=1)
+    rows = []
+    for number, text in enumerate(lines[1:], start=2):
+        if text.strip():
+            rows.append(_row(_object(text, name, number), name, number))
+    return Snapshot(name, meta["vllm"], meta, tuple(rows))
+
+
+def _object(text: str, name: str, line: int) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyError(f"invalid JSON: {exc.msg}", file=name, line=line, col=exc.colno) from None
+    if not isinstance(data, dict):
+        raise PolicyError("each line is a JSON object", file=name, line=line)
+    return data
+
+
+def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
+    env = data.get("env")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise PolicyError("env must map names to strings", file=name, line=line, path="env")
+    for key in ("architecture", "platform", "device_arch"):
+        if not isinstance(data.get(key), str):
+            raise PolicyError(f"{key} must be a string", file=name, line=line, path=key)
+    error = data.get("error")
+    decision = {}
+    if error is None:
+        missing = [f for f in REQUIRED_FIELDS if f not in data]
+        if missing:
+            raise PolicyError(
+                f"a row without error needs {', '.join(missing)}", file=name, line=line
+            )
+        decision = {f: data.get(f) for f in COMPARED}
+        if decision["capture_sizes"] is not None:
+            decision["capture_sizes"] = tuple(decision["capture_sizes"])
+    context = Context(
+        data["architecture"],
+        platform=data["platform"],
+        device_arch=data["device_arch"],
+        env=env,
+        sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
+    )
+    return SnapshotRow(context, decision, error, bool(data.get("surrogate")), line)
+
+
+def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
+    """Compare ``policy`` with ``snapshot`` on every context of the snapshot."""
+    report = Conformance(snapshot, policy)
+    for row in snapshot.rows:
+        found = _compare(policy, row)
+        if "capture_sizes" not in {d.field for d in found} and row.error is None:
+            report.sizes_not_compared += _sizes_left_to_runner(policy, row)
+        if found:
+            report.disagreements.extend(found)
+        else:
+            report.agree += 1
+    return report
+
+
+def _sizes_left_to_runner(policy: Policy, row: SnapshotRow) -> int:
+    try:
+        return int("capture_sizes" not in resolve(policy, row.context).provenance)
+    except PolicyError:
+        return 0
+
+
+def _compare(policy: Policy, row: SnapshotRow) -> list[Disagreement]:
+    try:
+        res = resolve(policy, row.context)
+    except PolicyError as exc:
+        if row.error is not None:
+            return []
+        return [_disagree(policy, row, OUTCOME, f"error: {exc.message}", "decided", str(exc))]
+    if row.error is not None:
+        return [_disagree(policy, row, OUTCOME, "decided", f"error: {row.error}", "resolution")]
+    ours = res.decision.to_dict()
+    found = []
+    for name in COMPARED:
+        prov = res.provenance.get(name)
+        if prov is None:  # capture sizes left to the runner
+            continue
+        theirs = row.decision[name]
+        mine = tuple(ours[name]) if name == "capture_sizes" else ours[name]
+        if mine != theirs:
+            where = f" {prov.location}" if prov.location else ""
+            decider = f"{prov.source} ({prov.stage}){where}"
+            found.append(_disagree(policy, row, name, mine, theirs, decider))
+    return found
+
+
+def _disagree(
+    policy: Policy, row: SnapshotRow, name: str, ours: Any, theirs: Any, decider: str
+) -> Disagreement:
+    facts = _facts(policy, row.context)
+    deviation = next(
+        (
+            d
+            for d in policy.deviations
+            if d.field == name and d.applies(facts, row.context.env)
+        ),
+        None,
+    )
+    return Disagreement(row, name, ours, theirs, decider, deviation)
+
+
+def _facts(policy: Policy, context: Context) -> Facts:
+    entry = policy.catalog.get(context.architecture)
+    traits = dict(entry.traits) if entry else {}
+    return Facts(context.architecture, context.platform, context.device_arch, traits, {})
+
+
+def render_text(report: Conformance) -> str:
+    snap = report.snapshot
+    stamp = report.policy.stamp()
+    lines = [
+        f"{snap.path}: vLLM {snap.engine_version}, {len(snap.rows)} contexts "
+        f"({sum(r.surrogate for r in snap.rows)} with a surrogate model config)",
+        f"policy {stamp['version']} from {', '.join(stamp['files'])}",
+        "",
+        f"agreement  {100 * report.agreement:.1f} % of {report.compared} contexts outside "
+        "declared deviations",
+        f"  agree            {report.agree}",
+        f"  disagree         {len({d.row.line for d in report.undeclared})} contexts, "
+        f"{len(report.undeclared)} fields",
+        f"  deviations       {report.deviated_contexts} contexts, declared "
+        f"({len({d.deviation.id for d in report.declared if d.deviation})} deviations)",
+    ]
+    if report.sizes_not_compared:
+        lines.append(
+            f"  capture_sizes    not compared in {report.sizes_not_compared} contexts "
+            "(the policy leaves them to the runner)"
+        )
+    if report.undeclared:
+        lines += ["", "disagreements (policy vs vLLM; decided by)"]
+        lines += [_line(d) for d in report.undeclared]
+    if report.declared:
+        lines += ["", "declared deviations"]
+        lines += [f"{_line(d)}  [{d.deviation.id}]" for d in report.declared if d.deviation]
+    for dev in report.stale_deviations:
+        lines += ["", f"stale deviation {dev.id} ({dev.location}): no disagreement left to cover"]
+    return "\n".join(lines) + "\n"
+
+
+def _line(d: Disagreement) -> str:
+    ctx = d.row.context
+    env = " ".join(f"{k}={v}" for k, v in sorted(ctx.env.items())) or "env unset"
+    mark = " (surrogate)" if d.row.surrogate else ""
+    return (
+        f"  {ctx.architecture} on {ctx.platform}/{ctx.device_arch}, {env}{mark}: "
+        f"{d.field} policy {_show(d.ours)} vs vLLM {_show(d.theirs)}; {d.decider}"
+    )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
