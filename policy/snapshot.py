@@ -4,7 +4,8 @@ A snapshot (``conformance/vllm-<version>.jsonl``, written by ``tools/vllm_probe`
 is JSON lines: a header ``{"snapshot": {...}}`` naming the engine version and the
 domain, then one object per context with what the engine decided there
 (``runner``, ``breakable``, ``cudagraph``, ``compile``, ``capture_sizes``) or the
-``error`` it refused the context with. Conformance resolves the policy on every
+``error`` it refused the context with (``probe_error``: the probe could not run
+vLLM there; such rows are counted, never compared). Conformance resolves the policy on every
 context and compares field by field: ``capture_sizes`` only where the policy sets
 them (elsewhere it leaves them to the runner). A disagreement covered by one of
 the policy's ``deviations:`` is counted apart, never hidden; a deviation that
@@ -38,6 +39,8 @@ class SnapshotRow:
     error: str | None
     surrogate: bool
     line: int
+    #: The probe could not run vLLM's config path here (not a decision): never compared.
+    probe_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class Conformance:
     disagreements: list[Disagreement] = field(default_factory=list)
     #: Contexts where the policy leaves capture sizes to the runner (not compared).
     sizes_not_compared: int = 0
+    #: Contexts the probe could not run (``probe_error`` rows): not compared.
+    not_probed: int = 0
 
     @property
     def undeclared(self) -> list[Disagreement]:
@@ -107,8 +112,8 @@ class Conformance:
 
     @property
     def compared(self) -> int:
-        """Contexts outside declared deviations."""
-        return len(self.snapshot.rows) - self.deviated_contexts
+        """Contexts compared outside declared deviations."""
+        return len(self.snapshot.rows) - self.not_probed - self.deviated_contexts
 
     @property
     def agreement(self) -> float:
@@ -127,6 +132,7 @@ class Conformance:
             "ok": self.ok,
             "agree": self.agree,
             "deviated_contexts": self.deviated_contexts,
+            "not_probed": self.not_probed,
             "capture_sizes_not_compared": self.sizes_not_compared,
             "disagreements": [d.to_dict() for d in self.undeclared],
             "declared": [d.to_dict() for d in self.declared],
@@ -172,8 +178,9 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
         if not isinstance(data.get(key), str):
             raise PolicyError(f"{key} must be a string", file=name, line=line, path=key)
     error = data.get("error")
+    probe_error = data.get("probe_error")
     decision = {}
-    if error is None:
+    if error is None and probe_error is None:
         missing = [f for f in REQUIRED_FIELDS if f not in data]
         if missing:
             raise PolicyError(
@@ -189,13 +196,18 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
         env=env,
         sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
     )
-    return SnapshotRow(context, decision, error, bool(data.get("surrogate")), line)
+    return SnapshotRow(
+        context, decision, error, bool(data.get("surrogate")), line, probe_error
+    )
 
 
 def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
     """Compare ``policy`` with ``snapshot`` on every context of the snapshot."""
     report = Conformance(snapshot, policy)
     for row in snapshot.rows:
+        if row.probe_error is not None:
+            report.not_probed += 1
+            continue
         found = _compare(policy, row)
         if "capture_sizes" not in {d.field for d in found} and row.error is None:
             report.sizes_not_compared += _sizes_left_to_runner(policy, row)
@@ -274,6 +286,11 @@ def render_text(report: Conformance) -> str:
         f"  deviations       {report.deviated_contexts} contexts, declared "
         f"({len({d.deviation.id for d in report.declared if d.deviation})} deviations)",
     ]
+    if report.not_probed:
+        lines.append(
+            f"  not probed       {report.not_probed} contexts (vLLM's config path could not "
+            "run on the probe's stand-in config: not compared)"
+        )
     if report.sizes_not_compared:
         lines.append(
             f"  capture_sizes    not compared in {report.sizes_not_compared} contexts "
@@ -283,8 +300,18 @@ def render_text(report: Conformance) -> str:
         lines += ["", "disagreements (policy vs vLLM; decided by)"]
         lines += [_line(d) for d in report.undeclared]
     if report.declared:
-        lines += ["", "declared deviations"]
-        lines += [f"{_line(d)}  [{d.deviation.id}]" for d in report.declared if d.deviation]
+        lines += ["", "declared deviations (every context: --json)"]
+        groups: dict[tuple[str, str, str, str], list[Disagreement]] = {}
+        for d in report.declared:
+            key = (d.deviation.id if d.deviation else "", d.field, _show(d.ours), _show(d.theirs))
+            groups.setdefault(key, []).append(d)
+        for (dev_id, name, ours, theirs), members in groups.items():
+            where = members[0].deviation.location if members[0].deviation else ""
+            archs = sorted({m.row.context.architecture for m in members})
+            lines.append(
+                f"  {dev_id} ({where}): {len(members)} contexts of {', '.join(archs)}: "
+                f"{name} policy {ours} vs vLLM {theirs}"
+            )
     for dev in report.stale_deviations:
         lines += ["", f"stale deviation {dev.id} ({dev.location}): no disagreement left to cover"]
     return "\n".join(lines) + "\n"

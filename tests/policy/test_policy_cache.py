@@ -105,4 +105,4 @@ def test_warm_explain_imports_neither_yaml_nor_pydantic(tmp_path) -> None:
     run_python(WARM, env)  # anything else cached on first use is warm now too
     warm = run_python(WARM, env)
     assert "HEAVY [] 0" in warm
-    assert "rocm-dsa-stays-on-mrv1" in warm
+    assert "rocm-no-default-breakable" in warm

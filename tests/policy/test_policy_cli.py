@@ -21,8 +21,9 @@ def test_explain_text_names_the_setter_of_each_field(cli) -> None:
     code, out, err = cli("explain", *GLM)
     assert (code, err) == (0, "")
     assert out.startswith("GlmMoeDsaForCausalLM on rocm gfx950\n")
-    runner = next(line for line in out.splitlines() if line.strip().startswith("runner"))
-    assert "mrv1" in runner and "rocm-dsa-stays-on-mrv1" in runner and "policies.yaml:" in runner
+    breakable = next(line for line in out.splitlines() if line.strip().startswith("breakable"))
+    assert "false" in breakable and "rocm-no-default-breakable" in breakable
+    assert "policies.yaml:" in breakable
     assert "https://github.com/vllm-project/vllm/pull/53155" in out
     assert "- breakable-listed" in out and "observed GlmMoeDsaForCausalLM" in out
     assert "(overridden: breakable by rocm-no-default-breakable (rules))" in out
@@ -42,17 +43,18 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
     assert resolved == explained
     doc = json.loads(resolved)
     assert set(doc) >= {"decision", "provenance", "trace", "policy"}
-    assert doc["decision"]["runner"] == "mrv1" and doc["decision"]["breakable"] is False
-    assert doc["provenance"]["runner"]["source"] == "rocm-dsa-stays-on-mrv1"
-    assert doc["provenance"]["runner"]["file"] == "policies.yaml"
-    assert doc["policy"]["version"] == "2026.09.01" and doc["policy"]["schema_version"] == 1
+    assert doc["decision"]["runner"] == "mrv2" and doc["decision"]["breakable"] is False
+    assert doc["provenance"]["breakable"]["source"] == "rocm-no-default-breakable"
+    assert doc["provenance"]["breakable"]["file"] == "policies.yaml"
+    assert doc["policy"]["version"] == "vllm-0.33.0" and doc["policy"]["schema_version"] == 1
     assert len(doc["policy"]["revision"]) == 16 and doc["policy"]["files"] == ["policies.yaml"]
     rules = [s for s in doc["trace"] if s["stage"] == "rules"]
     assert [s["name"] for s in rules] == [
         "breakable-dsa",
         "breakable-listed",
-        "rocm-dsa-stays-on-mrv1",
         "rocm-no-default-breakable",
+        "rocm-deepseek-v41-breakable",
+        "longcat-ngram-full-graphs-eager-prefill",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
 
@@ -102,11 +104,12 @@ def test_set_and_features(cli) -> None:
 def test_model_flag(cli, tmp_path) -> None:
     config = {"architectures": ["NewDsaForCausalLM"], "index_topk": 64, "num_experts": 8}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    _, out, _ = cli("explain", "--model", str(tmp_path), "--platform", "rocm")
-    assert out.startswith("NewDsaForCausalLM on rocm")
+    _, out, _ = cli("explain", "--model", str(tmp_path), "--platform", "cuda")
+    assert out.startswith("NewDsaForCausalLM on cuda")
     assert "model config (index_topk=64)" in out
-    runner = next(line for line in out.splitlines() if line.strip().startswith("runner"))
-    assert "mrv1" in runner and "rocm-dsa-stays-on-mrv1" in runner
+    # The trait read from config.json is what the DSA rule tests.
+    breakable = next(line for line in out.splitlines() if line.strip().startswith("breakable"))
+    assert "true" in breakable and "breakable-dsa" in breakable
 
 
 @pytest.mark.parametrize(
@@ -114,7 +117,7 @@ def test_model_flag(cli, tmp_path) -> None:
     [
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2_MODEL_RUNNER=2"],
-            "policies.yaml:67:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
+            "policies.yaml:86:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
         ),
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2=1"],
@@ -199,7 +202,7 @@ def test_table_formats(cli) -> None:
     ]
     glm = [line.split() for line in lines if line.startswith("GlmMoeDsaForCausalLM ")]
     assert glm == [
-        ["GlmMoeDsaForCausalLM", "rocm", "mrv1", "full_and_piecewise", "false", "true", "-"],
+        ["GlmMoeDsaForCausalLM", "rocm", "mrv2", "full_and_piecewise", "false", "true", "-"],
         ["GlmMoeDsaForCausalLM", "cuda", "mrv2", "full_and_piecewise", "true", "false", "-"],
     ]
     _, out, _ = cli("table", "--format", "csv", "--platform", "rocm")
@@ -250,7 +253,7 @@ def test_console_script_piped_is_plain_and_exit_codes(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env["INTERLOCK_CACHE_DIR"] = str(tmp_path)
     ok = subprocess.run([script, "explain", *GLM], capture_output=True, text=True, env=env)
-    assert ok.returncode == 0 and "\033[" not in ok.stdout and "rocm-dsa-stays-on-mrv1" in ok.stdout
+    assert ok.returncode == 0 and "\033[" not in ok.stdout and "rocm-no-default-breakable" in ok.stdout
     bad = subprocess.run(
         [script, "explain", "X", "--platform", "cuda", "--set", "x=1"],
         capture_output=True,

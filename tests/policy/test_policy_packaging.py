@@ -71,4 +71,4 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path) -> None:
         [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "2026.09.01"
+    assert out.stdout.strip() == "vllm-0.33.0"

@@ -234,7 +234,7 @@ def test_context_validation() -> None:
 
 def test_json_document_shape(policy) -> None:
     doc = resolve(policy, Context("DsaModel", "cuda")).to_dict()
-    assert set(doc) == {"decision", "provenance", "trace", "context", "policy"}
+    assert set(doc) == {"decision", "provenance", "trace", "deviations", "context", "policy"}
     assert set(doc["policy"]) == {"schema_version", "version", "revision", "files"}
     assert doc["policy"]["files"] == ["p.yaml"]
     assert doc["provenance"]["breakable"]["source"] == "dsa-breakable"

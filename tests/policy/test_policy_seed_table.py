@@ -1,10 +1,25 @@
-"""The shipped policy reproduces vLLM's defaults as of 2026-09-01 (seeds/001, vllm#53155)."""
+"""vLLM's defaults as of 2026-09-01 (seeds/001, vllm#53155), kept as the history policy
+examples/history/2026-09-01-vllm-53155.yaml (interlock's shipped policy until it tracked
+vLLM 0.33.0); and the seed contexts under the shipped policy, vLLM 0.33.0.
+
+The shipped policy's full agreement with vLLM 0.33.0 is checked against the snapshot
+in test_conformance.py; these are the seed stories, readable.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from interlock.policy import Context, resolve
+from interlock.policy import Context, Policy, load_policy, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def seed_53155() -> Policy:
+    return load_policy([REPO / "examples" / "history" / "2026-09-01-vllm-53155.yaml"])
 
 DSA = ["DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM"]
 # DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES as printed in the 2026-09-01 report, plus
@@ -47,40 +62,40 @@ SEEDS = [
 
 
 @pytest.mark.parametrize(("arch", "platform", "gfx", "runner", "breakable", "compile"), SEEDS)
-def test_seed_table(shipped, arch, platform, gfx, runner, breakable, compile) -> None:
-    d = resolve(shipped, Context(arch, platform, gfx)).decision
+def test_seed_table(seed_53155, arch, platform, gfx, runner, breakable, compile) -> None:
+    d = resolve(seed_53155, Context(arch, platform, gfx)).decision
     assert (d.runner, d.breakable, d.compile) == (runner, breakable, compile)
     assert d.cudagraph == "full_and_piecewise"
 
 
-def test_breakable_set_matches_vllm_on_cuda(shipped) -> None:
+def test_breakable_set_matches_vllm_on_cuda(seed_53155) -> None:
     assert len(BREAKABLE) == 17
     breakable = {
-        a for a in shipped.catalog if resolve(shipped, Context(a, "cuda")).decision.breakable
+        a for a in seed_53155.catalog if resolve(seed_53155, Context(a, "cuda")).decision.breakable
     }
     assert breakable == set(BREAKABLE)
 
 
-def test_never_breakable_by_default_on_rocm(shipped) -> None:
-    for arch in shipped.catalog:
-        assert resolve(shipped, Context(arch, "rocm", "gfx950")).decision.breakable is False
+def test_never_breakable_by_default_on_rocm(seed_53155) -> None:
+    for arch in seed_53155.catalog:
+        assert resolve(seed_53155, Context(arch, "rocm", "gfx950")).decision.breakable is False
 
 
-def test_rocm_mrv1_is_exactly_the_dsa_models(shipped) -> None:
+def test_rocm_mrv1_is_exactly_the_dsa_models(seed_53155) -> None:
     mrv1 = {
-        a for a in shipped.catalog if resolve(shipped, Context(a, "rocm")).decision.runner == "mrv1"
+        a for a in seed_53155.catalog if resolve(seed_53155, Context(a, "rocm")).decision.runner == "mrv1"
     }
     assert set(DSA) <= mrv1
-    assert all(shipped.catalog[a].traits.get("attention") == "dsa" for a in mrv1)
+    assert all(seed_53155.catalog[a].traits.get("attention") == "dsa" for a in mrv1)
 
 
-def test_rules_have_reasons_and_refs(shipped) -> None:
-    for rule in shipped.rules:
+def test_rules_have_reasons_and_refs(seed_53155) -> None:
+    for rule in seed_53155.rules:
         assert rule.reason
         assert rule.ref and rule.ref.startswith("https://github.com/vllm-project/vllm/pull/")
 
 
-def test_catalog_covers_the_seeds(shipped) -> None:
+def test_catalog_covers_the_seeds(seed_53155) -> None:
     named = {
         "DeepseekV2ForCausalLM",
         "GraniteMoeForCausalLM",
@@ -98,4 +113,42 @@ def test_catalog_covers_the_seeds(shipped) -> None:
         "MixtralForCausalLM",
         "DeepseekV3ForCausalLM",
     }
-    assert named | common <= set(shipped.catalog)
+    assert named | common <= set(seed_53155.catalog)
+
+
+# vLLM 0.33.0 (the shipped policy) on the same seed contexts: MRV2 everywhere, breakable
+# graphs on CUDA for vLLM's list, on ROCm for DeepSeek V4.1 only.
+SEEDS_033 = [
+    # (architecture, platform, device_arch, runner, cudagraph, breakable, compile)
+    ("GlmMoeDsaForCausalLM", "rocm", "gfx950", "mrv2", "full_and_piecewise", False, True),
+    ("GlmMoeDsaForCausalLM", "cuda", "sm_90", "mrv2", "full_and_piecewise", True, False),
+    ("KimiK3ForConditionalGeneration", "rocm", "gfx950", "mrv2", "full_and_piecewise", False, True),
+    ("KimiK3ForConditionalGeneration", "cuda", "sm_100", "mrv2", "full_and_piecewise", True, False),
+    ("DeepseekV32ForCausalLM", "rocm", "gfx942", "mrv2", "full_and_piecewise", False, True),
+    ("DeepseekV41ForCausalLM", "rocm", "gfx950", "mrv2", "full_and_piecewise", True, False),
+    ("Step5ForCausalLM", "cuda", "sm_100", "mrv2", "full_and_piecewise", True, False),
+    ("LongcatFlashNgramForCausalLM", "cuda", "sm_90", "mrv2", "full", False, False),
+    ("LlamaForCausalLM", "rocm", "gfx942", "mrv2", "full_and_piecewise", False, True),
+    ("UnknownNewForCausalLM", "cuda", "sm_90", "mrv2", "full_and_piecewise", False, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("arch", "platform", "gfx", "runner", "cudagraph", "breakable", "compile"), SEEDS_033
+)
+def test_seed_table_vllm_0_33(shipped, arch, platform, gfx, runner, cudagraph, breakable, compile) -> None:
+    d = resolve(shipped, Context(arch, platform, gfx)).decision
+    assert (d.runner, d.cudagraph, d.breakable, d.compile) == (runner, cudagraph, breakable, compile)
+
+
+def test_rocm_breakable_is_exactly_deepseek_v41(shipped) -> None:
+    on_rocm = {
+        a for a in shipped.catalog if resolve(shipped, Context(a, "rocm", "gfx950")).decision.breakable
+    }
+    assert on_rocm == {"DeepseekV41ForCausalLM"}
+
+
+def test_no_runner_exception_on_any_platform(shipped) -> None:
+    for platform in ("cuda", "rocm"):
+        for arch in shipped.catalog:
+            assert resolve(shipped, Context(arch, platform)).decision.runner == "mrv2"

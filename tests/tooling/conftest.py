@@ -13,6 +13,9 @@ HISTORY = REPO / "examples" / "history"
 BEFORE_51653 = HISTORY / "2026-08-12-before-vllm-51653.yaml"
 BEFORE_53155 = HISTORY / "2026-08-31-before-vllm-53155.yaml"
 SHIPPED = REPO / "policies.yaml"
+#: The shipped policy as it stood after vLLM #53155, until interlock tracked vLLM releases.
+SEED_53155 = HISTORY / "2026-09-01-vllm-53155.yaml"
+SEED_53155_TESTS = HISTORY / "2026-09-01-vllm-53155.tests.yaml"
 
 #: A minimal valid policy without its rules; see :func:`with_rules`.
 BASE = """\

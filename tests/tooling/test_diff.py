@@ -4,7 +4,7 @@ from interlock.policy import load_policy, load_policy_text
 from interlock.policy.diff import OUTCOME, diff_policies, render_text, summarize, to_json
 from interlock.policy.domain import Domain
 
-from .conftest import BEFORE_51653, BEFORE_53155, SHIPPED, with_rules
+from .conftest import BEFORE_51653, BEFORE_53155, SEED_53155, SHIPPED, with_rules
 
 ROCM = ("rocm", "")
 BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
@@ -67,7 +67,7 @@ def test_before_51653_to_before_53155_is_exactly_the_kimi_k3_switch() -> None:
 
 
 def test_before_53155_to_shipped_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
-    diff = diff_policies(load(BEFORE_53155), load(SHIPPED))
+    diff = diff_policies(load(BEFORE_53155), load(SEED_53155))
     keep_runner = envs_without(RUNNER_ENV, diff.domain)
     keep_breakable = envs_without(BREAKABLE_ENV, diff.domain)
     assert changes_by_group(diff) == {
@@ -146,7 +146,7 @@ def test_a_list_rewritten_as_the_equivalent_trait_condition_is_no_change() -> No
 
 
 def test_fields_limit_what_is_compared() -> None:
-    diff = diff_policies(load(BEFORE_53155), load(SHIPPED), fields=["runner"])
+    diff = diff_policies(load(BEFORE_53155), load(SEED_53155), fields=["runner"])
     assert {g.field for g in diff.groups()} == {"runner"}
 
 
@@ -240,7 +240,7 @@ def test_diff_command_json_and_fields(capsys) -> None:
 
     from interlock.cli import main
 
-    assert main(["diff", str(BEFORE_53155), str(SHIPPED), "--json", "--fields", "runner"]) == 0
+    assert main(["diff", str(BEFORE_53155), str(SEED_53155), "--json", "--fields", "runner"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["fields"] == ["runner"]
     assert [(c["field"], c["old"], c["new"]) for c in doc["changes"]] == [

@@ -7,7 +7,7 @@ from interlock.policy import PolicyError, load_policy_text
 from interlock.policy.policytest import render_result, render_summary, run_cases
 from interlock.policy.testfile import parse_tests
 
-from .conftest import BEFORE_53155, REPO, SHIPPED, with_rules
+from .conftest import BEFORE_53155, REPO, SEED_53155, SEED_53155_TESTS, SHIPPED, with_rules
 
 RULES = """\
   - id: rocm-dsa-mrv1
@@ -232,11 +232,17 @@ def test_coverage_counts_rules_that_decided_a_field() -> None:
 def test_the_shipped_cases_pass_and_cover_every_rule(capsys) -> None:
     assert main(["test", "--min-coverage", "100"]) == 0
     out = capsys.readouterr().out
-    assert " passed, 0 failed\nrule coverage: 4/4 rules (100.0 %)\n" in out
+    assert " passed, 0 failed\nrule coverage: 5/5 rules (100.0 %)\n" in out
 
 
-def test_the_shipped_cases_catch_both_incidents(capsys) -> None:
-    assert main(["test", str(REPO / "policies.tests.yaml"), "--policy", str(BEFORE_53155)]) == 1
+def test_the_seed_cases_pass_on_their_policy(capsys) -> None:
+    argv = ["test", str(SEED_53155_TESTS), "--policy", str(SEED_53155), "--min-coverage", "100"]
+    assert main(argv) == 0
+    assert "rule coverage: 4/4 rules (100.0 %)" in capsys.readouterr().out
+
+
+def test_the_seed_cases_catch_both_incidents(capsys) -> None:
+    assert main(["test", str(SEED_53155_TESTS), "--policy", str(BEFORE_53155)]) == 1
     out = capsys.readouterr().out
     glm = out.split("FAIL  GLM-5.2 on MI355X stays on MRV1 (vLLM 53155)")[1]
     assert "runner: expected mrv1, got mrv2 (set by defaults" in glm.split("FAIL")[0]

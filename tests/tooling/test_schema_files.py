@@ -16,7 +16,10 @@ from .conftest import HISTORY, REPO
 SHIPPED_YAML = {
     REPO / "policies.yaml": "policy",
     REPO / "policies.tests.yaml": "tests",
-    **{path: "policy" for path in sorted(HISTORY.glob("*.yaml"))},
+    **{
+        path: "tests" if path.name.endswith(".tests.yaml") else "policy"
+        for path in sorted(HISTORY.glob("*.yaml"))
+    },
 }
 MODELINE = "# yaml-language-server: $schema="
 

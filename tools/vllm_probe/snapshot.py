@@ -195,7 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies",
         nargs="+",
-        default=[str(REPO / "policies.yaml"), *map(str, sorted((REPO / "examples" / "history").glob("*.yaml")))],
+        default=[
+            str(REPO / "policies.yaml"),
+            *(
+                str(p)
+                for p in sorted((REPO / "examples" / "history").glob("*.yaml"))
+                if not p.name.endswith(".tests.yaml")
+            ),
+        ],
         help="policies whose catalogs join the domain",
     )
     args = parser.parse_args(argv)

@@ -1,0 +1,200 @@
+"""Conformance of policies to engine snapshots (conformance/vllm-*.jsonl): data only, fast.
+
+The shipped policy must agree with the newest vLLM snapshot, and each history
+policy examples/history/vllm-X.yaml with the snapshot of its own release, on every
+context outside the deviations they declare.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interlock.core.errors import PolicyError
+from interlock.policy import load_policy
+from interlock.policy.loader import load_policy_text
+from interlock.policy.snapshot import conformance, load_snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOTS = sorted(
+    (REPO / "conformance").glob("vllm-*.jsonl"),
+    key=lambda p: tuple(int(x) for x in re.findall(r"\d+", p.stem)),
+)
+
+
+def _policy_for(snapshot: Path) -> Path:
+    history = REPO / "examples" / "history" / f"{snapshot.stem}.yaml"
+    return history if history.exists() else REPO / "policies.yaml"
+
+
+def test_there_is_a_snapshot_per_release_and_the_newest_is_shipped() -> None:
+    assert [p.stem for p in SNAPSHOTS] == ["vllm-0.30.0", "vllm-0.31.0", "vllm-0.32.0", "vllm-0.33.0"]
+    assert _policy_for(SNAPSHOTS[-1]) == REPO / "policies.yaml"
+    assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0"
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
+def test_policy_conforms_to_its_release(snapshot: Path) -> None:
+    policy = load_policy([_policy_for(snapshot)])
+    report = conformance(policy, load_snapshot(snapshot))
+    shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
+    assert report.undeclared == [], f"{len(report.undeclared)} disagreements:\n{shown}"
+    assert report.stale_deviations == []
+    assert report.agreement == 1.0 and report.ok
+    assert report.snapshot.engine_version == snapshot.stem.removeprefix("vllm-")
+
+
+POLICY = """
+schema_version: 1
+version: t
+catalog:
+  A: {attention: dsa}
+defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
+env:
+  VLLM_USE_V2_MODEL_RUNNER: {field: runner, values: {"0": mrv1, "1": mrv2}}
+rules:
+  - id: a-on-rocm
+    when: {platform: rocm, attention: dsa}
+    set: {runner: mrv1}
+    reason: a test rule
+"""
+
+
+def _snapshot(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "snap.jsonl"
+    lines = [{"snapshot": {"vllm": "9.9.9"}}]
+    for row in rows:
+        lines.append(
+            {"vllm": "9.9.9", "platform": "cuda", "device_arch": "sm_90", "env": {}, **row}
+        )
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _decided(runner: str = "mrv2", **more: Any) -> dict[str, Any]:
+    return {"runner": runner, "breakable": False, "cudagraph": "full_and_piecewise",
+            "compile": True, "capture_sizes": [1, 2], **more}  # fmt: skip
+
+
+def test_a_disagreement_names_the_deciding_rule(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, [
+        {"architecture": "A", **_decided()},
+        {"architecture": "A", "platform": "rocm", "device_arch": "gfx950", **_decided()},
+    ])  # fmt: skip
+    report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
+    assert report.agree == 1 and not report.ok and report.agreement == 0.5
+    (d,) = report.undeclared
+    assert (d.field, d.ours, d.theirs) == ("runner", "mrv1", "mrv2")
+    assert d.decider == "a-on-rocm (rules) p.yaml:12"
+    # Capture sizes are left to the runner by this policy: not compared.
+    assert report.sizes_not_compared == 2
+
+
+def test_a_declared_deviation_is_counted_apart(tmp_path: Path) -> None:
+    policy = load_policy_text(
+        POLICY
+        + """deviations:
+  - id: rocm-a
+    when: {architecture: A, platform: rocm}
+    field: runner
+    reason: on purpose
+""",
+        "p.yaml",
+    )
+    snap = _snapshot(tmp_path, [
+        {"architecture": "A", **_decided()},
+        {"architecture": "A", "platform": "rocm", "device_arch": "gfx950", **_decided()},
+    ])  # fmt: skip
+    report = conformance(policy, load_snapshot(snap))
+    assert report.ok and report.agreement == 1.0
+    assert report.deviated_contexts == 1 and report.compared == 1
+    assert [d.deviation.id for d in report.declared if d.deviation] == ["rocm-a"]
+
+
+def test_a_stale_deviation_fails(tmp_path: Path) -> None:
+    policy = load_policy_text(
+        POLICY
+        + """deviations:
+  - {id: never, when: {architecture: B}, field: cudagraph, reason: nothing left}
+""",
+        "p.yaml",
+    )
+    report = conformance(policy, load_snapshot(_snapshot(tmp_path, [{"architecture": "A", **_decided()}])))
+    assert not report.ok and [d.id for d in report.stale_deviations] == ["never"]
+
+
+def test_an_engine_refusal_is_an_outcome_disagreement(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, [{"architecture": "A", "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+                                  "error": "ValidationError: Model Runner V1 does not support: A"}])  # fmt: skip
+    report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
+    (d,) = report.undeclared
+    assert d.field == "outcome" and d.theirs.startswith("error: ValidationError")
+
+
+def test_rows_the_probe_could_not_run_are_not_compared(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, [{"architecture": "A", "probe_error": "AttributeError: x"}])
+    report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
+    assert report.ok and report.not_probed == 1 and report.compared == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty snapshot"),
+        ('{"nope": 1}\n', 'line 1 must be {"snapshot"'),
+        ('{"snapshot": {"vllm": "1"}}\n[1]\n', "each line is a JSON object"),
+        ('{"snapshot": {"vllm": "1"}}\n{"architecture": "A", "platform": "cuda", '
+         '"device_arch": "", "env": {}}\n', "a row without error needs runner"),
+        ('{"snapshot": {"vllm": "1"}}\n{bad\n', "invalid JSON"),
+    ],
+)  # fmt: skip
+def test_a_malformed_snapshot_names_file_and_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_snapshot(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_cli_exit_codes_and_json(cli: Any, tmp_path: Path, write: Any) -> None:
+    policy = write("p.yaml", POLICY)
+    agree = _snapshot(tmp_path, [{"architecture": "A", **_decided()}])
+    result = cli("conformance", agree, "--policy", policy)
+    assert result.code == 0 and "agreement  100.0 % of 1 contexts" in result.out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(agree.read_text().replace('"mrv2"', '"mrv1"'))
+    result = cli("conformance", bad, "--policy", policy, "--json")
+    assert result.code == 1
+    doc = result.json()
+    assert doc["ok"] is False and doc["disagreements"][0]["decided_by"].startswith("defaults")
+    result = cli("conformance", tmp_path / "missing.jsonl", "--policy", policy)
+    assert result.code == 1 and "cannot read snapshot" in result.err
+
+
+def test_explain_shows_the_deviations_that_apply(cli: Any) -> None:
+    result = cli("explain", "HYV4MTPModel", "--platform", "cuda", "--device-arch", "sm_90")
+    assert result.code == 0
+    assert "deviations (declared: this policy departs from the engine here)" in result.out
+    assert "mtp-draft-served-alone-is-pooling" in result.out
+    doc = cli("explain", "HYV4MTPModel", "--platform", "cuda", "--json").json()
+    assert [d["id"] for d in doc["deviations"]] == ["mtp-draft-served-alone-is-pooling"]
+    assert "deviations (declared" not in cli("explain", "LlamaForCausalLM", "--platform", "cuda").out
+
+
+def test_deviations_survive_the_disk_cache() -> None:
+    from interlock.policy.stored import policy_from_data, policy_to_data
+
+    policy = load_policy([REPO / "policies.yaml"])
+    again = policy_from_data(json.loads(json.dumps(policy_to_data(policy))))
+    assert again.deviations == policy.deviations and len(again.deviations) == 2
+
+
+def test_a_deviation_field_must_be_a_decision_field_or_outcome(write: Any) -> None:
+    path = write("p.yaml", POLICY + "deviations:\n  - {id: x, field: nope, reason: r}\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy([path])
+    assert "deviations[0].field" in str(info.value) or ":15:" in str(info.value)
