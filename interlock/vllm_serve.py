@@ -86,7 +86,9 @@ def read_user_flags(args: Sequence[str]) -> UserFlags:
     while i < len(items):
         arg = items[i]
         name, eq, value = arg.partition("=")
-        takes_value = name in _CC or any(name == f"{cc}.{k}" for cc in _CC for k in ("mode", "cudagraph_mode"))
+        takes_value = name in _CC or any(
+            name == f"{cc}.{k}" for cc in _CC for k in ("mode", "cudagraph_mode")
+        )
         takes_value = takes_value or name == "--runner"
         if takes_value and not eq:
             if i + 1 >= len(items):
@@ -118,7 +120,9 @@ def read_user_flags(args: Sequence[str]) -> UserFlags:
     return UserFlags(overrides, given_by, pooling)
 
 
-def _set(overrides: dict[str, Any], given_by: dict[str, str], key: str, value: str, shown: str) -> None:
+def _set(
+    overrides: dict[str, Any], given_by: dict[str, str], key: str, value: str, shown: str
+) -> None:
     if key == "mode":
         if value.upper() not in COMPILE_MODES:
             raise PolicyError(
@@ -206,6 +210,8 @@ def serve_command(
         flags.append(f"-cc.mode={'VLLM_COMPILE' if final['compile'] else 'NONE'}")
     sizes = final.get("capture_sizes")
     if sizes:
-        flags.append(f"-cc.cudagraph_capture_sizes={json.dumps(list(sizes), separators=(',', ':'))}")
+        flags.append(
+            f"-cc.cudagraph_capture_sizes={json.dumps(list(sizes), separators=(',', ':'))}"
+        )
     argv = ["vllm", "serve", model, *flags, *user_args]
     return ServeCommand(resolution, final, tuple(adjustments), env, argv)

@@ -6,8 +6,8 @@ the policy as plain data (:mod:`interlock.policy.stored`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.fields import FieldValue

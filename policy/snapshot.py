@@ -196,9 +196,7 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
         env=env,
         sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
     )
-    return SnapshotRow(
-        context, decision, error, bool(data.get("surrogate")), line, probe_error
-    )
+    return SnapshotRow(context, decision, error, bool(data.get("surrogate")), line, probe_error)
 
 
 def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
@@ -254,11 +252,7 @@ def _disagree(
 ) -> Disagreement:
     facts = _facts(policy, row.context)
     deviation = next(
-        (
-            d
-            for d in policy.deviations
-            if d.field == name and d.applies(facts, row.context.env)
-        ),
+        (d for d in policy.deviations if d.field == name and d.applies(facts, row.context.env)),
         None,
     )
     return Disagreement(row, name, ours, theirs, decider, deviation)

@@ -17,7 +17,6 @@ import sys
 
 from interlock.commands.common import add_policy_args, load, write_json
 
-
 #: This command's options; after MODEL they would silently go to vllm serve.
 OWN_OPTIONS = ("--platform", "--device-arch", "--policy", "--json")
 

@@ -32,7 +32,12 @@ def _policy_for(snapshot: Path) -> Path:
 
 
 def test_there_is_a_snapshot_per_release_and_the_newest_is_shipped() -> None:
-    assert [p.stem for p in SNAPSHOTS] == ["vllm-0.30.0", "vllm-0.31.0", "vllm-0.32.0", "vllm-0.33.0"]
+    assert [p.stem for p in SNAPSHOTS] == [
+        "vllm-0.30.0",
+        "vllm-0.31.0",
+        "vllm-0.32.0",
+        "vllm-0.33.0",
+    ]
     assert _policy_for(SNAPSHOTS[-1]) == REPO / "policies.yaml"
     assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0"
 
@@ -123,13 +128,19 @@ def test_a_stale_deviation_fails(tmp_path: Path) -> None:
 """,
         "p.yaml",
     )
-    report = conformance(policy, load_snapshot(_snapshot(tmp_path, [{"architecture": "A", **_decided()}])))
+    report = conformance(
+        policy, load_snapshot(_snapshot(tmp_path, [{"architecture": "A", **_decided()}]))
+    )
     assert not report.ok and [d.id for d in report.stale_deviations] == ["never"]
 
 
 def test_an_engine_refusal_is_an_outcome_disagreement(tmp_path: Path) -> None:
-    snap = _snapshot(tmp_path, [{"architecture": "A", "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-                                  "error": "ValidationError: Model Runner V1 does not support: A"}])  # fmt: skip
+    refused = {
+        "architecture": "A",
+        "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+        "error": "ValidationError: Model Runner V1 does not support: A",
+    }
+    snap = _snapshot(tmp_path, [refused])
     report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
     (d,) = report.undeclared
     assert d.field == "outcome" and d.theirs.startswith("error: ValidationError")
@@ -182,7 +193,9 @@ def test_explain_shows_the_deviations_that_apply(cli: Any) -> None:
     assert "mtp-draft-served-alone-is-pooling" in result.out
     doc = cli("explain", "HYV4MTPModel", "--platform", "cuda", "--json").json()
     assert [d["id"] for d in doc["deviations"]] == ["mtp-draft-served-alone-is-pooling"]
-    assert "deviations (declared" not in cli("explain", "LlamaForCausalLM", "--platform", "cuda").out
+    assert (
+        "deviations (declared" not in cli("explain", "LlamaForCausalLM", "--platform", "cuda").out
+    )
 
 
 def test_deviations_survive_the_disk_cache() -> None:

@@ -83,7 +83,9 @@ def test_never_breakable_by_default_on_rocm(seed_53155) -> None:
 
 def test_rocm_mrv1_is_exactly_the_dsa_models(seed_53155) -> None:
     mrv1 = {
-        a for a in seed_53155.catalog if resolve(seed_53155, Context(a, "rocm")).decision.runner == "mrv1"
+        a
+        for a in seed_53155.catalog
+        if resolve(seed_53155, Context(a, "rocm")).decision.runner == "mrv1"
     }
     assert set(DSA) <= mrv1
     assert all(seed_53155.catalog[a].traits.get("attention") == "dsa" for a in mrv1)
@@ -136,14 +138,19 @@ SEEDS_033 = [
 @pytest.mark.parametrize(
     ("arch", "platform", "gfx", "runner", "cudagraph", "breakable", "compile"), SEEDS_033
 )
-def test_seed_table_vllm_0_33(shipped, arch, platform, gfx, runner, cudagraph, breakable, compile) -> None:
+def test_seed_table_vllm_0_33(
+    shipped, arch, platform, gfx, runner, cudagraph, breakable, compile
+) -> None:
     d = resolve(shipped, Context(arch, platform, gfx)).decision
-    assert (d.runner, d.cudagraph, d.breakable, d.compile) == (runner, cudagraph, breakable, compile)
+    expected = (runner, cudagraph, breakable, compile)
+    assert (d.runner, d.cudagraph, d.breakable, d.compile) == expected
 
 
 def test_rocm_breakable_is_exactly_deepseek_v41(shipped) -> None:
     on_rocm = {
-        a for a in shipped.catalog if resolve(shipped, Context(a, "rocm", "gfx950")).decision.breakable
+        a
+        for a in shipped.catalog
+        if resolve(shipped, Context(a, "rocm", "gfx950")).decision.breakable
     }
     assert on_rocm == {"DeepseekV41ForCausalLM"}
 

@@ -79,7 +79,10 @@ SEEDS = {
     ("GlmMoeDsaForCausalLM", "rocm", "gfx950"): ("1", "0", "FULL_AND_PIECEWISE", "VLLM_COMPILE"),
     ("GlmMoeDsaForCausalLM", "cuda", "sm_90"): ("1", "1", "FULL_AND_PIECEWISE", "NONE"),
     ("KimiK3ForConditionalGeneration", "rocm", "gfx950"): (
-        "1", "0", "FULL_AND_PIECEWISE", "VLLM_COMPILE",
+        "1",
+        "0",
+        "FULL_AND_PIECEWISE",
+        "VLLM_COMPILE",
     ),  # fmt: skip
     ("KimiK3ForConditionalGeneration", "cuda", "sm_100"): ("1", "1", "FULL_AND_PIECEWISE", "NONE"),
     ("LongcatFlashNgramForCausalLM", "cuda", "sm_90"): ("1", "0", "FULL", "NONE"),
@@ -92,7 +95,9 @@ def test_serve_passes_every_field_explicitly(
     serve: Any, model: Any, arch: str, platform: str, device_arch: str
 ) -> None:
     path = model(arch)
-    proc, seen = serve("--platform", platform, "--device-arch", device_arch, str(path), "--port", "8001")
+    proc, seen = serve(
+        "--platform", platform, "--device-arch", device_arch, str(path), "--port", "8001"
+    )
     assert proc.returncode == 0, proc.stderr
     runner, breakable, cudagraph, mode = SEEDS[(arch, platform, device_arch)]
     assert seen["argv"] == [

@@ -7,7 +7,7 @@ from interlock.policy import PolicyError, load_policy_text
 from interlock.policy.policytest import render_result, render_summary, run_cases
 from interlock.policy.testfile import parse_tests
 
-from .conftest import BEFORE_53155, REPO, SEED_53155, SEED_53155_TESTS, SHIPPED, with_rules
+from .conftest import BEFORE_53155, SEED_53155, SEED_53155_TESTS, SHIPPED, with_rules
 
 RULES = """\
   - id: rocm-dsa-mrv1

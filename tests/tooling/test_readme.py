@@ -30,7 +30,7 @@ def console_blocks() -> list[tuple[str, list[str]]]:
 
 def test_the_section_has_examples() -> None:
     commands = [command for command, _ in console_blocks()]
-    assert len(commands) == 4 and all(c.startswith("policy ") for c in commands)
+    assert len(commands) == 5 and all(c.startswith("policy ") for c in commands)
 
 
 @pytest.mark.parametrize(("command", "shown"), console_blocks(), ids=lambda v: str(v)[:60])

@@ -45,8 +45,16 @@ ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH")
 GPUS: dict[tuple[str, str], dict[str, Any]] = {
     ("cuda", "sm_90"): {"name": "NVIDIA H100 80GB HBM3", "capability": (9, 0), "gib": 80},
     ("cuda", "sm_100"): {"name": "NVIDIA B200", "capability": (10, 0), "gib": 180},
-    ("rocm", "gfx942"): {"name": "AMD Instinct MI300X", "gcn": "gfx942:sramecc+:xnack-", "gib": 192},
-    ("rocm", "gfx950"): {"name": "AMD Instinct MI355X", "gcn": "gfx950:sramecc+:xnack-", "gib": 288},
+    ("rocm", "gfx942"): {
+        "name": "AMD Instinct MI300X",
+        "gcn": "gfx942:sramecc+:xnack-",
+        "gib": 192,
+    },
+    ("rocm", "gfx950"): {
+        "name": "AMD Instinct MI355X",
+        "gcn": "gfx950:sramecc+:xnack-",
+        "gib": 288,
+    },
 }
 
 
@@ -73,7 +81,10 @@ def _import(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ProbeError(f"cannot import {name} ({exc}): vLLM moved it; update the probe") from None
+        raise ProbeError(
+            f"cannot import {name} ({exc}): if this vLLM release moved it, update the probe; "
+            "if a package is missing, rebuild the venv with setup_venv.sh"
+        ) from None
 
 
 def install_stand_ins(platform: str, device_arch: str) -> Any:
@@ -146,12 +157,17 @@ def install_stand_ins(platform: str, device_arch: str) -> Any:
                 return True
 
         instance = StandInRocm()
-    if platforms._current_platform is not None:
-        raise ProbeError(
-            "vllm.platforms.current_platform was resolved during import; "
-            "the stand-in platform can no longer be installed"
-        )
+    stale = platforms._current_platform
     platforms.current_platform = instance
+    if stale is not None:
+        # Some releases resolve the platform while `import vllm` runs (0.31's
+        # vllm.utils.torch_utils computes PIN_MEMORY at import): rebind the modules
+        # that took the machine's own platform by name. Nothing imported that early
+        # decides a runner, graph mode or compilation.
+        for module in list(sys.modules.values()):
+            name = getattr(module, "__name__", "")
+            if name.startswith("vllm") and getattr(module, "current_platform", None) is stale:
+                module.current_platform = instance
     # vLLM inspects a model class in a fresh interpreter (which here would see no GPU
     # and none of these stand-ins) unless its on-disk model-info cache has the class:
     # `inspect_models` fills that cache first, on the CPU platform where model modules
@@ -332,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="all", choices=("all", "unset"))
     parser.add_argument("--out", help="JSON lines, appended; contexts already there are skipped")
     parser.add_argument(
-        "--inspect", action="store_true", help="fill the model-info cache (CPU platform); print failures"
+        "--inspect",
+        action="store_true",
+        help="fill the model-info cache (CPU platform); print failures",
     )
     parser.add_argument("--surrogates", default="", help="JSON {arch: why} from --inspect")
     parser.add_argument(
@@ -376,10 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     if args.requests:
-        requests = [json.loads(line) for line in Path(args.requests).read_text().splitlines() if line]
+        requests = [
+            json.loads(line) for line in Path(args.requests).read_text().splitlines() if line
+        ]
     else:
         requests = [
-            {"architecture": arch, "env": env, "flags": []} for arch in archs for env in env_grid(args.env)
+            {"architecture": arch, "env": env, "flags": []}
+            for arch in archs
+            for env in env_grid(args.env)
         ]
     serve = ServeConfig()
     models: dict[str, Path] = {}

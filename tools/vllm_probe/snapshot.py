@@ -66,8 +66,11 @@ def _last_json(text: str) -> Any:
 
 def build(args: argparse.Namespace) -> int:
     python = Path(args.venv) / "bin" / "python"
-    if not python.exists():
-        raise SnapshotError(f"no probe venv at {args.venv}; run setup_venv.sh {args.vllm} {args.venv}")
+    if not (Path(args.venv) / f".installed-{args.vllm}").exists():
+        raise SnapshotError(
+            f"no complete probe venv for vLLM {args.vllm} at {args.venv}; "
+            f"run tools/vllm_probe/setup_venv.sh {args.vllm} {args.venv}"
+        )
     probe_hash = hashlib.sha256(PROBE.read_bytes()).hexdigest()[:12]
     work = Path(args.work) / f"{args.vllm}-{probe_hash}"
     work.mkdir(parents=True, exist_ok=True)
@@ -124,14 +127,19 @@ def build(args: argparse.Namespace) -> int:
             "architectures": archs,
             "named_by_vllm_defaults": named,
             "catalogs": [str(Path(p).resolve().relative_to(REPO)) for p in args.policies],
-            "surrogates": surrogates,
+            "surrogates": surrogate_reasons(rows),
             "contexts": len(rows),
             "fields": list(RESULT_FIELDS),
         }
     }
     body = sorted(
         (_row(r) for r in rows),
-        key=lambda r: (r["architecture"], r["platform"], r["device_arch"], sorted(r["env"].items())),
+        key=lambda r: (
+            r["architecture"],
+            r["platform"],
+            r["device_arch"],
+            sorted(r["env"].items()),
+        ),
     )
     target = Path(args.out or REPO / "conformance" / f"vllm-{version}.jsonl")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -147,6 +155,16 @@ def build(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def surrogate_reasons(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Architecture -> why a surrogate stood in (per platform process, so possibly several)."""
+    reasons: dict[str, set[str]] = {}
+    for row in rows:
+        if "surrogate" in row:
+            where = f"{row['platform']}/{row['device_arch']}"
+            reasons.setdefault(row["architecture"], set()).add(f"{where}: {row['surrogate']}")
+    return {arch: sorted(why) for arch, why in sorted(reasons.items())}
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +184,9 @@ def _verify(
     sample = random.Random(0).sample(rows, min(n, len(rows)))
     for i, row in enumerate(sample):
         request = work / f"verify-{i}.json"
-        request.write_text(json.dumps({"architecture": row["architecture"], "env": row["env"], "flags": []}))
+        request.write_text(
+            json.dumps({"architecture": row["architecture"], "env": row["env"], "flags": []})
+        )
         out = work / f"verify-{i}.jsonl"
         out.unlink(missing_ok=True)
         _probe(
@@ -180,7 +200,9 @@ def _verify(
                 f"{row['platform']}/{row['device_arch']} env {row['env']}:\n"
                 f"  loop:  {_row(row)}\n  fresh: {_row(fresh)}"
             )
-    print(f"vllm-snapshot: {len(sample)} sampled contexts agree with fresh processes", file=sys.stderr)
+    print(
+        f"vllm-snapshot: {len(sample)} sampled contexts agree with fresh processes", file=sys.stderr
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
