@@ -46,7 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         if name == "args":
             sub.add_argument("--json", action="store_true", help="print the command as JSON")
         sub.set_defaults(run=run)
-    parser.set_defaults(run=lambda args: parser.error("choose args or serve"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,7 +66,25 @@ def test_before_51653_to_before_53155_is_exactly_the_kimi_k3_switch() -> None:
     ]
 
 
-def test_before_53155_to_shipped_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
+def test_vllm_0_31_to_0_32_is_exactly_the_rocm_dsa_switch_to_mrv2() -> None:
+    """vLLM 0.32 removed ROCM_DEFAULT_MRV1_ARCHITECTURES, and nothing else in the domain moved."""
+    history = BEFORE_53155.parent
+    diff = diff_policies(load(history / "vllm-0.31.0.yaml"), load(history / "vllm-0.32.0.yaml"))
+    keep_runner = envs_without(RUNNER_ENV, diff.domain)
+    listed = ("DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM")
+    assert changes_by_group(diff) == {
+        ("runner", "mrv1", "mrv2"): {(arch, *ROCM, env) for arch in listed for env in keep_runner}
+    }
+    (deciders,) = diff.groups()[0].by_deciders
+    assert (deciders.old.decider, deciders.new.decider) == ("rule rocm-dsa-stays-on-mrv1", "defaults")
+
+
+def test_vllm_0_30_and_0_31_decide_alike() -> None:
+    history = BEFORE_53155.parent
+    assert diff_policies(load(history / "vllm-0.30.0.yaml"), load(history / "vllm-0.31.0.yaml")).equal
+
+
+def test_before_53155_to_after_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
     diff = diff_policies(load(BEFORE_53155), load(SEED_53155))
     keep_runner = envs_without(RUNNER_ENV, diff.domain)
     keep_breakable = envs_without(BREAKABLE_ENV, diff.domain)
