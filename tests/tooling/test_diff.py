@@ -76,12 +76,14 @@ def test_vllm_0_31_to_0_32_is_exactly_the_rocm_dsa_switch_to_mrv2() -> None:
         ("runner", "mrv1", "mrv2"): {(arch, *ROCM, env) for arch in listed for env in keep_runner}
     }
     (deciders,) = diff.groups()[0].by_deciders
-    assert (deciders.old.decider, deciders.new.decider) == ("rule rocm-dsa-stays-on-mrv1", "defaults")
+    assert deciders.old.decider == "rule rocm-dsa-stays-on-mrv1"
+    assert deciders.new.decider == "defaults"
 
 
 def test_vllm_0_30_and_0_31_decide_alike() -> None:
     history = BEFORE_53155.parent
-    assert diff_policies(load(history / "vllm-0.30.0.yaml"), load(history / "vllm-0.31.0.yaml")).equal
+    old, new = load(history / "vllm-0.30.0.yaml"), load(history / "vllm-0.31.0.yaml")
+    assert diff_policies(old, new).equal
 
 
 def test_before_53155_to_after_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
