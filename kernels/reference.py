@@ -126,25 +126,6 @@ def _visible(q_positions: torch.Tensor, num_keys: int, sliding_window: int | Non
     return allowed
 
 
-def _attend(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    q_positions: torch.Tensor,
-    scale: float,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """q [L, Hq, D] at q_positions [L] over keys/values [S, Hk, D] at positions 0..S-1."""
-    group = q.shape[1] // keys.shape[1]
-    keys = keys.repeat_interleave(group, dim=1)
-    values = values.repeat_interleave(group, dim=1)
-    scores = torch.einsum("lhd,shd->hls", q.float(), keys.float()) * scale
-    allowed = _visible(q_positions, keys.shape[0], sliding_window)
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hls,shd->lhd", probs, values.float()).to(q.dtype)
-
-
 def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """cache [NB, BS, Hk, D] read through block_tables [B, W] -> [B, W * BS, Hk, D].
 
@@ -191,6 +172,34 @@ def paged_attention(
         positions = torch.arange(seq_len - (hi - lo), seq_len, device=q.device)
         out[lo:hi] = _attend(q[lo:hi], keys, values, positions, scale, sliding_window)
     return out
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    q_positions: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """q [L, Hq, D] at q_positions [L] over keys/values [S, Hk, D] at positions 0..S-1.
+
+    SDPA (as transformers runs these models) groups query heads over their KV head; a
+    whole prompt with no window is plain causal attention, which needs no mask.
+    """
+    whole_prompt = q.shape[0] == keys.shape[0]
+    mask = None
+    if not whole_prompt or sliding_window is not None:
+        mask = _visible(q_positions, keys.shape[0], sliding_window)[None, None]
+
+    def heads_first(t: torch.Tensor) -> torch.Tensor:  # [1, H, L, D]: the CPU's fused
+        return t.transpose(0, 1)[None]  # attention kernel takes 4-d inputs only
+
+    out = torch.nn.functional.scaled_dot_product_attention(
+        heads_first(q), heads_first(keys), heads_first(values), attn_mask=mask,
+        is_causal=mask is None, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)
 
 
 @torch_op("paged_decode_attention")
