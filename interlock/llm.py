@@ -50,6 +50,7 @@ from interlock.model_run import (
     process_env,
     resolve_model_run,
 )
+from interlock.plugins.capabilities import TENSOR_PARALLEL
 from interlock.policy.context import has_triton_fact
 from interlock.policy.loader import load_policy
 from interlock.runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
@@ -58,6 +59,8 @@ from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.request import Request
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
+from interlock.runners.model.sharding import plan_shards
+from interlock.runners.parallel.executor import TensorParallelRunner
 
 if TYPE_CHECKING:
     from interlock.plugins.kernels import KernelInstall
@@ -101,8 +104,18 @@ class LLM:
         decision: RunDecision | None = None,
         policy: Sequence[str | os.PathLike[str]] | None = None,
         overrides: Mapping[str, Any] | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         source = resolve_model(model)
+        # A size the model cannot be split into is refused before anything is decided,
+        # loaded or started.
+        plan_shards(source.config, tensor_parallel_size)
+        if tensor_parallel_size > 1 and runner is not None:
+            raise InputError(
+                f"runner={type(runner).__name__} object with tensor_parallel_size="
+                f"{tensor_parallel_size}: every rank builds its own runner, so name it through "
+                "a decision (RunDecision(runner=...)) instead"
+            )
         if decision is None:
             if runner is not None:
                 raise InputError(
@@ -111,7 +124,7 @@ class LLM:
                     "for the runners plugins register)"
                 )
             self.resolution: Resolution | None = _resolve(
-                source.name, device, policy, overrides
+                source.name, device, policy, overrides, tensor_parallel_size
             )
             decision = run_decision(self.resolution.decision)
             decided = decided_by(self.resolution)
@@ -145,17 +158,24 @@ class LLM:
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tensor_parallel_size,
         )
         kv_cache = plan_kv_cache(
             config, resolved_dtype, block_size, max_model_len, max_num_seqs,
             num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self.tokenizer = _load_tokenizer(source.directory)
         self.chat_template = _load_chat_template(source.directory)
+        if runner is None:
+            runner = (
+                runner_from_plugin(decision.runner) if tensor_parallel_size == 1
+                else TensorParallelRunner(runner_factory(decision.runner), tensor_parallel_size)
+            )
         self.engine = Engine(
             spec,
             kv_cache,
-            runner if runner is not None else runner_from_plugin(decision.runner),
+            runner,
             decision,
             EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          seed=seed),
@@ -259,6 +279,18 @@ class LLM:
     def report(self) -> RunnerReport:
         return self.engine.report()
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (also done at exit); the LLM cannot
+        generate afterwards."""
+        if isinstance(self.engine.runner, TensorParallelRunner):
+            self.engine.runner.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def _output(self, request: Request) -> CompletionOutput:
         tokens = tuple(request.output_token_ids)
         text = None if self.tokenizer is None else self.decode(tokens)
@@ -305,6 +337,14 @@ def _without_request_id(exc: Exception) -> str:
     return text.split(": ", 1)[1] if text.startswith("request ") and ": " in text else text
 
 
+def runner_factory(name: str) -> str:
+    """The import path of runner ``name``'s factory, from the plugin that registers it; an
+    unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
+    from interlock.plugins import load_registry
+
+    return load_registry().runner(name).spec.factory
+
+
 def runner_from_plugin(name: str) -> Runner:
     """A fresh runner object from the plugin that registers runner ``name`` (its spec's
     factory); an unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
@@ -347,12 +387,17 @@ def _resolve(
     device: str | None,
     policy_paths: Sequence[str | os.PathLike[str]] | None,
     overrides: Mapping[str, Any] | None,
+    tensor_parallel_size: int,
 ) -> Resolution:
-    """The policy's decision for ``model``: the platform is the given device's, else detected."""
+    """The policy's decision for ``model``: the platform is the given device's, else detected;
+    the run's tensor_parallel_size is a given feature."""
     policy = load_policy(policy_paths)
     env, sources = process_env(policy)
     platform = None
-    features: dict[str, Any] = {}
+    features: dict[str, Any] = {TENSOR_PARALLEL: tensor_parallel_size}
+    sources[f"features.{TENSOR_PARALLEL}"] = (
+        f"given (tensor_parallel_size={tensor_parallel_size})"
+    )
     kind = torch.device(device).type if device is not None else None
     if kind in ("cpu", "xpu"):  # cuda is detected: the device cannot tell CUDA from ROCm
         platform = kind

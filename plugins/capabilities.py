@@ -35,6 +35,8 @@ DOWNGRADE = {
 #: On/off capabilities a runner declares per platform, with their names in messages;
 #: unsupported, they fall back to false.
 SWITCHES = {"breakable": "breakable capture", "compile": "torch.compile"}
+#: The context feature naming how many ranks the model is sharded across.
+TENSOR_PARALLEL = "tensor_parallel_size"
 #: Decision fields checked against the runner besides the runner itself.
 MODE_FIELDS = ("cudagraph", *SWITCHES)
 
@@ -110,6 +112,18 @@ def unsupported_items(
                     f"{platform} ({name}={show_scalar(value)}, {origin})",
                 )
             )
+    size = draft.context.features.get(TENSOR_PARALLEL, 1)
+    limit = support.max_tensor_parallel_size
+    if isinstance(size, int) and size > 1 and limit is not None and size > limit:
+        origin = draft.context.source(f"features.{TENSOR_PARALLEL}")
+        served = "no tensor parallelism" if limit == 1 else f"at most {limit}"
+        items.append(
+            (
+                "runner",
+                f"{spec.name} does not serve {TENSOR_PARALLEL}={size} on {platform} "
+                f"({origin}; it serves {served})",
+            )
+        )
     for unsupported in spec.unsupported:
         condition = unsupported.condition
         if condition.matches(draft.facts):
@@ -169,9 +183,17 @@ def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
             f"runner {name}",
             note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves cudagraph "
             f"{', '.join(support.cudagraph)}; "
-            + "; ".join(f"{f} {show_scalar(getattr(support, f))}" for f in SWITCHES),
+            + "; ".join(f"{f} {show_scalar(getattr(support, f))}" for f in SWITCHES)
+            + _tensor_parallel_note(support.max_tensor_parallel_size),
         )
     )
+
+
+def _tensor_parallel_note(limit: int | None) -> str:
+    """What a runner's capabilities step says about tensor parallelism (nothing without it)."""
+    if limit == 1:
+        return ""
+    return f"; {TENSOR_PARALLEL} up to {'any size' if limit is None else limit}"
 
 
 def _choose_runner(draft: Draft, registry: PluginRegistry) -> RegisteredRunner:

@@ -95,11 +95,20 @@ class PlatformSupport:
     compile: bool = False  # torch.compile
     # Facts that must be true for the runner to serve this platform at all.
     requires: tuple[str, ...] = ()
+    # The largest tensor_parallel_size served: 1 (the default) is no tensor parallelism,
+    # None no limit of the runner's own (the model's head counts still limit it).
+    max_tensor_parallel_size: int | None = 1
 
     def __post_init__(self) -> None:
         for name in ("breakable", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, f"{getattr(self, name)!r} must be True or False")
+        limit = self.max_tensor_parallel_size
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 1):
+            raise _fail(
+                "max_tensor_parallel_size", f"{limit!r} must be an integer >= 1 or None (no limit)"
+            )
         set_ = object.__setattr__
         set_(self, "cudagraph", _choices("cudagraph", self.cudagraph, CUDAGRAPH_MODES))
         set_(self, "requires", _choices("requires", self.requires, tuple(REQUIRABLE_FACTS)))
@@ -115,6 +124,7 @@ class PlatformSupport:
             "breakable": self.breakable,
             "compile": self.compile,
             "requires": list(self.requires),
+            "max_tensor_parallel_size": self.max_tensor_parallel_size,
         }
 
 

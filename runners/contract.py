@@ -53,6 +53,10 @@ class ModelSpec:
     max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
     max_num_seqs: int = 64  # most sequences in one step (sizes graphs and request state)
     max_num_batched_tokens: int = 2048  # most tokens in one step
+    # Ranks the model is split across. Above 1 the runner is one rank of a group its host
+    # started (``interlock.runners.parallel``); a runner whose plugin declares no tensor
+    # parallelism is never handed one (stage 5 of the policy).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("dtype", self.dtype, MODEL_DTYPES),
@@ -61,7 +65,8 @@ class ModelSpec:
                 raise ValueError(
                     f"{key} {value!r} is not supported; allowed: {', '.join(allowed)}"
                 )
-        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                    "tensor_parallel_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} is invalid; allowed: >= 1")
 
@@ -163,6 +168,18 @@ class KernelReport:
 
 
 @dataclass(frozen=True)
+class TensorParallelReport:
+    """How a run was split across ranks."""
+
+    size: int
+    backend: str  # torch.distributed backend of the model's collectives: gloo, nccl
+    launcher: str  # torch.multiprocessing (one machine) or torchrun
+    heads_per_rank: int
+    kv_heads_per_rank: int
+    notes: tuple[str, ...] = ()  # e.g. KV heads replicated, vocabulary padding
+
+
+@dataclass(frozen=True)
 class RunnerReport:
     """What a runner did, for ``policy run`` and traces."""
 
@@ -175,6 +192,7 @@ class RunnerReport:
     captured_sizes: tuple[int, ...] = ()
     fallbacks: tuple[str, ...] = field(default=())  # each: what fell back, and why
     graphs: GraphReport | None = None  # captured keys, failures, replays, eager steps
+    tensor_parallel: TensorParallelReport | None = None  # None: one rank
 
 
 @runtime_checkable

@@ -76,6 +76,11 @@ def _runner_lines(spec: Any) -> list[str]:
         parts.append("breakable" if support.breakable else "not breakable")
         parts.append("torch.compile" if support.compile else "no torch.compile")
         parts += [f"requires {fact}" for fact in support.requires]
+        limit = support.max_tensor_parallel_size
+        parts.append(
+            "no tensor parallelism" if limit == 1
+            else f"tensor parallel up to {'any size' if limit is None else limit}"
+        )
         lines.append(f"    {', '.join(platforms):<22} {'; '.join(parts)}")
     for item in spec.unsupported:
         flow = yaml.safe_dump(dict(item.when), default_flow_style=True, width=1000).strip()

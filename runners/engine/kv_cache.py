@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from interlock.core.errors import InputError
 from interlock.runners.contract import KVCacheSpec
 from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.sharding import plan_shards
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20
@@ -23,9 +24,12 @@ class KVCacheError(InputError):
     """A KV cache budget that cannot hold what was asked."""
 
 
-def bytes_per_block(config: ModelConfig, dtype: str, block_size: int) -> int:
-    """K and V of every layer for one block."""
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * DTYPE_BYTES[dtype]
+def bytes_per_block(
+    config: ModelConfig, dtype: str, block_size: int, tensor_parallel_size: int = 1
+) -> int:
+    """K and V of every layer for one block, on one rank (its KV heads)."""
+    kv_heads = plan_shards(config, tensor_parallel_size).num_kv_heads
+    per_token = 2 * config.num_layers * kv_heads * config.head_dim * DTYPE_BYTES[dtype]
     return per_token * block_size
 
 
@@ -41,11 +45,13 @@ def plan_kv_cache(
     max_num_seqs: int,
     num_blocks: int | None = None,
     kv_cache_memory: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> KVCacheSpec:
-    """Size the cache from ``num_blocks`` or a byte budget (default 512 MiB).
+    """Size the cache from ``num_blocks`` or a byte budget (default 512 MiB) per rank.
 
     Without ``num_blocks`` the budget is capped at what ``max_num_seqs``
-    sequences of ``max_model_len`` tokens can use.
+    sequences of ``max_model_len`` tokens can use. Every rank of a tensor-parallel
+    run holds the same blocks (its KV heads of them), so one block table serves all.
     """
     if block_size < 1:
         raise KVCacheError(f"block_size={block_size} is invalid; allowed: an integer >= 1")
@@ -53,7 +59,7 @@ def plan_kv_cache(
         raise KVCacheError("give num_blocks or kv_cache_memory, not both")
     if num_blocks is None:
         budget = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-        per_block = bytes_per_block(config, dtype, block_size)
+        per_block = bytes_per_block(config, dtype, block_size, tensor_parallel_size)
         num_blocks = min(budget // per_block, max_num_seqs * blocks_for(max_model_len, block_size))
         if num_blocks < 1:
             raise KVCacheError(

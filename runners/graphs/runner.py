@@ -39,6 +39,7 @@ from interlock.runners.graphs.plan import CapturePlan
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.kv_cache import allocate_kv_cache
+from interlock.runners.parallel.group import current as current_group
 
 
 class RunnerError(InterlockError, RuntimeError):
@@ -94,14 +95,23 @@ class GraphRunner(ABC):
     def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
         self.device = torch.device(model.device)
         platform = platform_of(self.device)
-        self._check(decision, platform)
+        self._check(decision, platform, model.tensor_parallel_size)
+        tp = current_group()
+        if tp.size != model.tensor_parallel_size:
+            raise RunnerError(
+                f"{self.name}: the model asks for tensor_parallel_size="
+                f"{model.tensor_parallel_size} but this process is one of {tp.size} rank(s); "
+                "tensor-parallel runs are started by interlock.runners.parallel"
+            )
         self.model_spec = model
         self.decision = decision
         self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference)
-        self.model = load_model(model, self.ops, self.device)
+        self.model = load_model(model, self.ops, self.device, tp)
         self.block_size = kv_cache.block_size
         self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)
-        self.kv_caches = allocate_kv_cache(model.config, kv_cache, model.dtype, self.device)
+        self.kv_caches = allocate_kv_cache(
+            model.config, kv_cache, model.dtype, self.device, self.model.shards.num_kv_heads
+        )
         self.model.bind_kv_cache(self.kv_caches)
         self.setup(model, kv_cache)
         self.graphs = GraphManager(
@@ -117,7 +127,7 @@ class GraphRunner(ABC):
         assert self.model is not None
         return forward_logits(self.model, inputs)
 
-    def _check(self, decision: RunDecision, platform: str) -> None:
+    def _check(self, decision: RunDecision, platform: str, tensor_parallel_size: int) -> None:
         """The decision must be one this runner's spec declares on ``platform``: stage 5 of
         the policy never hands it anything else; a hand-made decision gets an error."""
         if decision.runner != self.name:
@@ -135,6 +145,9 @@ class GraphRunner(ABC):
                 unserved.append("breakable capture")
             if decision.compile and not support.compile:
                 unserved.append("torch.compile")
+            limit = support.max_tensor_parallel_size
+            if limit is not None and tensor_parallel_size > limit:
+                unserved.append(f"tensor_parallel_size={tensor_parallel_size}")
         if decision.compile and decision.breakable:
             unserved.append("torch.compile with breakable capture (it runs without compile)")
         if unserved:

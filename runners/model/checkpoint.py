@@ -3,7 +3,9 @@
 Weights come from ``model.safetensors``, a sharded ``model.safetensors.index.json``,
 or seeded dummy values. Every tensor the model needs must be present with
 exactly its shape, and every tensor present must be used: anything else is an
-error naming the tensor, the expected and the found shape.
+error naming the tensor, the expected and the found shape. A tensor-parallel rank
+reads only its rows of each split tensor (safetensors slices the memory-mapped file
+without materialising the whole tensor).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from interlock.runners.model import demo
 from interlock.runners.model.config import ModelConfig, load_config
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
+from interlock.runners.model.sharding import Shard
 from interlock.runners.model.sources import NAMED_MODELS, model_directory
+from interlock.runners.parallel.group import SINGLE, TensorParallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *MODEL_DTYPES)
@@ -83,7 +87,14 @@ class TensorSource(Protocol):
 
     def shape(self, name: str) -> tuple[int, ...]: ...
 
-    def get(self, name: str) -> torch.Tensor: ...
+    def get(self, name: str, shard: Shard | None = None) -> torch.Tensor:
+        """The tensor, or only its rows ``shard.start:min(shard.stop, shard.full)``."""
+        ...
+
+
+def shard_index(shard: Shard) -> tuple[slice, ...]:
+    """The index selecting a shard's rows that exist (padding rows past ``full`` do not)."""
+    return (slice(None),) * shard.dim + (slice(shard.start, min(shard.stop, shard.full)),)
 
 
 #: Stored dtypes a weight may have (safetensors' names); integers or booleans cast into
@@ -132,9 +143,11 @@ class SafetensorsFiles:
         """The stored dtype, as safetensors spells it (``F32``, ``BF16``, ``I32``, ``BOOL``)."""
         return str(self._slice(name).get_dtype())
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, shard: Shard | None = None) -> torch.Tensor:
         try:
-            return self._handle(name).get_tensor(name)
+            if shard is None:
+                return self._handle(name).get_tensor(name)
+            return self._slice(name)[shard_index(shard)]
         except SafetensorError as exc:
             raise CheckpointError(f"{self.files[name]}: tensor {name}: {exc}") from None
 
@@ -207,15 +220,25 @@ def _read_weight_map(index: Path) -> dict[str, object]:
     return weight_map
 
 
+def full_shape(view: torch.Tensor, shard: Shard | None) -> tuple[int, ...]:
+    """The checkpoint tensor's shape a slot expects (the whole tensor, not the shard)."""
+    shape = list(view.shape)
+    if shard is not None:
+        shape[shard.dim] = shard.full
+    return tuple(shape)
+
+
 def load_weights(model: CausalLM, source: TensorSource) -> None:
-    """Copy every checkpoint tensor into its slot, after checking names and shapes."""
-    slots = dict(model.checkpoint_slots())
+    """Copy every checkpoint tensor (or this rank's rows of it) into its slot, after
+    checking names and whole shapes."""
+    slots = {name: (view, shard) for name, view, shard in model.checkpoint_slots()}
+    expected_shapes = {name: full_shape(view, shard) for name, (view, shard) in slots.items()}
     found = source.names()
     ignored = {n for n in found if n.endswith(_IGNORED_SUFFIXES)}
     if model.config.tie_word_embeddings:
         ignored.add("lm_head.weight")  # tied: the embedding is the head, as in transformers
     problems = [
-        f"missing tensor {name} (expected shape {tuple(slots[name].shape)})"
+        f"missing tensor {name} (expected shape {expected_shapes[name]})"
         for name in sorted(set(slots) - found)
     ]
     problems += [
@@ -223,7 +246,7 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
         for name in sorted(found - set(slots) - ignored)
     ]
     for name in sorted(set(slots) & found):
-        expected, actual = tuple(slots[name].shape), source.shape(name)
+        expected, actual = expected_shapes[name], source.shape(name)
         if expected != actual:
             problems.append(f"tensor {name} has shape {actual}, expected {expected}")
     if problems:
@@ -235,13 +258,14 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
         )
     dtype_of = getattr(source, "dtype", None)  # what the file stores (dummy weights: floats)
     with torch.no_grad():
-        for name, slot in slots.items():
+        for name, (slot, shard) in slots.items():
             if dtype_of is not None and dtype_of(name) not in FLOAT_DTYPES:
                 raise CheckpointError(
                     f"{source.origin}: tensor {name} is stored as {dtype_of(name)}; weights "
                     f"must be floating point ({', '.join(FLOAT_DTYPES)})"
                 )
-            tensor = source.get(name)
+            whole = shard is None or (shard.start, shard.stop) == (0, shard.full)
+            tensor = source.get(name) if whole else source.get(name, shard)
             # NaN or infinite weights would generate garbage (token 0 over and over) without a
             # word. A NaN or an infinity makes the sum non-finite: one streaming pass with no
             # temporary the size of the weight; the exact count tells a finite overflow apart.
@@ -250,8 +274,14 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
                 if bad:
                     raise CheckpointError(
                         f"{source.origin}: tensor {name} holds {bad} NaN or infinite value(s)"
+                        + ("" if whole else " in this rank's rows")
                     )
-            slot.copy_(tensor)
+            if whole:
+                slot.copy_(tensor)
+                continue
+            present = tensor.shape[shard.dim]
+            slot.narrow(shard.dim, 0, present).copy_(tensor)
+            slot.narrow(shard.dim, present, slot.shape[shard.dim] - present).zero_()
 
 
 @contextmanager
@@ -270,19 +300,24 @@ def build_model(
     dtype: str,
     device: str | torch.device,
     max_positions: int,
+    tp: TensorParallel = SINGLE,
 ) -> CausalLM:
-    """An uninitialised model with parameters in ``dtype`` on ``device``."""
+    """An uninitialised model (this rank's shard of it) with parameters in ``dtype`` on
+    ``device``."""
     with default_dtype(DTYPES[dtype]), torch.device(device):
-        return CausalLM(config, ops, max_positions)
+        return CausalLM(config, ops, max_positions, tp)
 
 
 def checkpoint_shapes(model: CausalLM) -> dict[str, tuple[int, ...]]:
-    """Name and shape of every checkpoint tensor the model needs."""
-    return {name: tuple(view.shape) for name, view in model.checkpoint_slots()}
+    """Name and (whole) shape of every checkpoint tensor the model needs."""
+    return {name: full_shape(view, shard) for name, view, shard in model.checkpoint_slots()}
 
 
-def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) -> CausalLM:
-    """Build the model a runner is asked for and fill its weights.
+def load_model(
+    spec: ModelSpec, ops: KernelTable, device: str | torch.device, tp: TensorParallel = SINGLE
+) -> CausalLM:
+    """Build the model a runner is asked for (this rank's shard under tensor parallelism)
+    and fill its weights.
 
     The demo's weights are its own seeded ones unless ``load_format="dummy"``
     asks for ``spec.seed``'s.
@@ -292,8 +327,8 @@ def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) ->
         raise CheckpointError(
             f"the {demo.DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
         )
-    check_fits_in_memory(spec, ops, device)
-    model = build_model(spec.config, ops, spec.dtype, device, spec.max_model_len)
+    check_fits_in_memory(spec, ops, device, tp)
+    model = build_model(spec.config, ops, spec.dtype, device, spec.max_model_len, tp)
     if directory is None or spec.load_format == "dummy":
         seed = spec.seed if spec.load_format == "dummy" else demo.DEMO_SEED
         shapes = checkpoint_shapes(model)
@@ -304,10 +339,10 @@ def load_model(spec: ModelSpec, ops: KernelTable, device: str | torch.device) ->
     return model.eval()
 
 
-def model_bytes(spec: ModelSpec, ops: KernelTable) -> int:
-    """Bytes of the model's parameters and buffers (weights, rotary tables), counted on the
-    meta device: nothing is allocated."""
-    meta = build_model(spec.config, ops, spec.dtype, "meta", spec.max_model_len)
+def model_bytes(spec: ModelSpec, ops: KernelTable, tp: TensorParallel = SINGLE) -> int:
+    """Bytes of the model's parameters and buffers (weights, rotary tables) on one rank,
+    counted on the meta device: nothing is allocated."""
+    meta = build_model(spec.config, ops, spec.dtype, "meta", spec.max_model_len, tp)
     tensors = [*meta.parameters(), *meta.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -330,10 +365,13 @@ def available_bytes(device: str | torch.device) -> int | None:
     return None
 
 
-def check_fits_in_memory(spec: ModelSpec, ops: KernelTable, device: str | torch.device) -> None:
-    """Refuse, before allocating, a model whose weights cannot fit (a config.json with
-    absurd sizes would otherwise reach the allocator with no file or field named)."""
-    need = model_bytes(spec, ops)
+def check_fits_in_memory(
+    spec: ModelSpec, ops: KernelTable, device: str | torch.device, tp: TensorParallel = SINGLE
+) -> None:
+    """Refuse, before allocating, a model whose weights (this rank's shard) cannot fit (a
+    config.json with absurd sizes would otherwise reach the allocator with no file or field
+    named)."""
+    need = model_bytes(spec, ops, tp)
     have = available_bytes(device)
     if have is not None and need > have:
         c = spec.config

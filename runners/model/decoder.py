@@ -7,6 +7,12 @@ each family's module in ``interlock.runners.model.families`` declares both.
 
 The forward is written to be capturable: tensors in, tensors out, no host
 syncs, and every attention goes through ``interlock.runners.model.attention.Attention``.
+
+Built with a ``TensorParallel`` group of more than one rank, the model holds this
+rank's shard (``interlock.runners.model.sharding``): its attention heads and KV heads,
+its part of each MLP, and its rows of a vocabulary-parallel embedding and LM head. The
+forward then all-reduces after the embedding, after each attention and after each
+MLP, and all-gathers the logits, so every rank ends with the whole logits.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from interlock.runners.model.layers import (
 )
 from interlock.runners.model.moe import SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
+from interlock.runners.model.sharding import ShardPlan, plan_shards
+from interlock.runners.parallel.group import SINGLE, TensorParallel
 
 Tensor = torch.Tensor
 PieceFn = Callable[[Tensor | None, Tensor | None], tuple[Tensor, Tensor]]
@@ -50,22 +58,30 @@ class ForwardPiece:
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, index: int, ops: KernelTable, cos_sin: torch.Tensor
+        self,
+        config: ModelConfig,
+        index: int,
+        ops: KernelTable,
+        cos_sin: torch.Tensor,
+        tp: TensorParallel,
+        plan: ShardPlan,
     ) -> None:
         super().__init__()
         self.ops = ops
         self.eps = config.rms_norm_eps
         self.input_norm = empty_weight(config.hidden_size)
         self.post_attention_norm = empty_weight(config.hidden_size)
-        self.self_attn = SelfAttention(config, index, ops, cos_sin)
+        self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
         self.mlp: DenseMLP | SparseMoE
         self.mlp_prefix = "mlp"
         if config.moe is not None and index in config.moe.sparse_layers:
             names = checkpoint_names(config.architecture)
             self.mlp_prefix = names.moe_block
-            self.mlp = SparseMoE(config, ops, names.experts)
+            self.mlp = SparseMoE(config, ops, names.experts, tp)
         else:
-            self.mlp = DenseMLP(config.hidden_size, config.intermediate_size, ops, config.mlp_bias)
+            self.mlp = DenseMLP(
+                config.hidden_size, config.intermediate_size, ops, tp, config.mlp_bias
+            )
 
     def forward(
         self,
@@ -104,8 +120,8 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
-        yield f"{prefix}.input_layernorm.weight", self.input_norm
-        yield f"{prefix}.post_attention_layernorm.weight", self.post_attention_norm
+        yield f"{prefix}.input_layernorm.weight", self.input_norm, None
+        yield f"{prefix}.post_attention_layernorm.weight", self.post_attention_norm, None
         yield from self.self_attn.checkpoint_slots(f"{prefix}.self_attn")
         yield from self.mlp.checkpoint_slots(f"{prefix}.{self.mlp_prefix}")
 
@@ -118,29 +134,40 @@ class CausalLM(nn.Module):
     stays float32. Bind a KV cache (``bind_kv_cache``) before the first forward.
     """
 
-    def __init__(self, config: ModelConfig, ops: KernelTable, max_positions: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelTable,
+        max_positions: int,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
         self.config = config
         self.ops = ops
+        self.tp = tp
+        self.shards = plan = plan_shards(config, tp.size)
         self.eps = config.rms_norm_eps
         # Tied, the table is also the LM head, which every decode step streams whole: it is
         # then stored [hidden, vocab], the layout BLAS streams faster for a few rows (see
         # Linear); a lookup reads one strided column per token. ``embedding`` is [vocab,
-        # hidden] either way.
+        # hidden] either way. Each rank holds its rows of the vocabulary (the last rank's
+        # past vocab_size are zero).
+        self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
         tied = config.tie_word_embeddings
-        shape = (config.hidden_size, config.vocab_size)
+        shape = (config.hidden_size, plan.vocab_rows)
         self.embed_tokens = empty_weight(*(shape if tied else shape[::-1]))
         self.register_buffer(
             "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
             persistent=False,
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, self.cos_sin_cache) for i in range(config.num_layers)
+            DecoderLayer(config, i, ops, self.cos_sin_cache, tp, plan)
+            for i in range(config.num_layers)
         )
         self.norm = empty_weight(config.hidden_size)
         # None when tied: the logits then reuse the embedding table.
         self.lm_head = (
-            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+            None if config.tie_word_embeddings else Linear(config.hidden_size, plan.vocab_rows)
         )
 
     @property
@@ -163,7 +190,7 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = F.embedding(input_ids, self.embedding)
+        hidden = self.embed(input_ids)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, metadata)
@@ -181,7 +208,7 @@ class CausalLM(nn.Module):
         layers = self.layers
 
         def first(_: torch.Tensor | None, __: torch.Tensor | None) -> tuple[Tensor, Tensor]:
-            hidden = F.embedding(input_ids, self.embedding)
+            hidden = self.embed(input_ids)
             return layers[0].before_attention(positions, hidden, None, metadata)
 
         def middle(index: int) -> PieceFn:
@@ -199,16 +226,33 @@ class CausalLM(nn.Module):
         splits = [*self.attention_layers, None]
         return [ForwardPiece(run, split) for run, split in zip(runs, splits, strict=True)]
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows of ``input_ids``: each rank looks up the ids in its rows (zero
+        for the others) and the all-reduce assembles them."""
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embedding)
+        rows = self.shards.vocab_rows
+        local = input_ids - self.vocab_shard.start
+        mine = (local >= 0) & (local < rows)
+        hidden = F.embedding(local.clamp(0, rows - 1), self.embedding)
+        return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V]; under tensor parallelism every rank gets them whole."""
         if self.lm_head is None:
-            return torch.mm(hidden, self.embed_tokens)
-        return self.lm_head(hidden)
+            logits = torch.mm(hidden, self.embed_tokens)
+        else:
+            logits = self.lm_head(hidden)
+        if self.tp.size == 1:
+            return logits
+        return self.tp.all_gather(logits)[:, : self.config.vocab_size]
 
     def checkpoint_slots(self) -> CheckpointSlots:
-        """Every checkpoint tensor this model needs, with the view it fills (HF names)."""
-        yield "model.embed_tokens.weight", self.embedding
+        """Every checkpoint tensor this model needs, with the view it fills (HF names) and
+        the rows of it this rank holds."""
+        yield "model.embed_tokens.weight", self.embedding, self.vocab_shard
         for i, layer in enumerate(self.layers):
             yield from layer.checkpoint_slots(f"model.layers.{i}")
-        yield "model.norm.weight", self.norm
+        yield "model.norm.weight", self.norm, None
         if self.lm_head is not None:
-            yield from self.lm_head.checkpoint_slots("lm_head")
+            yield from self.lm_head.checkpoint_slots("lm_head", shard=self.vocab_shard)

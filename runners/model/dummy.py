@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import torch
 
+from interlock.runners.model.sharding import Shard
+
 
 class DummyTensors:
     """A tensor source: normal(0, std) matrices, ones for norm weights, zeros for biases
@@ -28,7 +30,15 @@ class DummyTensors:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes[name]
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, shard: Shard | None = None) -> torch.Tensor:
+        """The whole tensor drawn, then only the shard's rows kept: every rank of a
+        tensor-parallel run sees the same values as one rank."""
+        whole = self._whole(name)
+        if shard is None:
+            return whole
+        return whole.narrow(shard.dim, shard.start, min(shard.stop, shard.full) - shard.start)
+
+    def _whole(self, name: str) -> torch.Tensor:
         shape = self.shapes[name]
         if name.endswith("norm.weight"):
             return torch.ones(shape, dtype=torch.float32)

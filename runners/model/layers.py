@@ -2,7 +2,13 @@
 
 Weights are fused where one matmul can replace several (q/k/v, gate/up);
 ``checkpoint_slots`` says which slice of which fused weight each checkpoint
-tensor fills, so loading never needs per-architecture renaming code.
+tensor fills, and which rows of the checkpoint tensor a tensor-parallel rank
+reads (a ``Shard``), so loading never needs per-architecture renaming code.
+
+Under tensor parallelism (``interlock.runners.model.sharding``) the fused q/k/v and
+gate/up projections are column-parallel (each rank holds its heads' q, k and v rows,
+its part of gate and of up), the attention output and down projections row-parallel
+(each rank holds the matching input columns), followed by one all-reduce each.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from torch.nn import functional as F
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.sharding import Shard, ShardPlan
+from interlock.runners.parallel.group import TensorParallel
 
-CheckpointSlots = Iterator[tuple[str, torch.Tensor]]  # (checkpoint tensor name, view to fill)
+# (checkpoint tensor name, view to fill, rows of the checkpoint tensor it holds or None: all)
+CheckpointSlots = Iterator[tuple[str, torch.Tensor, Shard | None]]
 
 
 def empty_weight(*shape: int) -> nn.Parameter:
@@ -54,33 +63,73 @@ class Linear(nn.Module):
         weight = self.weight.t() if self.transposed else self.weight
         return weight[rows]
 
-    def checkpoint_slots(self, name: str, rows: slice = slice(None)) -> CheckpointSlots:
-        yield f"{name}.weight", self.rows(rows)
+    def checkpoint_slots(
+        self, name: str, rows: slice = slice(None), shard: Shard | None = None
+    ) -> CheckpointSlots:
+        """``shard`` along dim 0 (output rows) applies to the bias too; along dim 1 (input
+        columns, row-parallel) the bias is whole."""
+        yield f"{name}.weight", self.rows(rows), shard
         if self.bias is not None:
-            yield f"{name}.bias", self.bias[rows]
+            yield f"{name}.bias", self.bias[rows], shard if shard and shard.dim == 0 else None
+
+
+class RowParallelLinear(Linear):
+    """A Linear whose input features are split across ranks: each rank multiplies its
+    columns, the partial outputs are summed over ranks (unless ``reduce`` is False: the
+    caller sums them with other partials), then the bias is added once."""
+
+    def __init__(
+        self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = False,
+        reduce: bool = True,
+    ) -> None:
+        super().__init__(in_features, out_features, bias)
+        if bias and not reduce:
+            raise ValueError("a row-parallel bias needs the reduction before it is added")
+        self.tp = tp
+        self.reduce = reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)
+        weight = self.weight
+        y = torch.matmul(x, weight) if self.transposed else F.linear(x, weight)
+        if self.reduce:
+            y = self.tp.all_reduce(y)
+        return y if self.bias is None else y + self.bias
 
 
 class SelfAttention(nn.Module):
     """q/k/v projection, optional per-head q/k norm, rotary, paged attention, output projection."""
 
     def __init__(
-        self, config: ModelConfig, layer_index: int, ops: KernelTable, cos_sin_cache: torch.Tensor
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        ops: KernelTable,
+        cos_sin_cache: torch.Tensor,
+        tp: TensorParallel,
+        plan: ShardPlan,
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        # This rank's heads (all of them on one rank).
+        self.num_heads, self.num_kv_heads = plan.num_heads, plan.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
+        self.q_size = plan.num_heads * config.head_dim
+        self.kv_size = plan.num_kv_heads * config.head_dim
         self.eps = config.rms_norm_eps
         self.ops = ops
         self.cos_sin_cache = cos_sin_cache
+        dim = config.head_dim
+        self.q_shard = plan.rows(tp.rank, self.q_size, config.num_heads * dim)
+        kv_start = plan.kv_head_start(tp.rank) * dim
+        self.kv_shard = Shard(0, kv_start, kv_start + self.kv_size, config.num_kv_heads * dim)
         hidden = config.hidden_size
         self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias)
-        self.o_proj = Linear(self.q_size, hidden, config.o_bias)
+        self.o_proj = RowParallelLinear(self.q_size, hidden, tp, config.o_bias)
         self.q_norm = empty_weight(config.head_dim) if config.qk_norm else None
         self.k_norm = empty_weight(config.head_dim) if config.qk_norm else None
         self.attn = Attention(
-            layer_index, config.num_heads, config.num_kv_heads, config.head_dim,
+            layer_index, plan.num_heads, plan.num_kv_heads, config.head_dim,
             config.sliding_windows[layer_index], ops,
         )
 
@@ -105,40 +154,58 @@ class SelfAttention(nn.Module):
         return q
 
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
-        """The output projection of the attention output [T, Hq, D] -> [T, H]."""
+        """The output projection of the attention output [T, Hq, D] -> [T, H], summed over
+        ranks."""
         return self.o_proj(attn_out.reshape(attn_out.shape[0], self.q_size))
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
         q, kv = self.q_size, self.kv_size
         parts = {
-            "q_proj": slice(0, q), "k_proj": slice(q, q + kv), "v_proj": slice(q + kv, q + 2 * kv)
+            "q_proj": (slice(0, q), self.q_shard),
+            "k_proj": (slice(q, q + kv), self.kv_shard),
+            "v_proj": (slice(q + kv, q + 2 * kv), self.kv_shard),
         }
-        for name, rows in parts.items():
-            yield from self.qkv_proj.checkpoint_slots(f"{prefix}.{name}", rows)
-        yield from self.o_proj.checkpoint_slots(f"{prefix}.o_proj")
+        for name, (rows, shard) in parts.items():
+            yield from self.qkv_proj.checkpoint_slots(f"{prefix}.{name}", rows, shard)
+        q_shard = self.q_shard
+        columns = Shard(1, q_shard.start, q_shard.stop, q_shard.full)
+        yield from self.o_proj.checkpoint_slots(f"{prefix}.o_proj", shard=columns)
         if self.q_norm is not None:
-            yield f"{prefix}.q_norm.weight", self.q_norm
-            yield f"{prefix}.k_norm.weight", self.k_norm
+            yield f"{prefix}.q_norm.weight", self.q_norm, None
+            yield f"{prefix}.k_norm.weight", self.k_norm, None
 
 
 class DenseMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one weight."""
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one weight.
+
+    Each rank holds ``intermediate_size / tp.size`` of the intermediate features; the
+    output is summed over ranks unless ``reduce`` is False (the caller sums it with other
+    partial outputs: the shared expert of a MoE block)."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, ops: KernelTable, bias: bool = False
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        ops: KernelTable,
+        tp: TensorParallel,
+        bias: bool = False,
+        reduce: bool = True,
     ) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
+        local = intermediate_size // tp.size
+        self.intermediate_size = local
+        self.shard = Shard(0, tp.rank * local, (tp.rank + 1) * local, intermediate_size)
         self.ops = ops
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * local, bias)
+        self.down_proj = RowParallelLinear(local, hidden_size, tp, bias, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
-        size = self.intermediate_size
+        size, shard = self.intermediate_size, self.shard
         halves = {"gate_proj": slice(0, size), "up_proj": slice(size, 2 * size)}
         for name, rows in halves.items():
-            yield from self.gate_up_proj.checkpoint_slots(f"{prefix}.{name}", rows)
-        yield from self.down_proj.checkpoint_slots(f"{prefix}.down_proj")
+            yield from self.gate_up_proj.checkpoint_slots(f"{prefix}.{name}", rows, shard)
+        columns = Shard(1, shard.start, shard.stop, shard.full)
+        yield from self.down_proj.checkpoint_slots(f"{prefix}.down_proj", shard=columns)

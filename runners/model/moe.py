@@ -1,4 +1,9 @@
-"""Routed-experts MLP (Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE)."""
+"""Routed-experts MLP (Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE).
+
+Under tensor parallelism every rank holds every expert, each with its part of the
+intermediate features (tensor parallelism inside each expert), and the router whole:
+all ranks route alike, each computes its partial expert outputs (and shared expert),
+and one all-reduce sums them."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from torch.nn import functional as F
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
+from interlock.runners.model.sharding import Shard
+from interlock.runners.parallel.group import TensorParallel
 
 
 class SparseMoE(nn.Module):
@@ -18,14 +25,20 @@ class SparseMoE(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, ops: KernelTable, expert_names: tuple[str, str, str]
+        self,
+        config: ModelConfig,
+        ops: KernelTable,
+        expert_names: tuple[str, str, str],
+        tp: TensorParallel,
     ) -> None:
         """``expert_names``: the checkpoint names of an expert's gate, up and down projections."""
         super().__init__()
         moe = config.moe
         if moe is None:
             raise ValueError(f"{config.architecture} has no MoE configuration")
-        hidden, size = config.hidden_size, moe.intermediate_size
+        hidden, size = config.hidden_size, moe.intermediate_size // tp.size
+        self.shard = Shard(0, tp.rank * size, (tp.rank + 1) * size, moe.intermediate_size)
+        self.tp = tp
         self.ops = ops
         self.top_k = moe.top_k
         self.renormalize = moe.norm_topk_prob
@@ -37,7 +50,9 @@ class SparseMoE(nn.Module):
         self.shared_expert: DenseMLP | None = None
         self.shared_expert_gate: nn.Parameter | None = None
         if moe.shared_expert_intermediate_size:
-            self.shared_expert = DenseMLP(hidden, moe.shared_expert_intermediate_size, ops)
+            self.shared_expert = DenseMLP(
+                hidden, moe.shared_expert_intermediate_size, ops, tp, reduce=False
+            )
             self.shared_expert_gate = empty_weight(1, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -47,17 +62,18 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             gate = torch.sigmoid(F.linear(x, self.shared_expert_gate))
             out = out + gate * self.shared_expert(x)
-        return out
+        return self.tp.all_reduce(out)
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
         gate, up, down = self.expert_names
-        size = self.intermediate_size
-        yield f"{prefix}.gate.weight", self.router_weight
+        size, rows = self.intermediate_size, self.shard
+        columns = Shard(1, rows.start, rows.stop, rows.full)
+        yield f"{prefix}.gate.weight", self.router_weight, None
         for expert in range(self.w13.shape[0]):
             name = f"{prefix}.experts.{expert}"
-            yield f"{name}.{gate}.weight", self.w13[expert, :size]
-            yield f"{name}.{up}.weight", self.w13[expert, size:]
-            yield f"{name}.{down}.weight", self.w2[expert]
+            yield f"{name}.{gate}.weight", self.w13[expert, :size], rows
+            yield f"{name}.{up}.weight", self.w13[expert, size:], rows
+            yield f"{name}.{down}.weight", self.w2[expert], columns
         if self.shared_expert is not None:
             yield from self.shared_expert.checkpoint_slots(f"{prefix}.shared_expert")
-            yield f"{prefix}.shared_expert_gate.weight", self.shared_expert_gate
+            yield f"{prefix}.shared_expert_gate.weight", self.shared_expert_gate, None

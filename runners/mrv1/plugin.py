@@ -14,15 +14,21 @@ PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 # backend and compile is declared unsupported: stage 5 turns an automatic
 # compile=true into false with a trace step, and a forced one is an error.
 COMPILED = ("cuda", "rocm")
+# Where a torch.distributed backend serves the tensor-parallel collectives: gloo on the
+# CPU, NCCL (RCCL on ROCm) on GPUs. No limit of the runner's own; the model's head
+# counts limit the size, checked before loading.
+TENSOR_PARALLEL = ("cpu", "cuda", "rocm")
 
 
 def graph_support(platform: str, requires: frozenset[str] = frozenset()) -> PlatformSupport:
-    """As in vLLM: every graph mode and breakable capture, on every platform."""
+    """As in vLLM: every graph mode and breakable capture, on every platform; tensor
+    parallelism where torch.distributed has a backend for the device."""
     return PlatformSupport(
         cudagraph=frozenset(CUDAGRAPH_MODES),
         breakable=True,
         compile=platform in COMPILED,
         requires=requires,
+        max_tensor_parallel_size=None if platform in TENSOR_PARALLEL else 1,
     )
 
 

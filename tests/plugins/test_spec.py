@@ -117,5 +117,7 @@ def test_to_dict_is_json_ready() -> None:
         "breakable": True,
         "compile": True,
         "requires": ["has_triton"],
+        "max_tensor_parallel_size": None,
     }
+    assert data["platforms"]["xpu"]["max_tensor_parallel_size"] == 1
     assert data["unsupported"][0]["when"] == {"features": {"pipeline_parallel_size": {"gt": 1}}}

@@ -1,0 +1,263 @@
+"""Rank 0 of a tensor-parallel run, seen by the engine as one runner.
+
+``load`` refuses a size the model cannot be split into (before any process starts),
+then either spawns ranks 1..N-1 with torch.multiprocessing on this machine or, under
+``torchrun``, adopts the group torchrun started, broadcasts the load order, and loads
+rank 0's own shard through the runner the decision names. ``execute`` broadcasts the
+step's batch and runs rank 0's shard of it; the other ranks run theirs in lockstep
+(the model's collectives pair them up).
+
+When anything fails — a worker raising, dying, or never joining — rank 0 names the
+rank and its error (``TensorParallelError``), ends the workers and becomes unusable;
+every collective is bounded by ``INTERLOCK_TP_TIMEOUT``, so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from interlock.plugins import load_import_path
+from interlock.runners.contract import (
+    KVCacheSpec,
+    ModelSpec,
+    RunDecision,
+    Runner,
+    RunnerOutput,
+    RunnerReport,
+    ScheduledBatch,
+    TensorParallelReport,
+)
+from interlock.runners.model.sharding import plan_shards
+from interlock.runners.parallel import messages
+from interlock.runners.parallel.distributed import (
+    Channel,
+    Rendezvous,
+    TensorParallelError,
+    backend_for,
+    connect_store,
+    join_control,
+    join_tensor_parallel,
+    reported_error,
+    set_threads,
+    timeout_s,
+)
+from interlock.runners.parallel.group import SINGLE, TensorParallel, set_current
+from interlock.runners.parallel.worker import rank_device, spawned
+
+#: How long rank 0 waits, after a collective failed, for the failing rank's own report.
+_GRACE_S = 5.0
+
+
+class TensorParallelRunner:
+    """Implements ``runners.contract.Runner`` over ``size`` ranks of the runner ``factory``."""
+
+    def __init__(self, factory: str, size: int) -> None:
+        self.factory = factory
+        self.size = size
+        self.inner: Runner | None = None
+        self.tp: TensorParallel = SINGLE
+        self._rdzv: Rendezvous | None = None
+        self._store: dist.Store | None = None
+        self._group = _Group()
+        self._model: ModelSpec | None = None
+        self._failed: TensorParallelError | None = None
+        # Ends the workers when this runner is closed, collected, or the process exits.
+        self._closer = weakref.finalize(self, _shutdown, self._group)
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """Process ids of the ranks this process spawned (none under torchrun)."""
+        return tuple(p.pid for p in self._group.workers)
+
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
+        if model.tensor_parallel_size != self.size:
+            raise TensorParallelError(
+                f"the model asks for tensor_parallel_size={model.tensor_parallel_size}, "
+                f"this runner was made for {self.size}"
+            )
+        plan_shards(model.config, self.size)  # refused here, before any process starts
+        device = torch.device(model.device)
+        backend_for(device.type)
+        self._model = model
+        try:
+            self._start()
+            channel, rdzv = self._group.channel, self._rdzv
+            assert channel is not None and rdzv is not None
+            order = messages.load_message(model, kv_cache, decision, self.factory)
+            channel.send(messages.encode(order))
+            device = rank_device(model.device, rdzv.local_rank)
+            set_threads(device, rdzv.local_world_size)
+            self.tp = join_tensor_parallel(rdzv, device, timeout_s())
+            set_current(self.tp)
+            inner = load_import_path(self.factory)()
+            inner.load(replace(model, device=str(device)), kv_cache, decision)
+            self.inner = inner
+        except BaseException as exc:
+            raise self._fail(exc) from None
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        if self._failed is not None:
+            raise self._failed
+        channel = self._group.channel
+        if self.inner is None or channel is None:
+            raise TensorParallelError("execute() before load()")
+        try:
+            channel.send(messages.encode(messages.step_message(batch)))
+            return self.inner.execute(batch)
+        except BaseException as exc:
+            raise self._fail(exc) from None
+
+    def report(self) -> RunnerReport:
+        if self.inner is None or self._rdzv is None or self._model is None:
+            raise TensorParallelError("report() before load()")
+        report = self.inner.report()
+        config = self._model.config
+        plan = plan_shards(config, self.size)
+        return replace(
+            report,
+            tensor_parallel=TensorParallelReport(
+                size=self.size,
+                backend=backend_for(torch.device(report.device).type),
+                launcher=self._rdzv.launcher,
+                heads_per_rank=plan.num_heads,
+                kv_heads_per_rank=plan.num_kv_heads,
+                notes=plan.notes(config),
+            ),
+        )
+
+    def close(self) -> None:
+        """Stop every rank (idempotent); the runner cannot execute afterwards."""
+        self._closer()
+
+    # -- starting the group ----------------------------------------------------------
+
+    def _start(self) -> None:
+        timeout = timeout_s()
+        torchrun = Rendezvous.from_torchrun()
+        if torchrun is not None:
+            if torchrun.world_size != self.size:
+                raise TensorParallelError(
+                    f"torchrun started {torchrun.world_size} processes (WORLD_SIZE) but "
+                    f"tensor_parallel_size is {self.size}; they must be equal"
+                )
+            if torchrun.rank != 0:
+                raise TensorParallelError(
+                    f"this is rank {torchrun.rank}: only rank 0 runs the engine; the other "
+                    "ranks serve (interlock.runners.parallel.worker.serve)"
+                )
+            self._rdzv = torchrun
+        else:
+            self._rdzv = Rendezvous("127.0.0.1", _free_port(), 0, self.size, 0, self.size,
+                                    True, "torch.multiprocessing")
+        self._store = connect_store(self._rdzv, timeout)
+        if torchrun is None:
+            context = mp.get_context("spawn")
+            for rank in range(1, self.size):
+                rdzv = replace(self._rdzv, rank=rank, local_rank=rank, host_store=False)
+                process = context.Process(
+                    target=spawned, args=(rdzv, os.getpid()), name=f"interlock-tp-rank{rank}",
+                    daemon=True,
+                )
+                process.start()
+                self._group.workers.append(process)
+        self._group.channel = join_control(self._rdzv, self._store, timeout)
+
+    # -- failures ----------------------------------------------------------------------
+
+    def _fail(self, error: BaseException) -> BaseException:
+        """Name the rank at fault, stop every rank, and remember the failure."""
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            self.close()
+            return error
+        culprit = self._culprit()
+        if culprit is None and isinstance(error, TensorParallelError):
+            failure = error
+        elif culprit is None:
+            failure = TensorParallelError(
+                f"tensor-parallel rank 0 failed: {type(error).__name__}: {_brief(error)}"
+            )
+        else:
+            failure = TensorParallelError(f"tensor-parallel {culprit}")
+        self._failed = failure
+        self._group.failed = True
+        self.close()
+        return failure
+
+    def _culprit(self) -> str | None:
+        """'rank N ...' for the first worker that reported an error or died, waiting a
+        little for its report (a collective can fail before the failing rank wrote it)."""
+        if self._rdzv is None or self._store is None:
+            return None
+        deadline = time.monotonic() + _GRACE_S
+        while True:
+            for rank in range(1, self.size):
+                error = reported_error(self._store, rank)
+                if error is not None:
+                    return f"rank {rank} failed: {error}"
+            for rank, process in enumerate(self._group.workers, start=1):
+                code = process.exitcode
+                if code is not None and code != 0:
+                    return f"rank {rank} (pid {process.pid}) died: {_exit_reason(code)}"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+
+@dataclass
+class _Group:
+    """What ``_shutdown`` ends: the spawned workers and the channel to every rank."""
+
+    workers: list[Any] = field(default_factory=list)
+    channel: Channel | None = None
+    failed: bool = False  # then the workers are ended at once, not asked to stop
+
+
+def _shutdown(group: _Group) -> None:
+    """Tell the workers to stop, then end any that has not within a few seconds."""
+    workers = group.workers
+    if group.channel is not None and not group.failed and dist.is_initialized():
+        try:
+            group.channel.send(messages.encode({"op": messages.STOP}))
+        except (RuntimeError, OSError, ValueError):
+            pass
+    deadline = time.monotonic() + (0.0 if group.failed else 5.0)
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    set_current(SINGLE)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _brief(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

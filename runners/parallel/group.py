@@ -1,0 +1,75 @@
+"""The tensor-parallel group a process belongs to, and the two collectives the model uses.
+
+The model code calls ``tp.all_reduce`` (after attention and after the MLP, and once for
+the vocabulary-parallel embedding) and ``tp.all_gather`` (the LM head's logits). On one
+rank both are the identity and torch.distributed is never touched. The collectives are
+plain ``torch.distributed`` calls, so a graph capture records them like any other op
+(the debug backend replays them eagerly; CUDA graphs capture NCCL kernels).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CollectiveTimes:
+    """Wall time spent inside collectives (host-synchronous backends only: gloo)."""
+
+    seconds: float = 0.0
+    calls: int = 0
+
+
+@dataclass(eq=False)
+class TensorParallel:
+    """Rank ``rank`` of ``size``; ``group`` is the torch.distributed group (None on one rank)."""
+
+    rank: int = 0
+    size: int = 1
+    group: dist.ProcessGroup | None = None
+    #: Set to a CollectiveTimes to time every collective (adds a clock read per call).
+    times: CollectiveTimes | None = field(default=None)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum ``x`` over the ranks, in place."""
+        if self.size == 1:
+            return x
+        start = time.perf_counter() if self.times is not None else 0.0
+        dist.all_reduce(x, group=self.group)
+        self._count(start)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, S] per rank -> [N, size * S], rank order along the last dim."""
+        if self.size == 1:
+            return x
+        start = time.perf_counter() if self.times is not None else 0.0
+        rows, cols = x.shape
+        out = torch.empty(self.size * rows, cols, dtype=x.dtype, device=x.device)
+        dist.all_gather_single(out, x.contiguous(), group=self.group)
+        self._count(start)
+        return out.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
+
+    def _count(self, start: float) -> None:
+        if self.times is not None:
+            self.times.seconds += time.perf_counter() - start
+            self.times.calls += 1
+
+
+SINGLE = TensorParallel()
+_current: TensorParallel = SINGLE
+
+
+def current() -> TensorParallel:
+    """The group this process was started in (``SINGLE`` outside a tensor-parallel run)."""
+    return _current
+
+
+def set_current(tp: TensorParallel) -> None:
+    """Called once by the process that joins a group, before its runner loads."""
+    global _current
+    _current = tp
