@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--dtype", choices=DTYPES, default="auto", help="model dtype (auto: the checkpoint's)"
     )
     parser.add_argument(
+        "--tensor-parallel-size", type=_positive, default=1, metavar="N",
+        help="split the model across N ranks (processes started here, or the ranks torchrun "
+        "started; default: 1)",
+    )
+    parser.add_argument(
         "--debug-graphs", action="store_true",
         help="replay the capture plan eagerly (the debug graph backend) even on a GPU",
     )
@@ -107,6 +113,9 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    worker = _torchrun_worker()
+    if worker is not None:
+        return worker
     from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
     from interlock.plugins import load_registry
     from interlock.runners.engine.sampling import SamplingParams
@@ -128,9 +137,9 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    resolution = resolve_model_run(
-        policy, model, overrides_of(args), **context_flags_of(args, policy)
-    )
+    flags = context_flags_of(args, policy)
+    flags["features"], flags["sources"] = _with_tensor_parallel(args, flags)
+    resolution = resolve_model_run(policy, model, overrides_of(args), **flags)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
@@ -215,6 +224,7 @@ def _execute(
             max_num_seqs=len(prompts),
             **({} if steps is None else {"max_num_batched_tokens": min(2048, steps)}),
             decision=decision,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
         loaded = time.perf_counter()
         if args.chat:
@@ -244,13 +254,50 @@ def _execute(
         "output_tokens_per_s": round(generated / (done - loaded), 2),
         "load_s": round(loaded - start, 4),
     }
-    return outputs, llm.report(), metrics, trace
+    report = llm.report()
+    llm.close()  # the other tensor-parallel ranks, if any
+    return outputs, report, metrics, trace
 
 
 class RunFailed(Exception):
     """The run itself failed (exit 4)."""
 
     kind = "runtime"
+
+
+def _torchrun_worker() -> int | None:
+    """Under torchrun every rank runs this command; a rank other than 0 serves rank 0's
+    orders (interlock.runners.parallel.worker) and returns its exit status."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK", "0") == "0":
+        return None
+    from interlock.runners.parallel.distributed import Rendezvous, TensorParallelError
+    from interlock.runners.parallel.worker import serve
+
+    try:
+        rdzv = Rendezvous.from_torchrun()
+    except TensorParallelError as exc:
+        raise InputError(str(exc)) from None
+    assert rdzv is not None
+    return serve(rdzv)
+
+
+def _with_tensor_parallel(
+    args: argparse.Namespace, flags: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The context's features and sources with the run's tensor_parallel_size given."""
+    from interlock.plugins.capabilities import TENSOR_PARALLEL
+
+    features, sources = dict(flags["features"]), dict(flags["sources"])
+    given = features.get(TENSOR_PARALLEL, args.tensor_parallel_size)
+    if given != args.tensor_parallel_size:
+        raise InputError(
+            f"--feature {TENSOR_PARALLEL}={given} disagrees with --tensor-parallel-size "
+            f"{args.tensor_parallel_size}; policy run splits the model as "
+            "--tensor-parallel-size says, so give that alone"
+        )
+    features[TENSOR_PARALLEL] = args.tensor_parallel_size
+    sources[f"features.{TENSOR_PARALLEL}"] = "given (--tensor-parallel-size)"
+    return features, sources
 
 
 def _step_tokens(prompts: list[Any]) -> int | None:
@@ -393,6 +440,7 @@ def _document(
         "metrics": metrics,
         "kernels": {k.op: k.implementation for k in report.kernels},
         "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
+        "tensor_parallel": asdict(report.tensor_parallel) if report.tensor_parallel else None,
     }
     if verbose:
         document["trace"] = [step.to_dict() for step in trace]
@@ -413,6 +461,14 @@ def _header(resolution: Any, provider: str, report: Any) -> str:
         f"compile={show_scalar(decision.compile)}; {_graph_summary(graphs)}",
     ]
     lines += [f"  fallback: {fallback}" for fallback in report.fallbacks]
+    tp = report.tensor_parallel
+    if tp is not None:
+        lines.append(
+            f"tensor parallel: {tp.size} ranks ({tp.backend}, {tp.launcher}), "
+            f"{tp.heads_per_rank} attention head(s) and {tp.kv_heads_per_rank} KV head(s) "
+            "per rank"
+        )
+        lines += [f"  {note}" for note in tp.notes]
     return "\n".join(lines) + "\n"
 
 

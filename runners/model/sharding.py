@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlock.core.errors import InputError
 from interlock.runners.model.config import ModelConfig
 
 
-class ShardingError(ValueError):
+class ShardingError(InputError):
     """A tensor-parallel size the model cannot be split into, with the numbers."""
 
 

@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from interlock.core.errors import InputError, InterlockError
 from interlock.runners.parallel.group import TensorParallel
 
 TIMEOUT_ENV = "INTERLOCK_TP_TIMEOUT"
@@ -37,8 +38,10 @@ _HEADER = struct.Struct("<q")
 _INLINE = 4096  # bytes broadcast every message; longer ones take a second broadcast
 
 
-class TensorParallelError(RuntimeError):
+class TensorParallelError(InterlockError, RuntimeError):
     """A tensor-parallel run that cannot go on: a rank failed, died or never joined."""
+
+    kind = "runtime"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def timeout_s() -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 86400:
-        raise TensorParallelError(
+        raise InputError(
             f"{TIMEOUT_ENV}={text!r} is invalid; allowed: seconds, a number in (0, 86400)"
         )
     return value
@@ -96,7 +99,7 @@ def backend_for(device_type: str) -> str:
         return "gloo"
     if device_type == "cuda":  # NCCL; torch's ROCm builds serve it with RCCL
         return "nccl"
-    raise TensorParallelError(
+    raise InputError(
         f"tensor parallelism on {device_type} has no torch.distributed backend here; "
         "allowed devices: cpu (gloo), cuda and rocm (nccl)"
     )

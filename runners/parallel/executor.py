@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from interlock.core.errors import InterlockError
 from interlock.plugins import load_import_path
 from interlock.runners.contract import (
     KVCacheSpec,
@@ -70,7 +71,7 @@ class TensorParallelRunner:
         self._store: dist.Store | None = None
         self._group = _Group()
         self._model: ModelSpec | None = None
-        self._failed: TensorParallelError | None = None
+        self._failed: Exception | None = None
         # Ends the workers when this runner is closed, collected, or the process exits.
         self._closer = weakref.finalize(self, _shutdown, self._group)
 
@@ -180,8 +181,8 @@ class TensorParallelRunner:
             self.close()
             return error
         culprit = self._culprit()
-        if culprit is None and isinstance(error, TensorParallelError):
-            failure = error
+        if culprit is None and isinstance(error, InterlockError):
+            failure: Exception = error  # already says what is wrong (a bad value, a rank)
         elif culprit is None:
             failure = TensorParallelError(
                 f"tensor-parallel rank 0 failed: {type(error).__name__}: {_brief(error)}"
