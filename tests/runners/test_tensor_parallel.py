@@ -1,0 +1,213 @@
+"""Tensor parallelism: greedy tokens at TP=2 equal TP=1 (fp32, gloo) for every tiny
+architecture and the demo model, alone and in a continuous batch, on mrv1 and mrv2 with
+and without graphs; the launcher, failures and refusals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+from runner_fixtures import PROMPTS, TINY_CONFIGS
+from tp_harness import Job, rank_main, run_job
+
+from interlock.llm import LLM
+from interlock.runners.contract import RunDecision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.model.checkpoint import resolve_model
+from interlock.runners.model.sharding import ShardingError, plan_shards
+from interlock.runners.parallel.distributed import TensorParallelError
+
+MODELS = [*TINY_CONFIGS, "demo"]
+DECISIONS = [("mrv1", "none"), ("mrv1", "full_and_piecewise"), ("mrv2", "none"),
+             ("mrv2", "full_and_piecewise")]
+SCENARIOS = ("alone", "batch")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _path(name: str, tiny_models: Any) -> str:
+    return "demo" if name == "demo" else str(tiny_models.path(name))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_models) -> dict[Job, Any]:
+    """Every parity job run once on a group of two ranks started once for the module."""
+    jobs = [(_path(m, tiny_models), r, c, s) for m in MODELS for r, c in DECISIONS
+            for s in SCENARIOS]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [context.Process(target=rank_main, args=(rank, 2, port, jobs, PROMPTS, results))
+             for rank in range(2)]
+    for process in ranks:
+        process.start()
+    found: dict[Job, Any] = {}
+    try:
+        while (item := results.get(timeout=600)) is not None:
+            found[item[0]] = item[1]
+    finally:
+        for process in ranks:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    return found
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize(("runner", "mode"), DECISIONS)
+@pytest.mark.parametrize("name", MODELS)
+def test_two_ranks_give_the_tokens_of_one(name, runner, mode, scenario, tiny_models, two_ranks):
+    job = (_path(name, tiny_models), runner, mode, scenario)
+    one = run_job(job, 1, PROMPTS)
+    assert two_ranks[job] == one
+    if scenario == "batch":
+        assert one == run_job((*job[:3], "alone"), 1, PROMPTS)
+
+
+def test_the_parity_models_include_fewer_kv_heads_than_ranks(tiny_models):
+    config = resolve_model(tiny_models.path("mistral")).config
+    plan = plan_shards(config, 2)
+    assert (config.num_kv_heads, plan.num_kv_heads, plan.kv_replicas) == (1, 1, 2)
+    assert "1 KV head(s) for 2 ranks: each KV head is replicated on 2 ranks" in plan.notes(config)
+
+
+# -- sizes refused before anything loads ------------------------------------------------
+
+
+def test_a_size_that_does_not_divide_the_heads_is_refused_naming_the_numbers(tiny_models):
+    config = resolve_model(tiny_models.path("llama")).config  # 4 heads, 2 KV heads
+    with pytest.raises(ShardingError) as caught:
+        plan_shards(config, 3)
+    message = str(caught.value)
+    assert "tensor_parallel_size=3" in message
+    assert "its 4 attention heads do not divide into 3 ranks" in message
+    assert "its 2 KV heads neither divide into 3 ranks nor divide 3" in message
+    assert "Sizes that split it: 1, 2, 4" in message
+
+
+def test_intermediate_sizes_must_divide(tiny_models):
+    config = resolve_model(tiny_models.path("qwen2_moe")).config
+    assert plan_shards(config, 4).shared_expert_intermediate_size == 12
+    odd = replace(config, moe=replace(config.moe, shared_expert_intermediate_size=50))
+    with pytest.raises(ShardingError, match="its shared expert intermediate size 50 does not "
+                       "divide into 4 ranks"):
+        plan_shards(odd, 4)
+
+
+def test_the_llm_refuses_before_starting_anything(tiny_models, monkeypatch):
+    def no_process(*_: Any, **__: Any) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(mp.get_context("spawn"), "Process", no_process)
+    with pytest.raises(ShardingError, match="4 attention heads do not divide into 3 ranks"):
+        LLM(str(tiny_models.path("llama")), tensor_parallel_size=3,
+            decision=RunDecision(runner="mrv1"))
+
+
+def test_the_vocabulary_is_padded_rather_than_refused():
+    config = resolve_model("demo").config
+    assert plan_shards(config, 2).vocab_rows == 16000  # 32000 splits evenly
+    odd = replace(config, vocab_size=32001)
+    plan = plan_shards(odd, 2)
+    assert plan.vocab_rows == 16001
+    assert "vocabulary 32001 padded by 1 rows to 16001 per rank" in plan.notes(odd)
+
+
+# -- the launcher: spawned workers, rank 0 broadcasting, failures ------------------------
+
+
+def test_llm_splits_the_demo_model_as_the_policy_decides():
+    prompts = [[1, 2, 3], [5, 6, 7, 8, 9]]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    one = [o.token_ids for o in LLM("demo", max_num_seqs=2).generate(prompts, params)]
+    with LLM("demo", max_num_seqs=2, tensor_parallel_size=2) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == one
+        features = llm.resolution.context.features
+        assert features["tensor_parallel_size"] == 2
+        assert llm.resolution.context.source("features.tensor_parallel_size") == (
+            "given (tensor_parallel_size=2)"
+        )
+        split = llm.report().tensor_parallel
+        assert (split.size, split.backend, split.launcher) == (2, "gloo", "torch.multiprocessing")
+        assert (split.heads_per_rank, split.kv_heads_per_rank) == (4, 2)
+        pids = llm.engine.runner.worker_pids
+    _assert_gone(pids)
+
+
+def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
+    llm = LLM(str(tiny_models.path("mistral")), tensor_parallel_size=2, max_num_seqs=2,
+              decision=RunDecision(runner="mrv1"))
+    notes = llm.report().tensor_parallel.notes
+    assert any("replicated on 2 ranks" in note for note in notes)
+    engine = llm.engine
+    for prompt in PROMPTS[:2]:
+        engine.add_request(engine.make_request(prompt, SamplingParams(max_tokens=50)))
+    for _ in range(3):
+        engine.step()
+    [pid] = llm.engine.runner.worker_pids
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError) as caught:
+        for _ in range(50):
+            engine.step()
+    assert time.monotonic() - start < 30
+    assert f"rank 1 (pid {pid}) died: killed by SIGKILL" in str(caught.value)
+    with pytest.raises(TensorParallelError):  # the runner stays failed, it does not hang
+        engine.step()
+    _assert_gone([pid])
+
+
+def test_a_raising_worker_is_named_with_its_error(tiny_models):
+    from interlock.runners.contract import ModelSpec
+    from interlock.runners.engine.engine import Engine, EngineConfig
+    from interlock.runners.engine.kv_cache import plan_kv_cache
+    from interlock.runners.parallel.executor import TensorParallelRunner
+
+    config = resolve_model(tiny_models.path("llama")).config
+    spec = ModelSpec(name=str(tiny_models.path("llama")), config=config, dtype="float32",
+                     device="cpu", max_model_len=64, max_num_seqs=2, tensor_parallel_size=2)
+    kv = plan_kv_cache(config, "float32", 4, 64, 2, num_blocks=32, tensor_parallel_size=2)
+    runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2)
+    engine = Engine(spec, kv, runner, RunDecision(runner="mrv1"), EngineConfig(max_num_seqs=2))
+    engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(max_tokens=20)))
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError) as caught:
+        while engine.has_unfinished():
+            engine.step()
+    assert time.monotonic() - start < 30
+    assert "tensor-parallel rank 1 failed: RuntimeError: rank 1 fails at step 3 on purpose" in (
+        str(caught.value)
+    )
+    _assert_gone(runner.worker_pids)
+
+
+def _assert_gone(pids: Any) -> None:
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"worker {pid} outlived the run"
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped) is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+    return True
