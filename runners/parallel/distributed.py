@@ -30,6 +30,7 @@ from interlock.core.errors import InputError, InterlockError
 from interlock.runners.parallel.group import TensorParallel
 
 TIMEOUT_ENV = "INTERLOCK_TP_TIMEOUT"
+THREADS_ENV = "INTERLOCK_TP_THREADS"
 DEFAULT_TIMEOUT_S = 30.0
 #: A worker waits for rank 0's next message as long as the engine stays idle.
 CONTROL_TIMEOUT = timedelta(days=365)
@@ -157,10 +158,20 @@ def join_tensor_parallel(
 
 
 def set_threads(device: torch.device, ranks_here: int) -> None:
-    """On CPU each rank computes with its share of this machine's cores."""
-    if device.type == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(max(1, (cores or 1) // ranks_here))
+    """On CPU each rank computes with its share of this machine's cores (``cores // ranks``,
+    or ``INTERLOCK_TP_THREADS`` threads each)."""
+    if device.type != "cpu":
+        return
+    text = os.environ.get(THREADS_ENV)
+    if text is not None:
+        if not text.isdigit() or int(text) < 1:
+            raise TensorParallelError(
+                f"{THREADS_ENV}={text!r} is invalid; allowed: an integer >= 1"
+            )
+        torch.set_num_threads(int(text))
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // ranks_here))
 
 
 class Channel:

