@@ -53,7 +53,7 @@ from interlock.runners.parallel.distributed import (
     timeout_s,
 )
 from interlock.runners.parallel.group import SINGLE, TensorParallel, set_current
-from interlock.runners.parallel.worker import rank_device, spawned
+from interlock.runners.parallel.worker import INTERRUPTED, rank_device, spawned
 
 #: How long rank 0 waits, after a collective failed, for the failing rank's own report.
 _GRACE_S = 5.0
@@ -178,9 +178,14 @@ class TensorParallelRunner:
     def _fail(self, error: BaseException) -> BaseException:
         """Name the rank at fault, stop every rank, and remember the failure."""
         if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            self._group.failed = True  # the workers may be mid-step: end them now
             self.close()
             return error
-        culprit = self._culprit()
+        culprit, code = self._culprit()
+        self._group.failed = True
+        if code == INTERRUPTED:  # a Ctrl-C reached that rank first: this is an interruption
+            self.close()
+            return KeyboardInterrupt()
         if culprit is None and isinstance(error, InterlockError):
             failure: Exception = error  # already says what is wrong (a bad value, a rank)
         elif culprit is None:
@@ -190,27 +195,27 @@ class TensorParallelRunner:
         else:
             failure = TensorParallelError(f"tensor-parallel {culprit}")
         self._failed = failure
-        self._group.failed = True
         self.close()
         return failure
 
-    def _culprit(self) -> str | None:
-        """'rank N ...' for the first worker that reported an error or died, waiting a
-        little for its report (a collective can fail before the failing rank wrote it)."""
+    def _culprit(self) -> tuple[str | None, int | None]:
+        """('rank N ...', its exit status) for the first worker that reported an error or
+        died, waiting a little for its report (a collective can fail before the failing
+        rank wrote it); (None, None) when none did."""
         if self._rdzv is None or self._store is None:
-            return None
+            return None, None
         deadline = time.monotonic() + _GRACE_S
         while True:
             for rank in range(1, self.size):
                 error = reported_error(self._store, rank)
                 if error is not None:
-                    return f"rank {rank} failed: {error}"
+                    return f"rank {rank} failed: {error}", None
             for rank, process in enumerate(self._group.workers, start=1):
                 code = process.exitcode
                 if code is not None and code != 0:
-                    return f"rank {rank} (pid {process.pid}) died: {_exit_reason(code)}"
+                    return f"rank {rank} (pid {process.pid}) died: {_exit_reason(code)}", code
             if time.monotonic() > deadline:
-                return None
+                return None, None
             time.sleep(0.05)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,56 @@ def test_bad_timeouts_are_refused(policy_run, tiny_llama, monkeypatch, value):
     result = policy_run("--model", tiny_llama, "--tensor-parallel-size", "2")
     assert result.code == 1
     assert f"INTERLOCK_TP_TIMEOUT={value!r} is invalid" in result.err
+
+
+def test_ctrl_c_stops_every_rank(tiny_llama):
+    """SIGINT to the foreground process group, as a terminal's Ctrl-C sends it, mid-run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    command = [sys.executable, "-m", "interlock.cli", "run", "--model", str(tiny_llama),
+               "--tensor-parallel-size", "2", "--max-tokens", "120", "--ignore-eos",
+               "--set", "cudagraph=none"]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _children(run.pid):
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.1)
+        workers = _children(run.pid)
+        time.sleep(3)  # loading or generating: either way every rank must stop
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    for pid in workers:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"rank process {pid} survived"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and "spawn" in _cmdline(stat.parent):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -269,3 +269,46 @@ def test_smollm2_at_three_ranks_answers_as_one(smollm2):
     assert three[0].token_ids == one[0].token_ids
     assert three[0].text == one[0].text
     assert (split.size, split.heads_per_rank, split.kv_heads_per_rank) == (3, 3, 1)
+
+
+# -- GPUs: NCCL collectives inside CUDA graphs --------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_two_gpus_with_cuda_graphs_give_the_tokens_of_one(runner):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs for NCCL tensor parallelism, found {torch.cuda.device_count()}")
+    prompts = [[1, 2, 3], [5, 6, 7, 8, 9]]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    decision = RunDecision(runner=runner, cudagraph="full_and_piecewise")
+    options = {"device": "cuda", "max_num_seqs": 2, "decision": decision}
+    one = [o.token_ids for o in LLM("demo", **options).generate(prompts, params)]
+    with LLM("demo", tensor_parallel_size=2, **options) as llm:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == one
+        report = llm.report()
+    assert report.graphs.backend == "cuda" and not report.graphs.failed
+    assert report.tensor_parallel.backend == "nccl"
+
+
+def test_a_rank_that_never_joins_is_reported_within_the_bound():
+    from interlock.runners.parallel.distributed import Rendezvous, connect_store, join_control
+
+    rdzv = Rendezvous("127.0.0.1", _free_port(), 0, 2, 0, 2, True, "test")
+    store = connect_store(rdzv, 1.0)
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 0: only 1 of 2 ranks joined the "
+                       r"rendezvous at 127\.0\.0\.1:\d+ within 1 s \(INTERLOCK_TP_TIMEOUT"):
+        join_control(rdzv, store, 1.0)
+    assert time.monotonic() - start < 5
+
+
+def test_a_worker_without_a_store_to_reach_says_where_it_looked():
+    from interlock.runners.parallel.distributed import Rendezvous, connect_store
+
+    rdzv = Rendezvous("127.0.0.1", _free_port(), 1, 2, 1, 2, False, "test")
+    with pytest.raises(TensorParallelError, match=r"rank 1: cannot reach the rendezvous store "
+                       r"at 127\.0\.0\.1:\d+ within 1 s"):
+        connect_store(rdzv, 1.0)
