@@ -16,7 +16,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from interlock.kernels import REGISTRY
 from interlock.plugins import load_import_path
+from interlock.plugins.kernels import install_plugin_kernels
 from interlock.runners.contract import ModelSpec
 from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.parallel import messages
@@ -65,6 +67,9 @@ def serve(rdzv: Rendezvous) -> int:
                 f"{fields['tensor_parallel_size']}"
             )
         set_current(tp)
+        # As on rank 0 (interlock.llm): plugin kernels join the registry before any runner
+        # builds its kernel table; rank 0 already logged any that failed to install.
+        install_plugin_kernels(REGISTRY)
         config = resolve_model(fields["name"]).config
         spec = ModelSpec(config=config, **{**fields, "device": str(device)})
         runner = load_import_path(factory)()
