@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
+import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -144,6 +146,11 @@ class TensorParallelRunner:
 
     def _start(self) -> None:
         timeout = timeout_s()
+        if dist.is_initialized():
+            raise TensorParallelError(
+                "this process already belongs to a torch.distributed group (another "
+                "tensor-parallel LLM not closed?); close it (LLM.close) before starting another"
+            )
         torchrun = Rendezvous.from_torchrun()
         if torchrun is not None:
             if torchrun.world_size != self.size:
@@ -157,21 +164,27 @@ class TensorParallelRunner:
                     "ranks serve (interlock.runners.parallel.worker.serve)"
                 )
             self._rdzv = torchrun
-        else:
-            self._rdzv = Rendezvous("127.0.0.1", _free_port(), 0, self.size, 0, self.size,
-                                    True, "torch.multiprocessing")
+        else:  # port 0: the store picks a free port, the workers are told which
+            self._rdzv = Rendezvous("127.0.0.1", 0, 0, self.size, 0, self.size, True,
+                                    "torch.multiprocessing")
         self._store = connect_store(self._rdzv, timeout)
+        self._rdzv = replace(self._rdzv, port=self._store.port)
         if torchrun is None:
-            context = mp.get_context("spawn")
-            for rank in range(1, self.size):
-                rdzv = replace(self._rdzv, rank=rank, local_rank=rank, host_store=False)
-                process = context.Process(
-                    target=spawned, args=(rdzv, os.getpid()), name=f"interlock-tp-rank{rank}",
-                    daemon=True,
-                )
-                process.start()
-                self._group.workers.append(process)
+            with _sigint_ignored():
+                self._spawn()
         self._group.channel = join_control(self._rdzv, self._store, timeout)
+
+    def _spawn(self) -> None:
+        assert self._rdzv is not None
+        context = mp.get_context("spawn")
+        for rank in range(1, self.size):
+            rdzv = replace(self._rdzv, rank=rank, local_rank=rank, host_store=False)
+            process = context.Process(
+                target=spawned, args=(rdzv, os.getpid()), name=f"interlock-tp-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            self._group.workers.append(process)
 
     # -- failures ----------------------------------------------------------------------
 
@@ -247,12 +260,20 @@ def _shutdown(group: _Group) -> None:
     set_current(SINGLE)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Workers start with Ctrl-C ignored (the disposition survives the exec of spawn) until
+    they can stop cleanly; until then rank 0, which gets it too, ends them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exit_reason(code: int) -> str:

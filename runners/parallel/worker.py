@@ -92,8 +92,10 @@ def serve(rdzv: Rendezvous) -> int:
 
 
 def spawned(rdzv: Rendezvous, parent: int) -> None:
-    """Entry of a worker that rank 0 spawned with torch.multiprocessing."""
+    """Entry of a worker that rank 0 spawned with torch.multiprocessing (started with Ctrl-C
+    ignored: from here on it stops the worker cleanly)."""
     _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(serve(rdzv))
 
 
