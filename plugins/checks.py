@@ -69,8 +69,8 @@ GPU_PLATFORMS = ("cuda", "rocm", "xpu")
 
 
 def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterator[Finding]:
-    """Errors: the defaults' runner (following its fallbacks) serves no GPU platform the
-    context may name, or its fallback chain loops; either way some contexts cannot resolve."""
+    """The defaults' runner (following its fallbacks) serves none of the GPU platforms (a
+    warning), or its fallback chain loops (an error): either way contexts fail to resolve."""
     setting = subject.policy.defaults.get("runner")
     if setting is None or registry.find(setting.value) is None:
         return  # an unregistered runner is reported by unknown-runner
@@ -88,14 +88,15 @@ def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterat
             f"defaults.runner {setting.value}: its fallback chain loops: {loop}",
         )
     specs = [reg.spec for n in chain if (reg := registry.find(n)) is not None]
-    for platform in GPU_PLATFORMS:
-        if not any(platform in spec.platforms for spec in specs):
-            yield subject.finding(
-                setting.location, ERROR, "default-runner-unserved",
-                f"defaults.runner {setting.value} (fallbacks: {' -> '.join(chain)}) serves no "
-                f"runner on {platform}: every {platform} context without a rule choosing "
-                "another runner fails",
-            )
+    unserved = [p for p in GPU_PLATFORMS if not any(p in spec.platforms for spec in specs)]
+    if unserved:
+        # A warning: a site policy for CPU-only machines is legitimate; `--strict` fails it.
+        yield subject.finding(
+            setting.location, WARNING, "default-runner-unserved",
+            f"defaults.runner {setting.value} (fallbacks: {' -> '.join(chain)}) serves no "
+            f"runner on {', '.join(unserved)}: contexts there fail to resolve unless a rule "
+            "chooses another runner (policy table shows them as errors)",
+        )
 
 
 def registered_runners(registry: PluginRegistry) -> RunnerCheck:

@@ -28,7 +28,7 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
-from interlock.core.errors import InputError
+from interlock.core.errors import InputError, InterlockError
 from interlock.core.fields import show_scalar
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -259,7 +259,7 @@ def _execute(
     return outputs, report, metrics, trace
 
 
-class RunFailed(Exception):
+class RunFailed(InterlockError):
     """The run itself failed (exit 4)."""
 
     kind = "runtime"

@@ -14,8 +14,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from interlock.core.errors import InputError
 
-class FileProblem(ValueError):
+
+class FileProblem(InputError):
     """Why a file cannot be used: ``str()`` is ``file:line:col: detail`` (as much of the
     location as is known); the parts are kept for structured errors."""
 

@@ -174,8 +174,8 @@ def test_24_check_reports_an_unservable_default_and_a_fallback_loop(
         "error: fallback-loop: defaults.runner cpuonly: its fallback chain loops: "
         "cpuonly -> loopy -> cpuonly" in res.out
     )
-    for platform in ("cuda", "rocm", "xpu"):
-        assert f"serves no runner on {platform}" in res.out
+    assert "warning: default-runner-unserved: defaults.runner cpuonly (fallbacks: cpuonly -> " \
+        "loopy) serves no runner on cuda, rocm, xpu" in res.out
     res = cli("table", "--policy", policy)
     assert res.code == 1 and "Traceback" not in res.err
     assert "error:" in res.out and "DsaModel" in res.out and "cpu " in res.out
