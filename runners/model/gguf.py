@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -457,15 +457,12 @@ def build_tokenizer(model: GGUFModel) -> tuple[Any, dict[str, Any]]:
     return tokenizer, config
 
 
-def convert(
-    model: GGUFModel, directory: Path, progress: Callable[[str], None] | None = None
-) -> None:
+def convert(model: GGUFModel, directory: Path) -> None:
     """Write the converted model into ``directory`` (which must exist and be empty)."""
     tokenizer, tokenizer_config = build_tokenizer(model)
     _write_safetensors(
         directory / "model.safetensors", model.tensors,
         {"source": model.path.name, "converter": f"interlock gguf v{CONVERTER_VERSION}"},
-        progress,
     )
     tokenizer.save(str(directory / "tokenizer.json"))
     _write_json(directory / "tokenizer_config.json", tokenizer_config)
@@ -480,7 +477,6 @@ def _write_safetensors(
     path: Path,
     tensors: tuple[GGUFTensor, ...],
     metadata: dict[str, str],
-    progress: Callable[[str], None] | None,
 ) -> None:
     """Stream the tensors into one safetensors file, one tensor in memory at a time.
 
@@ -502,9 +498,7 @@ def _write_safetensors(
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(encoded)))
         fh.write(encoded)
-        for i, t in enumerate(tensors):
-            if progress is not None:
-                progress(f"{i + 1}/{len(tensors)} {t.gguf_name}")
+        for t in tensors:
             values = tensor_values(t)
             if t.stored_dtype != "BF16":  # little-endian, as safetensors stores
                 values = values.astype("<f4" if t.stored_dtype == "F32" else "<f2", copy=False)

@@ -44,9 +44,9 @@ def conversions(monkeypatch):
     seen = []
     convert = converter.convert
 
-    def counting(model, directory, progress=None):
+    def counting(model, directory):
         seen.append(model.path)
-        convert(model, directory, progress)
+        convert(model, directory)
 
     monkeypatch.setattr(converter, "convert", counting)
     return seen
