@@ -31,8 +31,9 @@ def _policy_for(snapshot: Path) -> Path:
     return history if history.exists() else REPO / "policies.yaml"
 
 
-def test_the_newest_snapshot_is_the_shipped_release() -> None:
-    assert SNAPSHOTS[-1].stem == "vllm-0.33.0"
+def test_there_is_a_snapshot_per_release_and_the_newest_is_shipped() -> None:
+    stems = [p.stem for p in SNAPSHOTS]
+    assert stems == ["vllm-0.30.0", "vllm-0.31.0", "vllm-0.32.0", "vllm-0.33.0"]
     assert _policy_for(SNAPSHOTS[-1]) == REPO / "policies.yaml"
     assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0"
 

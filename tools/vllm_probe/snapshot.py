@@ -10,9 +10,10 @@ name (``probe.py --list-defaults``) + every architecture in interlock's
 policies' catalogs; platforms = cuda sm_90, sm_100, rocm gfx942, gfx950; env =
 VLLM_USE_V2_MODEL_RUNNER x VLLM_USE_BREAKABLE_CUDAGRAPH, each unset/"0"/"1".
 
-Cost (measured on a 2-core machine): ~10-15 s to import vLLM per process, then
-~10-30 ms per context (the model class is inspected once per architecture, on
-the CPU platform, and cached by vLLM itself). A whole release takes ~2 minutes.
+Cost (measured on a shared 2-core machine at load 10-17): 10-100 s to import vLLM
+per process, then a median of 34-140 ms per context (the model class is inspected
+once per architecture, on the CPU platform, and cached by vLLM itself); 18-22
+minutes of wall time per release, most of it imports.
 """
 
 from __future__ import annotations
