@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import transformers_greedy
 from gguf_builders import train_vocab, write_tiny_gguf
+from hf_oracle import transformers_greedy
 
 from interlock.llm import LLM
 from interlock.runners.contract import RunDecision

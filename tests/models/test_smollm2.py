@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import transformers_greedy
+from hf_oracle import transformers_greedy
 from safetensors.torch import load_file
 
 from interlock.llm import LLM
