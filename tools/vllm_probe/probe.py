@@ -12,15 +12,21 @@ Stand-ins, each the smallest that lets the config code run on a CPU machine:
 - ``vllm._C_stable_libtorch`` (loads libcuda at import): an empty module;
 - ROCm reads ``gcnArchName`` at import: ``torch.cuda.get_device_properties`` answers it;
 - ``HAS_TRITON`` in ``vllm.config.vllm``: True (the GPU build ships Triton);
-- ``torchvision`` (the registry's build needs CUDA torch): an import-only module;
-- a model whose class cannot be inspected here (CUDA-only extensions, sub-configs of
-  a real checkpoint): registered under its own name with Llama's class, so every
-  decision keyed on the architecture name is exact; such rows are ``surrogate``.
+- model classes are inspected on the CPU platform into vLLM's own model-info cache
+  (``--inspect``), since vLLM's inspection subprocess would see neither a GPU nor
+  these stand-ins;
+- a model whose class cannot be inspected here (CUDA-only extensions, torchvision,
+  which is not installed: the registry's build needs CUDA torch) or whose config
+  path fails on the stand-in config (sub-configs of a real checkpoint): registered
+  under its own name with Llama's class, so every decision keyed on the
+  architecture name is exact; such rows are ``surrogate``;
+- a release that resolves the platform during ``import vllm`` (0.31.0) gets the
+  stand-in rebound in the modules that took the machine's own.
 
 Each stand-in names the vLLM symbol it replaces; when that symbol has moved the
 probe stops with ``ProbeError`` naming it.
 
-Output: one JSON object per context on stdout-like ``--out`` (JSON lines).
+Output: one JSON object per context, appended to ``--out`` (JSON lines).
 """
 
 from __future__ import annotations
