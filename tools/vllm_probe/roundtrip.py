@@ -36,7 +36,7 @@ def round_trip(
 
     policy = load_policy(policy_paths)
     snapshot = load_snapshot(snapshot_path)
-    python = venv / "bin" / "python"
+    python = venv.resolve() / "bin" / "python"
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     started = time.perf_counter()

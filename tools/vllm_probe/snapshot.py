@@ -66,7 +66,7 @@ def _last_json(text: str) -> Any:
 
 
 def build(args: argparse.Namespace) -> int:
-    python = Path(args.venv) / "bin" / "python"
+    python = Path(args.venv).resolve() / "bin" / "python"
     if not (Path(args.venv) / f".installed-{args.vllm}").exists():
         raise SnapshotError(
             f"no complete probe venv for vLLM {args.vllm} at {args.venv}; "
