@@ -41,7 +41,7 @@ import torch
 
 from interlock.llm import LLM
 from interlock.model_run import DEMO, model_target
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint
 from interlock.runners.model.config import ModelConfig, load_config
@@ -101,7 +101,7 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
         return statistics.median(timed(forward_products) for _ in range(reps)) * 1e3
 
 
-def policy_decision(platform: str, target: str) -> RunDecision:
+def policy_decision(platform: str, target: str) -> Decision:
     """The decision the shipped policy resolves for the model (``demo``: its architecture)
     on ``platform`` (``policy resolve``, capabilities stage included)."""
     model = [demo_config().architecture] if target == DEMO else ["--model", target]
@@ -109,7 +109,7 @@ def policy_decision(platform: str, target: str) -> RunDecision:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed: {result.stderr.strip()}")
-    return RunDecision(**json.loads(result.stdout)["decision"])
+    return Decision(**json.loads(result.stdout)["decision"])
 
 
 def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dict[str, float]:
@@ -232,7 +232,7 @@ def main() -> None:
     target = model_target(args.model)
     decision = policy_decision("cpu", target)
     if args.runner is not None or args.cudagraph is not None:
-        decision = RunDecision(
+        decision = Decision(
             runner=args.runner or decision.runner, cudagraph=args.cudagraph or decision.cudagraph,
             breakable=decision.breakable, compile=decision.compile,
             capture_sizes=decision.capture_sizes,

@@ -27,7 +27,7 @@ import torch
 from bench_model import decode_weight_bytes, machine
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 RUNNERS = ("mrv1", "mrv2")
@@ -106,7 +106,7 @@ def main() -> None:
     configs = []
     for runner in RUNNERS:
         for mode, breakable in MODES:
-            decision = RunDecision(runner, mode, breakable, capture_sizes=(1, 2, 4, 8, 16))
+            decision = Decision(runner, mode, breakable, capture_sizes=(1, 2, 4, 8, 16))
             llm = LLM(
                 "demo", device=device, max_num_seqs=max(batches),
                 max_num_batched_tokens=max(batches) * PROMPT_LEN,

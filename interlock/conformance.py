@@ -166,7 +166,7 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     from pathlib import Path
 
     from interlock.core.platform import detect_platform
-    from interlock.runners.contract import RunDecision
+    from interlock.runners.contract import Decision
     from interlock.runners.mrv1.runner import MRV1Runner
 
     platform = detect_platform()[0]
@@ -174,14 +174,14 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp)
         (model / "config.json").write_text(json.dumps(TINY_LLAMA))
-        expected = _generate(model, platform, MRV1Runner(), RunDecision())
+        expected = _generate(model, platform, MRV1Runner(), Decision())
         for spec in record.runners:
             support = spec.platforms.get(platform)
             if support is None:
                 continue
-            decisions = [RunDecision(spec.name, mode) for mode in support.cudagraph]
+            decisions = [Decision(spec.name, mode) for mode in support.cudagraph]
             if support.breakable:
-                decisions.append(RunDecision(spec.name, support.cudagraph[-1], breakable=True))
+                decisions.append(Decision(spec.name, support.cudagraph[-1], breakable=True))
             for decision in decisions:
                 what = f"cudagraph={decision.cudagraph}" + (
                     " breakable" if decision.breakable else ""

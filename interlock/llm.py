@@ -53,7 +53,7 @@ from interlock.model_run import (
 from interlock.plugins.capabilities import TENSOR_PARALLEL
 from interlock.policy.context import has_triton_fact
 from interlock.policy.loader import load_policy
-from interlock.runners.contract import ModelSpec, RunDecision, Runner, RunnerReport
+from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport
 from interlock.runners.engine.engine import Engine, EngineConfig
 from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.request import Request
@@ -64,7 +64,7 @@ from interlock.runners.parallel.executor import TensorParallelRunner
 
 if TYPE_CHECKING:
     from interlock.plugins.kernels import KernelInstall
-    from interlock.policy.resolution import Decision, Resolution
+    from interlock.policy.resolution import Resolution
 
 Prompt = str | Sequence[int]
 Message = Mapping[str, str]  # {"role": ..., "content": ...}
@@ -101,7 +101,7 @@ class LLM:
         max_num_batched_tokens: int = 2048,
         max_model_len: int | None = None,
         runner: Runner | None = None,
-        decision: RunDecision | None = None,
+        decision: Decision | None = None,
         policy: Sequence[str | os.PathLike[str]] | None = None,
         overrides: Mapping[str, Any] | None = None,
         tensor_parallel_size: int = 1,
@@ -114,19 +114,19 @@ class LLM:
             raise InputError(
                 f"runner={type(runner).__name__} object with tensor_parallel_size="
                 f"{tensor_parallel_size}: every rank builds its own runner, so name it through "
-                "a decision (RunDecision(runner=...)) instead"
+                "a decision (Decision(runner=...)) instead"
             )
         if decision is None:
             if runner is not None:
                 raise InputError(
                     f"runner={type(runner).__name__} object given without a decision: pass "
-                    "decision=RunDecision(...) saying how to run it (the policy decides only "
+                    "decision=Decision(...) saying how to run it (the policy decides only "
                     "for the runners plugins register)"
                 )
             self.resolution: Resolution | None = _resolve(
                 source.name, device, policy, overrides, tensor_parallel_size
             )
-            decision = run_decision(self.resolution.decision)
+            decision = self.resolution.decision
             decided = decided_by(self.resolution)
         else:
             if policy is not None or overrides:
@@ -371,17 +371,6 @@ def runner_from_plugin(name: str) -> Runner:
     return runner
 
 
-def run_decision(decision: Decision) -> RunDecision:
-    """The part of a policy decision a runner acts on."""
-    return RunDecision(
-        runner=decision.runner,
-        cudagraph=decision.cudagraph,
-        breakable=decision.breakable,
-        compile=decision.compile,
-        capture_sizes=decision.capture_sizes,
-    )
-
-
 def _resolve(
     model: str | Path,
     device: str | None,
@@ -409,7 +398,7 @@ def _resolve(
     )
 
 
-def _given_by_caller(decision: RunDecision) -> str:
+def _given_by_caller(decision: Decision) -> str:
     values = {name: getattr(decision, name) for name in LOGGED_FIELDS}
     return decision_line(values, dict.fromkeys(LOGGED_FIELDS, GIVEN_BY_CALLER))
 

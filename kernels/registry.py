@@ -13,11 +13,11 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from interlock.core.decision import DTYPES
 from interlock.core.errors import InterlockError
 
 PLATFORMS = ("cpu", "cuda", "rocm", "xpu")
 GPU_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
-DTYPES = ("float32", "bfloat16", "float16")
 FORCE_ENV = "INTERLOCK_KERNELS"
 #: The backend of the torch references (``interlock.kernels.reference``): an op exists
 #: because its reference does; every other backend implements some of those ops.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from interlock.core.fields import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
 from interlock.plugins.manager import add_plugin, load_registry, remove_plugin, reset
 from interlock.plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner

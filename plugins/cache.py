@@ -22,7 +22,7 @@ from interlock.core.disk_cache import read_json, write_json
 from interlock.plugins.api import PLUGIN_API_VERSION
 from interlock.plugins.registry import PluginRecord, PluginRegistry
 from interlock.plugins.settings import Settings
-from interlock.plugins.spec import KernelSpec, RunnerSpec
+from interlock.plugins.spec import SERVED_FIELDS, KernelSpec, RunnerSpec
 
 if TYPE_CHECKING:
     from interlock.plugins.discovery import Discovery
@@ -44,6 +44,8 @@ def _key(settings: Settings) -> str:
         sys.executable,
         sys.version,
         PLUGIN_API_VERSION,
+        # A decision field runners declare changes the stored PlatformSupport (from_dict).
+        ",".join(SERVED_FIELDS),
         ",".join(sorted(settings.disabled)),
         str(settings.strict),
         *_search_path(),

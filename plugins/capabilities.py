@@ -1,9 +1,10 @@
 """Stage 5 of the decision pipeline: what the chosen runner plugin can serve.
 
-A value from defaults or rules that the runner cannot serve falls back along a
-declared chain (the runner's ``fallback``; cudagraph ``full_and_piecewise ->
-piecewise -> none``, ``full``/``full_decode_only -> none``; breakable and
-compile -> false), each step recorded with its reason. A value forced by an env
+A value from defaults or rules that the runner cannot serve (``PlatformSupport.serves``) falls
+back along a declared chain (the runner's ``fallback``; each decision field's own, declared with
+:class:`interlock.core.decision.Decision`: cudagraph ``full_and_piecewise -> piecewise -> none``,
+``full``/``full_decode_only -> none``; breakable and compile -> false), each step recorded with
+its reason. A value forced by an env
 binding or an override that cannot be served is an error naming every
 unsupported item and how to choose otherwise. Nothing changes without a trace
 step.
@@ -14,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.decision import FIELDS, Decision
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
-from interlock.plugins.spec import REQUIRABLE_FACTS
+from interlock.plugins.spec import REQUIRABLE_FACTS, SERVED_FIELDS, PlatformSupport
 from interlock.policy.conditions import FeatureMatch, NameMatch
 from interlock.policy.context import ASSUMED
 from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
@@ -25,20 +27,8 @@ from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenan
 if TYPE_CHECKING:
     from interlock.policy.resolution import Draft
 
-#: The next cudagraph mode to try when one is unsupported; `none` is always served.
-DOWNGRADE = {
-    "full_and_piecewise": "piecewise",
-    "piecewise": "none",
-    "full": "none",
-    "full_decode_only": "none",
-}
-#: On/off capabilities a runner declares per platform, with their names in messages;
-#: unsupported, they fall back to false.
-SWITCHES = {"breakable": "breakable capture", "compile": "torch.compile"}
 #: The context feature naming how many ranks the model is sharded across.
 TENSOR_PARALLEL = "tensor_parallel_size"
-#: Decision fields checked against the runner besides the runner itself.
-MODE_FIELDS = ("cudagraph", *SWITCHES)
 
 
 class CapabilityError(PolicyError):
@@ -90,7 +80,7 @@ def unsupported_items(
     spec: RunnerSpec, draft: Draft, forced: Mapping[str, Any]
 ) -> list[tuple[str, str]]:
     """Everything ``spec`` cannot serve, as (field at fault, message): ``runner`` for the
-    context (platform, facts, features), or the forced mode field at fault."""
+    context (platform, facts, features), or the forced decision field at fault."""
     platform = draft.context.platform
     support = spec.platforms.get(platform)
     if support is None:
@@ -131,59 +121,49 @@ def unsupported_items(
             items.append(
                 ("runner", f"{spec.name} does not support {unsupported.feature} ({observed})")
             )
-    mode = forced.get("cudagraph")
-    if mode is not None and mode not in support.cudagraph:
-        items.append(
-            (
-                "cudagraph",
-                f"{spec.name} does not support cudagraph={mode} on {platform} "
-                f"(it supports: {', '.join(support.cudagraph)})",
-            )
-        )
-    for field, label in SWITCHES.items():
-        if forced.get(field) is True and not getattr(support, field):
-            items.append((field, f"{spec.name} does not support {label} on {platform}"))
+    if forced:
+        for unserved in support.serves(Decision(**draft.values)):
+            if unserved.field in forced:
+                offered = f" (it supports: {unserved.offered})" if unserved.offered else ""
+                items.append(
+                    (
+                        unserved.field,
+                        f"{spec.name} does not support {unserved.what} on {platform}{offered}",
+                    )
+                )
     return items
 
 
 def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
-    """Check the draft's runner, cudagraph mode and switches against the runner's spec."""
+    """Check the draft's runner, then each decision field the runner declares, against the
+    runner's spec; an unserved value falls back along its field's chain."""
     chosen = _choose_runner(draft, registry)
     name, platform = chosen.spec.name, draft.context.platform
     support = chosen.spec.platforms[platform]
-    mode = draft.values["cudagraph"]
-    if mode not in support.cudagraph:
-        chain = [mode]
-        while chain[-1] not in support.cudagraph:
-            chain.append(DOWNGRADE[chain[-1]])
-            why = f"{name} does not support cudagraph={chain[-2]} on {platform}"
+    for unserved in support.serves(Decision(**draft.values)):
+        field, spec = unserved.field, FIELDS[unserved.field]
+        chain = [unserved.value]
+        while not support.offers(field, chain[-1]):
+            chain.append(spec.next(chain[-1]))
+            why = f"{name} does not support {spec.what(chain[-2])} on {platform}"
             draft.record(
                 Step(
                     CAPABILITIES,
-                    f"cudagraph {chain[-2]} -> {chain[-1]}",
-                    sets={"cudagraph": chain[-1]},
+                    f"{field} {show_scalar(chain[-2])} -> {show_scalar(chain[-1])}",
+                    sets={field: chain[-1]},
                     note=why,
                 )
             )
-        why = (
-            f"{name} does not support cudagraph={mode} on {platform} (it supports: "
-            f"{', '.join(support.cudagraph)}); downgraded {' -> '.join(chain)}"
-        )
-        draft.assign(Provenance("cudagraph", chain[-1], CAPABILITIES, name, why))
-    for field, label in SWITCHES.items():
-        if draft.values[field] is True and not getattr(support, field):
-            why = f"{name} does not support {label} on {platform}"
-            draft.record(
-                Step(CAPABILITIES, f"{field} true -> false", sets={field: False}, note=why)
-            )
-            draft.assign(Provenance(field, False, CAPABILITIES, name, why))
+        why = f"{name} does not support {unserved.what} on {platform}"
+        if unserved.offered:
+            why += f" (it supports: {unserved.offered}); downgraded {' -> '.join(chain)}"
+        draft.assign(Provenance(field, chain[-1], CAPABILITIES, name, why))
     draft.record(
         Step(
             CAPABILITIES,
             f"runner {name}",
-            note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves cudagraph "
-            f"{', '.join(support.cudagraph)}; "
-            + "; ".join(f"{f} {show_scalar(getattr(support, f))}" for f in SWITCHES)
+            note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves "
+            + "; ".join(f"{f} {_declared(support, f)}" for f in SERVED_FIELDS)
             + _tensor_parallel_note(support.max_tensor_parallel_size),
         )
     )
@@ -196,9 +176,18 @@ def _tensor_parallel_note(limit: int | None) -> str:
     return f"; {TENSOR_PARALLEL} up to {'any size' if limit is None else limit}"
 
 
+def _declared(support: PlatformSupport, field: str) -> str:
+    declared = getattr(support, field)
+    return show_scalar(declared) if isinstance(declared, bool) else ", ".join(declared)
+
+
 def _choose_runner(draft: Draft, registry: PluginRegistry) -> RegisteredRunner:
     given = draft.provenance["runner"]
-    forced = {f: draft.values[f] for f in MODE_FIELDS if draft.provenance[f].forced}
+    forced = {
+        f: draft.values[f]
+        for f in SERVED_FIELDS
+        if f in draft.provenance and draft.provenance[f].forced
+    }
     name = draft.values["runner"]
     tried: dict[str, list[tuple[str, str]]] = {}
     while True:
@@ -310,19 +299,20 @@ def _alternatives(
             f"--set runner={servable[0]}"
         )
     platform = draft.context.platform
-    for field in (f for f in at_fault if f in MODE_FIELDS):
+    for field in (f for f in at_fault if f in SERVED_FIELDS):
         prov = draft.provenance[field]
         how = f"unset {prov.source}" if prov.stage == ENV else f"drop the {field} override"
         offers = []
         for name, items in tried.items():
-            # Only runners the context itself does not rule out can offer a graph value.
+            # Only runners the context itself does not rule out can offer a value.
             if any(f == "runner" for f, _ in items):
                 continue
             support = registry.runner(name).spec.platforms[platform]
+            declared = getattr(support, field)
             offers.append(
-                f"{name} serves cudagraph {', '.join(support.cudagraph)}"
-                if field == "cudagraph"
-                else f"{name} has {'' if getattr(support, field) else 'no '}{SWITCHES[field]}"
+                f"{name} has {'' if declared else 'no '}{FIELDS[field].label}"
+                if isinstance(declared, bool)
+                else f"{name} serves {field} {', '.join(declared)}"
             )
         hints.append(
             f"{how} ({field}={show_scalar(forced[field])}); on {platform} {'; '.join(offers)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+from interlock.core.decision import Decision
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
 from interlock.policy.lint import ERROR, WARNING, Check, Finding, RunnerCheck, Subject
@@ -25,10 +26,12 @@ def unserved_cudagraph(
         return []
     who = f"runner {runner}" if runner is not None else "no registered runner"
     problems = []
+    asked = Decision(cudagraph=mode)  # type: ignore[arg-type]
     for platform in platforms:
-        served = {s.name: s.platforms[platform].cudagraph for s in specs if platform in s.platforms}
-        if any(mode in modes for modes in served.values()):
+        supports = {s.name: s.platforms[platform] for s in specs if platform in s.platforms}
+        if any(not support.serves(asked) for support in supports.values()):
             continue
+        served = {name: support.cudagraph for name, support in supports.items()}
         if not served:
             problems.append(
                 f"{who} {'does not serve' if runner else 'serves'} platform {platform}, so "

@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.fields import CUDAGRAPH_MODES, RUNNER_NAME
+from interlock.core.decision import DTYPES, FIELDS, RUNNER_NAME, CudagraphMode, Decision, FieldSpec
 from interlock.plugins.api import check_api_range
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 # Boolean facts of the context a runner may require on a platform, with what
 # each one means in a message ("mrv2 requires Triton on cuda").
 REQUIRABLE_FACTS: dict[str, str] = {"has_triton": "Triton"}
-DTYPES = ("float32", "bfloat16", "float16")
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PLATFORM = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -87,10 +86,24 @@ def _choices(where: str, values: object, allowed: Iterable[str] | re.Pattern[str
 
 
 @dataclass(frozen=True)
-class PlatformSupport:
-    """What a runner serves on one platform."""
+class Unserved:
+    """One thing of a decision a runner does not serve on a platform."""
 
-    cudagraph: tuple[str, ...]
+    field: str  # the decision field
+    value: Any
+    what: str  # as a message names it: "cudagraph=full", "breakable capture"
+    offered: str  # what the runner serves instead, "" for a switch ("none, piecewise")
+
+    def __str__(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
+class PlatformSupport:
+    """What a runner serves on one platform: for each decision field it declares (an attribute
+    named like the field), the values it serves: a set of choices, or True for a switch."""
+
+    cudagraph: tuple[CudagraphMode, ...]
     breakable: bool = False
     compile: bool = False  # torch.compile
     # Facts that must be true for the runner to serve this platform at all.
@@ -100,9 +113,18 @@ class PlatformSupport:
     max_tensor_parallel_size: int | None = 1
 
     def __post_init__(self) -> None:
-        for name in ("breakable", "compile"):
-            if not isinstance(getattr(self, name), bool):
-                raise _fail(name, f"{getattr(self, name)!r} must be True or False")
+        for name in SERVED_FIELDS:
+            spec, value = FIELDS[name], getattr(self, name)
+            if spec.kind == "switch":
+                if not isinstance(value, bool):
+                    raise _fail(name, f"{value!r} must be True or False")
+                continue
+            value = _choices(name, value, spec.choices)
+            object.__setattr__(self, name, value)
+            floor = _floor(spec)
+            if floor not in value:
+                # Every fallback chain ends there: a runner must be able to serve it.
+                raise _fail(name, f"must include {floor!r} (every runner can run with it)")
         limit = self.max_tensor_parallel_size
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                                   or limit < 1):
@@ -110,22 +132,50 @@ class PlatformSupport:
                 "max_tensor_parallel_size", f"{limit!r} must be an integer >= 1 or None (no limit)"
             )
         set_ = object.__setattr__
-        set_(self, "cudagraph", _choices("cudagraph", self.cudagraph, CUDAGRAPH_MODES))
         set_(self, "requires", _choices("requires", self.requires, tuple(REQUIRABLE_FACTS)))
-        if "none" not in self.cudagraph:
-            # Every downgrade chain ends at `none`: a runner must be able to run eagerly.
-            raise _fail("cudagraph", "must include 'none' (every runner can run eagerly)")
         if self.breakable and self.cudagraph == ("none",):
             raise _fail("breakable", "breakable capture needs a graph mode besides 'none'")
 
+    def offers(self, name: str, value: Any) -> bool:
+        """Whether decision field ``name`` may take ``value`` on this platform."""
+        declared = getattr(self, name)
+        if isinstance(declared, bool):
+            return value is False or declared
+        return value in declared
+
+    def serves(self, decision: Decision) -> list[Unserved]:
+        """Everything of ``decision`` this platform's runner does not serve (empty: it serves
+        it). Fields the runner does not declare, and unset ones, are served."""
+        unserved = []
+        for name in SERVED_FIELDS:
+            value = getattr(decision, name)
+            if value is None or self.offers(name, value):
+                continue
+            declared = getattr(self, name)
+            offered = "" if isinstance(declared, bool) else ", ".join(declared)
+            unserved.append(Unserved(name, value, FIELDS[name].what(value), offered))
+        return unserved
+
     def to_dict(self) -> dict[str, Any]:
+        declared = {n: getattr(self, n) for n in SERVED_FIELDS}
+        listed = {n: v if isinstance(v, bool) else list(v) for n, v in declared.items()}
         return {
-            "cudagraph": list(self.cudagraph),
-            "breakable": self.breakable,
-            "compile": self.compile,
+            **listed,
             "requires": list(self.requires),
             "max_tensor_parallel_size": self.max_tensor_parallel_size,
         }
+
+
+def _floor(spec: FieldSpec) -> Any:
+    """The value every fallback chain of a choice field ends at."""
+    value = spec.choices[0]
+    while value in spec.fallback:
+        value = spec.fallback[value]
+    return value
+
+
+#: The decision fields a runner declares per platform (PlatformSupport's attributes among them).
+SERVED_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(PlatformSupport) if f.name in FIELDS)
 
 
 @dataclass(frozen=True)

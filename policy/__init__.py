@@ -20,7 +20,7 @@ _EXPORTS = {
     "load_policy_text": "interlock.policy.loader",
     "Context": "interlock.policy.context",
     "make_context": "interlock.policy.context",
-    "Decision": "interlock.policy.resolution",
+    "Decision": "interlock.core.decision",
     "Resolution": "interlock.policy.resolution",
     "resolve": "interlock.policy.resolution",
     "parse_when": "interlock.policy.conditions",
@@ -43,12 +43,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from interlock.core.decision import Decision
     from interlock.core.errors import PolicyError
     from interlock.policy.conditions import Facts, parse_when
     from interlock.policy.context import Context, make_context
     from interlock.policy.loader import load_policy, load_policy_text
     from interlock.policy.model import Policy
-    from interlock.policy.resolution import Decision, Resolution, resolve
+    from interlock.policy.resolution import Resolution, resolve
 
 
 def __getattr__(name: str) -> Any:

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.decision import REQUIRED_FIELDS, check_field
 from interlock.core.errors import PolicyError
-from interlock.core.fields import REQUIRED_FIELDS, check_field
 from interlock.policy.conditions import build_when
 from interlock.policy.index import RuleIndex
 from interlock.policy.model import (

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.decision import DECISION_FIELDS, OUTCOME
 from interlock.core.errors import PolicyError
-from interlock.core.fields import DECISION_FIELDS, OUTCOME
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
 from interlock.policy.model import Policy

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from interlock.core.fields import DECISION_FIELDS
+from interlock.core.decision import DECISION_FIELDS
 from interlock.core.terminal import color
 from interlock.policy.conditions import Failure
 from interlock.policy.resolution import Resolution

@@ -16,8 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from interlock.core.decision import DECISION_FIELDS
 from interlock.core.errors import PolicyError
-from interlock.core.fields import DECISION_FIELDS, TRAITS, show_scalar
+from interlock.core.fields import TRAITS, show_scalar
 from interlock.core.suggest import hint
 from interlock.policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
 from interlock.policy.domain import Domain

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.fields import FieldValue
+from interlock.core.decision import FieldValue
 from interlock.policy.conditions import Facts, When
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from interlock.core.decision import DECISION_FIELDS, Decision, check_field
 from interlock.core.errors import PolicyError
-from interlock.core.fields import DECISION_FIELDS, check_field
 from interlock.policy.conditions import Facts
 from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
 from interlock.policy.model import Deviation, Policy, Rule
@@ -30,24 +30,6 @@ from interlock.policy.trace import (
 )
 
 _MEMO_LIMIT = 4096
-
-
-@dataclass(frozen=True)
-class Decision:
-    runner: str
-    cudagraph: str
-    breakable: bool
-    compile: bool
-    capture_sizes: tuple[int, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "runner": self.runner,
-            "cudagraph": self.cudagraph,
-            "breakable": self.breakable,
-            "compile": self.compile,
-            "capture_sizes": list(self.capture_sizes) if self.capture_sizes else None,
-        }
 
 
 @dataclass(frozen=True)
@@ -209,14 +191,7 @@ def _resolve(
     if capabilities is not None:
         capabilities(draft)
     _apply_implied(draft)
-    values = draft.values
-    decision = Decision(
-        runner=values["runner"],
-        cudagraph=values["cudagraph"],
-        breakable=values["breakable"],
-        compile=values["compile"],
-        capture_sizes=values.get("capture_sizes"),
-    )
+    decision = Decision(**draft.values)
     return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
 
 

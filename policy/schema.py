@@ -11,6 +11,7 @@ import typing
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -24,8 +25,9 @@ from pydantic import (
     model_validator,
 )
 
+from interlock.core.decision import DECISION_FIELDS, FIELDS, MAX_CAPTURE_SIZE, OUTCOME, FieldSpec
 from interlock.core.errors import PolicyError, dotted
-from interlock.core.fields import CUDAGRAPH_MODES, DECISION_FIELDS, OUTCOME, RUNNER_NAME, TRAITS
+from interlock.core.fields import TRAITS
 from interlock.core.suggest import hint
 from interlock.core.terminal import shown
 from interlock.policy.source import Path_, SourceDoc
@@ -40,28 +42,42 @@ RuleId = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 Url = Annotated[StrictStr, Field(pattern=r"^https?://\S+$")]
 Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr]  # noqa: UP007
 Number = Union[StrictInt, StrictFloat]  # noqa: UP007
-Cudagraph = Literal[CUDAGRAPH_MODES]  # type: ignore[valid-type]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
 
 
-# Fields default to None but do not accept an explicit `null`: pydantic does not
-# validate defaults, so `runner: null` in a file fails like any other bad value.
-class DecisionFields(_Model):
-    runner: Annotated[StrictStr, Field(pattern=RUNNER_NAME.pattern)] = None  # type: ignore[assignment]
-    cudagraph: Cudagraph = None  # type: ignore[assignment]
-    breakable: StrictBool = None  # type: ignore[assignment]
-    compile: StrictBool = None  # type: ignore[assignment]
-    capture_sizes: Annotated[list[Annotated[StrictInt, Field(gt=0)]], Field(min_length=1)] = None  # type: ignore[assignment]
+def _distinct(sizes: list[int]) -> list[int]:
+    if len(set(sizes)) != len(sizes):
+        raise ValueError("capture sizes must be distinct")
+    return sizes
 
-    @field_validator("capture_sizes")
-    @classmethod
-    def _distinct(cls, sizes: list[int]) -> list[int]:
-        if len(set(sizes)) != len(sizes):
-            raise ValueError("capture sizes must be distinct")
-        return sizes
+
+def _decision_type(spec: FieldSpec) -> Any:
+    """The pydantic type of a decision field, from its kind."""
+    if spec.kind == "choice":
+        return Literal[spec.choices]  # type: ignore[valid-type]
+    if spec.kind == "switch":
+        return StrictBool
+    if spec.kind == "name":
+        assert spec.pattern is not None
+        return Annotated[StrictStr, Field(pattern=spec.pattern.pattern)]
+    positive = Annotated[StrictInt, Field(gt=0, le=MAX_CAPTURE_SIZE)]
+    return Annotated[list[positive], Field(min_length=1), AfterValidator(_distinct)]  # type: ignore[valid-type]
+
+
+# Derived from interlock.core.decision.Decision. Fields default to None but do not accept an
+# explicit `null`: pydantic does not validate defaults, so `runner: null` in a file fails like
+# any other bad value.
+DecisionFields: type[BaseModel] = create_model(
+    "DecisionFields",
+    __base__=_Model,
+    **{
+        name: (_decision_type(spec), Field(None, description=spec.doc))
+        for name, spec in FIELDS.items()
+    },
+)
 
 
 class FeatureOps(_Model):
@@ -108,7 +124,7 @@ WhenModel = create_model(
 class RuleModel(_Model):
     id: RuleId
     when: WhenModel = WhenModel()  # type: ignore[valid-type]
-    set: DecisionFields
+    set: DecisionFields  # type: ignore[valid-type]
     reason: Name
     ref: Url = None  # type: ignore[assignment]
     #: Bench records (``policy bench --record``) behind the rule, relative to this file.
@@ -116,7 +132,7 @@ class RuleModel(_Model):
 
     @field_validator("set")
     @classmethod
-    def _sets_something(cls, fields: DecisionFields) -> DecisionFields:
+    def _sets_something(cls, fields: BaseModel) -> BaseModel:
         if not fields.model_fields_set:
             raise ValueError(f"a rule must set at least one of {', '.join(DECISION_FIELDS)}")
         return fields
@@ -143,7 +159,7 @@ class PolicyFileModel(_Model):
     schema_version: StrictInt
     version: Name
     catalog: dict[Identifier, TraitsModel] = {}  # type: ignore[valid-type]
-    defaults: DecisionFields = DecisionFields()
+    defaults: DecisionFields = DecisionFields()  # type: ignore[valid-type]
     env: dict[EnvName, EnvBindingModel] = {}
     rules: list[RuleModel] = []
     deviations: list[DeviationModel] = []

@@ -6,10 +6,12 @@ A runner executes a model for the engine. Its lifecycle is two calls:
    (``interlock.runners.dispatch.build_kernel_table``), load the model
    (``interlock.runners.model.checkpoint.load_model``), allocate the paged KV cache
    described by ``kv_cache`` and bind it to the model, and prepare whatever
-   the ``decision`` asks for: capture the graphs of its cudagraph mode (for
-   batches up to ``model.max_num_seqs`` sequences and
-   ``model.max_num_batched_tokens`` tokens), breakable or not. A decision the
-   runner's plugin spec does not declare is an error, never a silent change.
+   the ``decision`` (``interlock.core.decision.Decision``, the policy's own) asks
+   for: capture the graphs of its cudagraph mode (for batches up to
+   ``model.max_num_seqs`` sequences and ``model.max_num_batched_tokens``
+   tokens), breakable or not. A decision the runner's plugin spec does not
+   declare (``PlatformSupport.serves`` says what) is an error, never a silent
+   change.
 2. ``execute(batch)`` — once per engine step. ``batch`` holds every sequence
    scheduled this step, prefill chunks and decodes mixed, each with the
    tokens to feed, where they start, its KV block table and how to sample.
@@ -32,11 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from interlock.core.decision import DTYPES, Decision
 from interlock.runners.graphs.report import GraphReport
 from interlock.runners.model.config import ModelConfig
 
-CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
-MODEL_DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
@@ -46,7 +47,7 @@ class ModelSpec:
 
     name: str  # "demo" or a Hugging Face model directory
     config: ModelConfig
-    dtype: str  # resolved: one of MODEL_DTYPES
+    dtype: str  # resolved: one of interlock.core.decision.DTYPES
     device: str  # torch device string: "cpu", "cuda", "cuda:1", ...
     load_format: str = "auto"  # one of LOAD_FORMATS
     seed: int = 0  # seed of dummy weights
@@ -59,7 +60,7 @@ class ModelSpec:
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for key, value, allowed in (("dtype", self.dtype, MODEL_DTYPES),
+        for key, value, allowed in (("dtype", self.dtype, DTYPES),
                                     ("load_format", self.load_format, LOAD_FORMATS)):
             if value not in allowed:
                 raise ValueError(
@@ -78,23 +79,6 @@ class KVCacheSpec:
 
     num_blocks: int
     block_size: int
-
-
-@dataclass(frozen=True)
-class RunDecision:
-    """The part of a policy decision a runner acts on (see DESIGN.md, "Vocabulary")."""
-
-    runner: str = "mrv1"
-    cudagraph: str = "none"  # one of CUDAGRAPH_MODES
-    breakable: bool = False
-    compile: bool = False
-    capture_sizes: tuple[int, ...] | None = None  # None: the runner's automatic sizes
-
-    def __post_init__(self) -> None:
-        if self.cudagraph not in CUDAGRAPH_MODES:
-            raise ValueError(
-                f"cudagraph {self.cudagraph!r} is not a mode; allowed: {', '.join(CUDAGRAPH_MODES)}"
-            )
 
 
 @dataclass(frozen=True)
@@ -199,7 +183,7 @@ class RunnerReport:
 class Runner(Protocol):
     """What every runner implements (built-in mrv1/mrv2 and third-party plugins)."""
 
-    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None: ...
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision) -> None: ...
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput: ...
 

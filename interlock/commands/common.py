@@ -194,8 +194,8 @@ def context_of(args: argparse.Namespace, policy: Policy) -> Any:
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
-    from interlock.core.fields import parse_field
 
     overrides = {}
     for name, text in args.set:

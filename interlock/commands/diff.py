@@ -60,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fields(text: str) -> list[str]:
-    from interlock.core.fields import DECISION_FIELDS
+    from interlock.core.decision import DECISION_FIELDS
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     for name in names:
@@ -74,7 +74,7 @@ def _fields(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.core.fields import DECISION_FIELDS
+    from interlock.core.decision import DECISION_FIELDS
     from interlock.policy.diff import diff_policies, render_text, to_json
     from interlock.policy.loader import load_policy_sources
 

@@ -28,10 +28,11 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
+from interlock.core.decision import DTYPES as MODEL_DTYPES
 from interlock.core.errors import InputError, InterlockError
 from interlock.core.fields import show_scalar
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *MODEL_DTYPES)
 DEFAULT_PROMPT = (1, 2, 3)
 TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
 IDS_MAX_TOKENS = 16
@@ -205,11 +206,11 @@ def _execute(
     run's own steps)."""
     import torch
 
-    from interlock.llm import LLM, run_decision
+    from interlock.llm import LLM
     from interlock.model_run import device_for
 
     device = device_for(resolution.context.platform)
-    decision = run_decision(resolution.decision)
+    decision = resolution.decision
     steps, trace = _step_tokens(prompts), resolution.trace
     if decision.capture_sizes is not None and steps is not None:
         decision, note = _cap_capture_sizes(decision, steps)

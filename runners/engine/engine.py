@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from interlock.runners.contract import KVCacheSpec, ModelSpec, RunDecision, Runner, RunnerReport
+from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, Runner, RunnerReport
 from interlock.runners.engine.request import Request
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig
@@ -29,7 +29,7 @@ class Engine:
         model: ModelSpec,
         kv_cache: KVCacheSpec,
         runner: Runner,
-        decision: RunDecision,
+        decision: Decision,
         config: EngineConfig,
     ) -> None:
         self.model = model

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from interlock.runners.contract import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 
 
 class Strategy(str, Enum):

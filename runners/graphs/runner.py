@@ -23,10 +23,10 @@ from interlock.core.errors import InterlockError
 from interlock.kernels import KernelChoice
 from interlock.plugins import RunnerSpec
 from interlock.runners.contract import (
+    Decision,
     KernelReport,
     KVCacheSpec,
     ModelSpec,
-    RunDecision,
     RunnerOutput,
     RunnerReport,
     ScheduledBatch,
@@ -64,7 +64,7 @@ class GraphRunner(ABC):
         self.graphs: GraphManager | None = None
 
     @abstractmethod
-    def make_plan(self, model: ModelSpec, decision: RunDecision) -> CapturePlan:
+    def make_plan(self, model: ModelSpec, decision: Decision) -> CapturePlan:
         """This runner's capture plan for the decision."""
 
     @abstractmethod
@@ -92,7 +92,7 @@ class GraphRunner(ABC):
         assert self.ops is not None
         return self.ops.choices
 
-    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision) -> None:
         self.device = torch.device(model.device)
         platform = platform_of(self.device)
         self._check(decision, platform, model.tensor_parallel_size)
@@ -127,7 +127,7 @@ class GraphRunner(ABC):
         assert self.model is not None
         return forward_logits(self.model, inputs)
 
-    def _check(self, decision: RunDecision, platform: str, tensor_parallel_size: int) -> None:
+    def _check(self, decision: Decision, platform: str, tensor_parallel_size: int) -> None:
         """The decision must be one this runner's spec declares on ``platform``: stage 5 of
         the policy never hands it anything else; a hand-made decision gets an error."""
         if decision.runner != self.name:
@@ -135,19 +135,14 @@ class GraphRunner(ABC):
                 f"the decision names runner {decision.runner!r}, but this is {self.name!r}"
             )
         support = self.runner_spec.platforms.get(platform)
-        unserved = []
-        if support is None:
-            unserved.append(f"platform {platform}")
-        else:
-            if decision.cudagraph not in support.cudagraph:
-                unserved.append(f"cudagraph={decision.cudagraph}")
-            if decision.breakable and not support.breakable:
-                unserved.append("breakable capture")
-            if decision.compile and not support.compile:
-                unserved.append("torch.compile")
-            limit = support.max_tensor_parallel_size
-            if limit is not None and tensor_parallel_size > limit:
-                unserved.append(f"tensor_parallel_size={tensor_parallel_size}")
+        unserved = (
+            [f"platform {platform}"]
+            if support is None
+            else [str(item) for item in support.serves(decision)]
+        )
+        limit = support.max_tensor_parallel_size if support is not None else None
+        if limit is not None and tensor_parallel_size > limit:
+            unserved.append(f"tensor_parallel_size={tensor_parallel_size}")
         if decision.compile and decision.breakable:
             unserved.append("torch.compile with breakable capture (it runs without compile)")
         if unserved:

@@ -22,10 +22,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from interlock.core.decision import DTYPES as DTYPE_NAMES
 from interlock.core.errors import InputError, ModelError
 from interlock.core.files import FileProblem, check_regular, read_json
 from interlock.policy.context import MAX_CONFIG_BYTES
-from interlock.runners.contract import MODEL_DTYPES, ModelSpec
+from interlock.runners.contract import ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
 from interlock.runners.model.config import ModelConfig, load_config
@@ -35,8 +36,8 @@ from interlock.runners.model.sharding import Shard
 from interlock.runners.model.sources import NAMED_MODELS, model_directory
 from interlock.runners.parallel.group import SINGLE, TensorParallel
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *MODEL_DTYPES)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Buffers some older checkpoints saved; transformers recomputes and ignores them.

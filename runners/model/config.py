@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
+from interlock.core.decision import DTYPES
 from interlock.core.errors import ModelError
 from interlock.core.files import FileProblem, read_json
 from interlock.core.terminal import shown
@@ -29,7 +30,6 @@ class ConfigError(ModelError):
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -295,8 +295,8 @@ def _finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> flo
 def _checkpoint_dtype(cfg: RawConfig, bad: Bad) -> str:
     dtype = cfg.dtype or cfg.torch_dtype or "float32"
     dtype = dtype.removeprefix("torch.")
-    if dtype not in CHECKPOINT_DTYPES:
-        raise bad("dtype", dtype, ", ".join(CHECKPOINT_DTYPES))
+    if dtype not in DTYPES:
+        raise bad("dtype", dtype, ", ".join(DTYPES))
     return dtype
 
 

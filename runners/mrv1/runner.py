@@ -9,7 +9,7 @@ kernel dispatch and sampling come from the shared base.
 
 from __future__ import annotations
 
-from interlock.runners.contract import ModelSpec, RunDecision, ScheduledBatch
+from interlock.runners.contract import Decision, ModelSpec, ScheduledBatch
 from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
 from interlock.runners.graphs.runner import GraphRunner, RunnerError
 from interlock.runners.graphs.sizes import CaptureSizes
@@ -29,7 +29,7 @@ class MRV1Runner(GraphRunner):
     name = "mrv1"
     runner_spec = SPEC
 
-    def make_plan(self, model: ModelSpec, decision: RunDecision) -> MRV1Plan:
+    def make_plan(self, model: ModelSpec, decision: Decision) -> MRV1Plan:
         # Automatic sizes cover decode batches; explicit ones may reach the token budget.
         sizes = CaptureSizes.choose(
             decision.capture_sizes, model.max_num_batched_tokens, auto_max=model.max_num_seqs

@@ -16,7 +16,7 @@ import torch
 
 from interlock.kernels import REGISTRY, KernelChoice, KernelError
 from interlock.kernels.triton import unavailable as triton_unavailable
-from interlock.runners.contract import KVCacheSpec, ModelSpec, RunDecision, ScheduledBatch
+from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, ScheduledBatch
 from interlock.runners.dispatch import platform_of
 from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
 from interlock.runners.graphs.runner import GraphRunner, RunnerError
@@ -33,7 +33,7 @@ class MRV2Runner(GraphRunner):
     name = "mrv2"
     runner_spec = SPEC
 
-    def make_plan(self, model: ModelSpec, decision: RunDecision) -> MRV2Plan:
+    def make_plan(self, model: ModelSpec, decision: Decision) -> MRV2Plan:
         sizes = CaptureSizes.choose(
             decision.capture_sizes, model.max_num_batched_tokens, auto_max=model.max_num_seqs
         )

@@ -6,7 +6,8 @@ import pytest
 import torch
 from graph_cases import CAPTURE_SIZES, run_case
 
-from interlock.runners.contract import CUDAGRAPH_MODES, RunDecision
+from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.runners.contract import Decision
 from interlock.runners.mrv1.runner import MRV1Runner
 from interlock.runners.mrv2.runner import MRV2Runner
 
@@ -21,9 +22,9 @@ ON_GPU = {"device": "cuda", "block_size": 16}
 @pytest.mark.parametrize("runner", list(RUNNERS))
 def test_cuda_graphs_give_the_tokens_of_eager(runner, mode, breakable, llama_oracle):
     eager, _, _ = run_case(
-        llama_oracle.path, RUNNERS[runner](), RunDecision(runner, "none"), **ON_GPU
+        llama_oracle.path, RUNNERS[runner](), Decision(runner, "none"), **ON_GPU
     )
-    decision = RunDecision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
+    decision = Decision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
     tokens, routes, report = run_case(llama_oracle.path, RUNNERS[runner](), decision, **ON_GPU)
 
     assert tokens == eager
@@ -40,7 +41,7 @@ def test_cuda_graphs_give_the_tokens_of_eager(runner, mode, breakable, llama_ora
 @pytest.mark.parametrize("runner", list(RUNNERS))
 def test_the_debug_backend_can_be_forced_on_a_gpu(runner, llama_oracle, monkeypatch):
     monkeypatch.setenv("INTERLOCK_DEBUG_GRAPHS", "1")
-    decision = RunDecision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
+    decision = Decision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
     tokens, _, report = run_case(llama_oracle.path, RUNNERS[runner](), decision, **ON_GPU)
     assert report.graphs.backend == "debug"
     assert tokens == llama_oracle.tokens
@@ -51,7 +52,7 @@ def test_an_op_cuda_cannot_capture_falls_back_to_eager(llama_oracle, monkeypatch
     # The torch reference store_kv_cache indexes with a mask (a host sync), which a
     # CUDA graph cannot capture: every capture fails, every step runs eagerly.
     monkeypatch.setenv("INTERLOCK_KERNELS", "torch")
-    decision = RunDecision("mrv1", "full", capture_sizes=CAPTURE_SIZES)
+    decision = Decision("mrv1", "full", capture_sizes=CAPTURE_SIZES)
     tokens, _, report = run_case(llama_oracle.path, MRV1Runner(), decision, **ON_GPU)
     assert tokens == llama_oracle.tokens
     assert report.graphs.captured == () and len(report.graphs.failed) == 2 * len(CAPTURE_SIZES)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.graphs.backends import CaptureError, DebugGraphBackend, select_backend
 from interlock.runners.graphs.buffers import StaticInputs
 from interlock.runners.graphs.capture import FAIL_ENV, ForcedFailures, forward_logits
@@ -19,7 +19,7 @@ from interlock.runners.graphs.plan import GraphKey
 @pytest.fixture(scope="module")
 def model(llama_oracle):
     llm = LLM(str(llama_oracle.path), block_size=4, num_blocks=16, max_model_len=32,
-              decision=RunDecision("mrv1"))
+              decision=Decision("mrv1"))
     return llm.engine.runner.model
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interlock.runners.contract import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.runners.graphs.modes import Strategy, strategy_for
 from interlock.runners.graphs.sizes import CaptureSizes, auto_capture_sizes
 from interlock.runners.mrv1.graphs import MRV1Plan

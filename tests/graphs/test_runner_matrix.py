@@ -13,7 +13,8 @@ import pytest
 import torch
 from graph_cases import CAPTURE_SIZES, run_case
 
-from interlock.runners.contract import CUDAGRAPH_MODES, RunDecision
+from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.runners.contract import Decision
 from interlock.runners.graphs.capture import FAIL_ENV
 from interlock.runners.graphs.modes import Strategy, strategy_for
 from interlock.runners.graphs.runner import RunnerError
@@ -27,7 +28,7 @@ RUNNERS = {"mrv1": MRV1Runner, "mrv2": MRV2Runner}
 @pytest.mark.parametrize("mode", CUDAGRAPH_MODES)
 @pytest.mark.parametrize("runner", list(RUNNERS))
 def test_greedy_tokens_equal_transformers_in_every_mode(runner, mode, breakable, llama_oracle):
-    decision = RunDecision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
+    decision = Decision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
     tokens, routes, report = run_case(llama_oracle.path, RUNNERS[runner](), decision)
 
     assert tokens == llama_oracle.tokens
@@ -56,7 +57,7 @@ def test_captured_programs_break_at_every_attention(runner, llama_oracle):
     layers = 2
     shapes = {}
     for mode, breakable in (("full", False), ("piecewise", False), ("full", True)):
-        decision = RunDecision(runner, mode, breakable, capture_sizes=(2,))
+        decision = Decision(runner, mode, breakable, capture_sizes=(2,))
         _, _, report = run_case(llama_oracle.path, RUNNERS[runner](), decision)
         shapes[mode, breakable] = {(g.segments, g.breaks) for g in report.graphs.captured}
     assert shapes["full", False] == {(1, 0)}
@@ -69,7 +70,7 @@ def test_a_failed_capture_runs_that_size_eagerly_and_is_reported(
     runner, llama_oracle, monkeypatch
 ):
     monkeypatch.setenv(FAIL_ENV, "2")
-    decision = RunDecision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
+    decision = Decision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
     tokens, routes, report = run_case(llama_oracle.path, RUNNERS[runner](), decision)
 
     assert tokens == llama_oracle.tokens
@@ -87,18 +88,18 @@ def test_a_failed_capture_runs_that_size_eagerly_and_is_reported(
 def test_an_invalid_forced_failure_list_names_the_value(llama_oracle, monkeypatch):
     monkeypatch.setenv(FAIL_ENV, "two")
     with pytest.raises(ValueError, match=f"{FAIL_ENV}='two' is invalid"):
-        run_case(llama_oracle.path, MRV1Runner(), RunDecision("mrv1", "full"))
+        run_case(llama_oracle.path, MRV1Runner(), Decision("mrv1", "full"))
 
 
 def test_moe_layers_under_full_and_breakable_graphs(moe_oracle):
     for runner, breakable in (("mrv1", False), ("mrv2", True)):
-        decision = RunDecision(runner, "full_and_piecewise", breakable, capture_sizes=CAPTURE_SIZES)
+        decision = Decision(runner, "full_and_piecewise", breakable, capture_sizes=CAPTURE_SIZES)
         tokens, _, _ = run_case(moe_oracle.path, RUNNERS[runner](), decision)
         assert tokens == moe_oracle.tokens
 
 
 def test_the_runner_comes_from_its_plugin_when_none_is_given(llama_oracle):
-    decision = RunDecision("mrv2", "full_decode_only", capture_sizes=CAPTURE_SIZES)
+    decision = Decision("mrv2", "full_decode_only", capture_sizes=CAPTURE_SIZES)
     tokens, _, report = run_case(llama_oracle.path, None, decision)
     assert tokens == llama_oracle.tokens
     assert report.runner == "mrv2"
@@ -108,7 +109,7 @@ def test_the_runner_comes_from_its_plugin_when_none_is_given(llama_oracle):
 def test_compile_is_refused_where_the_spec_does_not_serve_it(llama_oracle):
     for runner in RUNNERS.values():
         with pytest.raises(RunnerError, match="does not serve torch.compile on cpu"):
-            run_case(llama_oracle.path, runner(), RunDecision(runner.name, "full", compile=True))
+            run_case(llama_oracle.path, runner(), Decision(runner.name, "full", compile=True))
 
 
 class CompilingMRV1(MRV1Runner):
@@ -132,7 +133,7 @@ def test_compile_compiles_each_graph_segment_before_capture(llama_oracle, monkey
 
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", dynamo_without_codegen)
-    decision = RunDecision("mrv1", "full_and_piecewise", compile=True, capture_sizes=(2,))
+    decision = Decision("mrv1", "full_and_piecewise", compile=True, capture_sizes=(2,))
     tokens, routes, report = run_case(llama_oracle.path, CompilingMRV1(), decision)
     assert tokens == llama_oracle.tokens
     # One full graph and the three planned pieces of the 2-layer model, each compiled once.
@@ -144,4 +145,4 @@ def test_compile_compiles_each_graph_segment_before_capture(llama_oracle, monkey
 
 def test_a_decision_for_another_runner_is_refused(llama_oracle):
     with pytest.raises(RunnerError, match="the decision names runner 'mrv2', but this is 'mrv1'"):
-        run_case(llama_oracle.path, MRV1Runner(), RunDecision("mrv2", "full"))
+        run_case(llama_oracle.path, MRV1Runner(), Decision("mrv2", "full"))

@@ -8,7 +8,7 @@ from gguf_builders import train_vocab, write_tiny_gguf
 from hf_oracle import transformers_greedy
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.sources import NAMED_MODELS, NamedModel
 
@@ -47,14 +47,14 @@ def test_greedy_tokens_equal_transformers_on_the_same_gguf_file(tiny, arch, name
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
     expected = [transformers_greedy(oracle, p, NEW_TOKENS) for p in PROMPTS]
-    llm = LLM(str(path), dtype="float32", decision=RunDecision(), max_model_len=64,
+    llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     assert [list(o.token_ids) for o in outputs] == expected
 
 
 def test_a_gguf_model_takes_text_and_returns_text(tiny):
-    llm = LLM(str(tiny("qwen2", "Q4_0")), decision=RunDecision(), max_model_len=64,
+    llm = LLM(str(tiny("qwen2", "Q4_0")), decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
     [out] = llm.generate("The quick brown fox", SamplingParams(max_tokens=5, ignore_eos=True))
     assert out.prompt_token_ids == tuple(llm.tokenizer.encode("The quick brown fox").ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from interlock.core.fields import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.plugins import (
     KernelSpec,
     PlatformSupport,

@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from plugin_builders import PIPELINE, registry_of, spec
 
-from interlock.core.fields import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.plugins import PlatformSupport, PluginRegistry, RunnerSpec, Unsupported
-from interlock.plugins.capabilities import MODE_FIELDS, CapabilityError, apply_capabilities
+from interlock.plugins.capabilities import CapabilityError, apply_capabilities
+from interlock.plugins.spec import SERVED_FIELDS
 from interlock.policy import load_policy_text
 from interlock.policy.conditions import Facts
 from interlock.policy.context import Context
@@ -110,7 +111,7 @@ def chain(registry: PluginRegistry, start: str) -> list[str]:
             "compile": st.booleans(),
         }
     ),
-    field_stages=st.fixed_dictionaries({f: stages for f in ("runner", *MODE_FIELDS)}),
+    field_stages=st.fixed_dictionaries({f: stages for f in ("runner", *SERVED_FIELDS)}),
 )
 def test_decision_is_served_or_the_error_has_a_cause(
     registry: PluginRegistry,
@@ -125,7 +126,7 @@ def test_decision_is_served_or_the_error_has_a_cause(
         stage = field_stages[field]
         source = "PICK" if stage == ENV and field == "runner" else f"src-{field}"
         draft.assign(Provenance(field, value, stage, source, "generated"))
-    forced = {f: values[f] for f in MODE_FIELDS if draft.provenance[f].forced}
+    forced = {f: values[f] for f in SERVED_FIELDS if draft.provenance[f].forced}
     runner_forced = draft.provenance["runner"].forced
     tried = [values["runner"]] if runner_forced else chain(registry, values["runner"])
     servable = [
@@ -155,13 +156,13 @@ def test_decision_is_served_or_the_error_has_a_cause(
     final = draft.values
     assert final["runner"] == servable[0]
     assert serves(
-        registry.runner(final["runner"]).spec, platform, feats, {f: final[f] for f in MODE_FIELDS}
+        registry.runner(final["runner"]).spec, platform, feats, {f: final[f] for f in SERVED_FIELDS}
     )
     assert all(final[f] == v for f, v in forced.items())
     steps = draft.steps[CAPABILITIES]
     hops = [s.sets["runner"] for s in steps if "runner" in s.sets]
     assert hops == tried[1 : tried.index(final["runner"]) + 1]
-    for field in MODE_FIELDS:
+    for field in SERVED_FIELDS:
         if final[field] != values[field]:
             assert draft.provenance[field].stage == CAPABILITIES
             assert any(field in s.sets for s in steps)

@@ -55,10 +55,10 @@ def test_unimportable_factory_is_reported_with_the_reason() -> None:
 
 def test_factory_that_is_not_callable() -> None:
     record = load_for_conformance(
-        Declares(spec("odd", factory="interlock.core.fields:CUDAGRAPH_MODES")), "odd"
+        Declares(spec("odd", factory="interlock.core.decision:CUDAGRAPH_MODES")), "odd"
     )
     assert messages(check_factories(record)) == [
-        "factory: odd: interlock.core.fields:CUDAGRAPH_MODES is a tuple, not callable"
+        "factory: odd: interlock.core.decision:CUDAGRAPH_MODES is a tuple, not callable"
     ]
 
 
@@ -110,7 +110,7 @@ def test_kernel_declarations() -> None:
     bad = KernelSpec(
         op="rms_nrom",
         backend="mine",
-        target="interlock.core.fields:CUDAGRAPH_MODES",
+        target="interlock.core.decision:CUDAGRAPH_MODES",
         platforms={"cpu"},
         dtypes={"float32"},
         plugin_api=">=1",
@@ -119,5 +119,5 @@ def test_kernel_declarations() -> None:
     found = messages(check_kernels(record))
     assert found[0].startswith("kernels: rms_nrom/mine: unknown op 'rms_nrom'; ops: ")
     assert found[1] == (
-        "kernels: rms_nrom/mine: interlock.core.fields:CUDAGRAPH_MODES is not callable"
+        "kernels: rms_nrom/mine: interlock.core.decision:CUDAGRAPH_MODES is not callable"
     )

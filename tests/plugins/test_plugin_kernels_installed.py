@@ -16,7 +16,7 @@ from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
 from interlock.kernels import REGISTRY, KernelError
 from interlock.llm import LLM
 from interlock.plugins import KernelSpec, PluginError, hookimpl
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 BACKEND = "sliced"
@@ -65,7 +65,7 @@ def declaring(target: str) -> object:
 
 def generate(model: Path, runner: str) -> tuple[list[tuple[int, ...]], dict[str, tuple[str, str]]]:
     llm = LLM(model, load_format="dummy", dtype="float32", device="cpu", max_model_len=64,
-              max_num_seqs=4, decision=RunDecision(runner=runner, cudagraph="none"))
+              max_num_seqs=4, decision=Decision(runner=runner, cudagraph="none"))
     outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(max_tokens=4))
     return ([o.token_ids for o in outputs],
             {k.op: (k.implementation, k.reason) for k in llm.report().kernels})

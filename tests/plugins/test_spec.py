@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from plugin_builders import EAGER_ONLY, spec
 
-from interlock.core.fields import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.plugins import KernelSpec, PlatformSupport, SpecError, Unsupported
 from interlock.runners.mrv1.plugin import SPEC as MRV1
 from interlock.runners.mrv2.plugin import SPEC as MRV2

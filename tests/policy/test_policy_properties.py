@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interlock.core.fields import CUDAGRAPH_MODES
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.policy import Context, PolicyError, load_policy_text, resolve
 from interlock.policy.trace import DEFAULTS, RULES
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.graphs.capture import FAIL_ENV
 
@@ -58,7 +58,7 @@ def test_json_document_shape_and_tokens_equal_the_python_api(policy_run, tiny_ll
     assert graphs["fallbacks"] == [] and graphs["replays"]
     assert "trace" not in doc
 
-    llm = LLM(str(tiny_llama), max_num_seqs=2, decision=RunDecision("mrv1", "full"))
+    llm = LLM(str(tiny_llama), max_num_seqs=2, decision=Decision("mrv1", "full"))
     direct = llm.generate([[5, 9, 2], [17]], SamplingParams(max_tokens=5, ignore_eos=True))
     assert [o["token_ids"] for o in doc["outputs"]] == [list(o.token_ids) for o in direct]
 

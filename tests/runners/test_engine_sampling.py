@@ -10,14 +10,14 @@ import torch
 from runner_fixtures import PROMPTS
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 
 def make_llm(tiny_models, runner=None, name: str = "llama", **kwargs) -> LLM:
     """Eager mrv1: sampling is the subject here, not the policy's decision."""
     return LLM(str(tiny_models.path(name)), runner=runner, num_blocks=64, max_model_len=96,
-               decision=RunDecision(), **kwargs)
+               decision=Decision(), **kwargs)
 
 
 def test_sampling_params_are_validated():
@@ -88,7 +88,7 @@ def test_eos_stops_unless_ignored_and_stop_tokens_stop(tiny_models, tmp_path):
     greedy = make_llm(tiny_models).generate([PROMPTS[1]], SamplingParams(max_tokens=12))[0]
     eos = greedy.token_ids[3]
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    llm = LLM(str(directory), num_blocks=64, max_model_len=96, decision=RunDecision())
+    llm = LLM(str(directory), num_blocks=64, max_model_len=96, decision=Decision())
     stopped = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=12))[0]
     cut = greedy.token_ids.index(eos) + 1
     assert (stopped.token_ids, stopped.finish_reason) == (greedy.token_ids[:cut], "stop")

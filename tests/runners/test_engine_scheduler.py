@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from interlock.runners.contract import (
+    Decision,
     KVCacheSpec,
     ModelSpec,
-    RunDecision,
     RunnerOutput,
     RunnerReport,
     ScheduledBatch,
@@ -65,7 +65,7 @@ def make_engine(num_blocks: int, block_size: int = 4, max_model_len: int = 64,
                 **config) -> Engine:
     spec = ModelSpec("demo", CONFIG, "float32", "cpu", max_model_len=max_model_len)
     return Engine(spec, KVCacheSpec(num_blocks, block_size), CacheCheckingRunner(),
-                  RunDecision(), EngineConfig(**config))
+                  Decision(), EngineConfig(**config))
 
 
 def run(engine: Engine, prompts, max_tokens: int):

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision, Runner
+from interlock.runners.contract import Decision, Runner
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected
 from interlock.runners.mrv1.runner import MRV1Runner, RunnerError
@@ -19,7 +19,7 @@ GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
 @pytest.fixture
 def llama_llm(tiny_models) -> LLM:
     return LLM(str(tiny_models.path("llama")), num_blocks=16, max_model_len=64,
-               decision=RunDecision())
+               decision=Decision())
 
 
 def test_prompts_as_one_or_many_token_lists(llama_llm):
@@ -41,7 +41,7 @@ def test_text_in_and_out_with_a_tokenizer(tiny_models, tmp_path):
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    llm = LLM(str(directory), num_blocks=16, max_model_len=64, decision=RunDecision())
+    llm = LLM(str(directory), num_blocks=16, max_model_len=64, decision=Decision())
     [from_text] = llm.generate("w4 w5 w6", GREEDY)
     [from_ids] = llm.generate([[4, 5, 6]], GREEDY)
     assert from_text.token_ids == from_ids.token_ids
@@ -50,7 +50,7 @@ def test_text_in_and_out_with_a_tokenizer(tiny_models, tmp_path):
 
 def test_an_oversized_request_is_rejected_before_anything_runs(tiny_models):
     llm = LLM(str(tiny_models.path("llama")), num_blocks=2, max_model_len=64,
-              decision=RunDecision())
+              decision=Decision())
     with pytest.raises(RequestRejected, match=r"needs 4 KV blocks .* the cache has only 2"):
         llm.generate([[1, 2], list(range(60))], [GREEDY, SamplingParams(max_tokens=4)])
     assert not llm.engine.has_unfinished()
@@ -70,9 +70,9 @@ def test_mrv1_is_a_runner_that_refuses_what_its_spec_does_not_serve(tiny_models)
     assert isinstance(MRV1Runner(), Runner)
     with pytest.raises(RunnerError, match="mrv1 does not serve torch.compile on cpu"):
         LLM(str(tiny_models.path("llama")), num_blocks=16, max_model_len=64,
-            decision=RunDecision(cudagraph="full", compile=True))
+            decision=Decision(cudagraph="full", compile=True))
     with pytest.raises(ValueError, match="cudagraph 'fast' is not a mode; allowed: none, "
                        "piecewise"):
-        RunDecision(cudagraph="fast")
+        Decision(cudagraph="fast")
     with pytest.raises(ValueError, match="max_model_len=1000 is invalid; allowed: 1..256"):
         LLM(str(tiny_models.path("llama")), max_model_len=1000)

@@ -13,7 +13,7 @@ from interlock.llm import LLM
 from interlock.model_run import decided_by
 from interlock.plugins.capabilities import CapabilityError
 from interlock.policy.loader import shipped_policy_path
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.mrv1.runner import MRV1Runner
 
@@ -68,7 +68,7 @@ def test_the_default_decision_is_the_policys_logged_with_who_chose_each_field(
 
 def test_an_explicit_decision_is_logged_as_given_by_the_caller(tiny_models, caplog):
     caplog.set_level(logging.INFO, logger="interlock")
-    llm = make_llm(tiny_models, decision=RunDecision("mrv1"))
+    llm = make_llm(tiny_models, decision=Decision("mrv1"))
     assert llm.resolution is None and llm.report().runner == "mrv1"
     assert logged(caplog) == [
         f"LLM {tiny_models.path('llama')}: runner=mrv1 (given by the caller), cudagraph=none "
@@ -117,4 +117,4 @@ def test_what_cannot_be_combined_is_refused(tiny_models, write):
     with pytest.raises(ValueError, match="runner=MRV1Runner object given without a decision"):
         make_llm(tiny_models, runner=MRV1Runner())
     with pytest.raises(ValueError, match="with an explicit decision= they would be ignored"):
-        make_llm(tiny_models, decision=RunDecision(), overrides={"runner": "mrv1"})
+        make_llm(tiny_models, decision=Decision(), overrides={"runner": "mrv1"})

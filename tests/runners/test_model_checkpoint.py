@@ -11,14 +11,14 @@ from safetensors.torch import load_file, save_file
 
 from interlock.core.errors import InputError
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
 from interlock.runners.model.config import ConfigError
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65]
-EAGER = RunDecision()  # the checkpoint is the subject here, not the decision
+EAGER = Decision()  # the checkpoint is the subject here, not the decision
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def llama_dir(tiny_models, tmp_path):
 
 
 def tokens(path, **kwargs) -> tuple[int, ...]:
-    llm = LLM(str(path), num_blocks=16, max_model_len=64, decision=RunDecision(), **kwargs)
+    llm = LLM(str(path), num_blocks=16, max_model_len=64, decision=Decision(), **kwargs)
     return llm.generate([PROMPT], GREEDY)[0].token_ids
 
 

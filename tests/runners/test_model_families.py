@@ -13,7 +13,7 @@ import pytest
 from runner_fixtures import NEW_TOKENS, PROMPTS
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model import families
 from interlock.runners.model.config import ConfigError, parse_config
@@ -80,7 +80,7 @@ def test_a_new_family_module_is_all_a_llama_shaped_family_needs(toy_family, tiny
     raw = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**raw, "architectures": [TOY]}))
     llm = LLM(str(model), dtype="float32", block_size=4, num_blocks=128, max_model_len=128,
-              decision=RunDecision())
+              decision=Decision())
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     assert [list(o.token_ids) for o in outputs] == tiny_models.oracle("llama").tokens
 

@@ -7,7 +7,7 @@ import torch
 from runner_fixtures import NEW_TOKENS, PROMPTS, TINY_CONFIGS
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -16,7 +16,7 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 def make_llm(path, runner=None, **kwargs) -> LLM:
     """Eager mrv1 unless told otherwise: parity with transformers is the subject here."""
     options = {"block_size": 4, "num_blocks": 128, "max_model_len": 128,
-               "decision": RunDecision(), **kwargs}
+               "decision": Decision(), **kwargs}
     return LLM(str(path), dtype="float32", runner=runner, **options)
 
 

@@ -8,7 +8,7 @@ import torch
 from runner_fixtures import PROMPTS
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision, Sampling, ScheduledBatch, ScheduledSequence
+from interlock.runners.contract import Decision, Sampling, ScheduledBatch, ScheduledSequence
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.attention import attention_split
 from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
@@ -47,7 +47,7 @@ def test_padding_rows_are_inert_and_decode_padding_keeps_one_token_per_row():
 @pytest.fixture
 def engine(tiny_models):
     llm = LLM(str(tiny_models.path("llama")), block_size=4, num_blocks=64, max_model_len=96,
-              decision=RunDecision())
+              decision=Decision())
     return llm.engine
 
 

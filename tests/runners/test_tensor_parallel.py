@@ -19,7 +19,7 @@ from runner_fixtures import PROMPTS, TINY_CONFIGS
 from tp_harness import Job, rank_main, run_job
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.model.sharding import ShardingError, plan_shards
@@ -126,7 +126,7 @@ def test_the_llm_refuses_before_starting_anything(tiny_models, monkeypatch):
     monkeypatch.setattr(mp.get_context("spawn"), "Process", no_process)
     with pytest.raises(ShardingError, match="4 attention heads do not divide into 3 ranks"):
         LLM(str(tiny_models.path("llama")), tensor_parallel_size=3,
-            decision=RunDecision(runner="mrv1"))
+            decision=Decision(runner="mrv1"))
 
 
 def test_the_vocabulary_is_padded_rather_than_refused():
@@ -161,7 +161,7 @@ def test_llm_splits_the_demo_model_as_the_policy_decides():
 
 def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
     llm = LLM(str(tiny_models.path("mistral")), tensor_parallel_size=2, max_num_seqs=2,
-              decision=RunDecision(runner="mrv1"))
+              decision=Decision(runner="mrv1"))
     notes = llm.report().tensor_parallel.notes
     assert any("replicated on 2 ranks" in note for note in notes)
     engine = llm.engine
@@ -193,7 +193,7 @@ def test_a_raising_worker_is_named_with_its_error(tiny_models):
                      device="cpu", max_model_len=64, max_num_seqs=2, tensor_parallel_size=2)
     kv = plan_kv_cache(config, "float32", 4, 64, 2, num_blocks=32, tensor_parallel_size=2)
     runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2)
-    engine = Engine(spec, kv, runner, RunDecision(runner="mrv1"), EngineConfig(max_num_seqs=2))
+    engine = Engine(spec, kv, runner, Decision(runner="mrv1"), EngineConfig(max_num_seqs=2))
     engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(max_tokens=20)))
     start = time.monotonic()
     with pytest.raises(TensorParallelError) as caught:
@@ -251,7 +251,7 @@ def test_smollm2_is_refused_at_two_ranks_naming_9_heads_and_2_ranks(smollm2, mon
 
     monkeypatch.setattr(mp.get_context("spawn"), "Process", no_process)
     with pytest.raises(ShardingError) as caught:
-        LLM(smollm2, tensor_parallel_size=2, decision=RunDecision(runner="mrv1"))
+        LLM(smollm2, tensor_parallel_size=2, decision=Decision(runner="mrv1"))
     message = str(caught.value)
     assert "tensor_parallel_size=2" in message
     assert "its 9 attention heads do not divide into 2 ranks" in message
@@ -262,7 +262,7 @@ def test_smollm2_at_three_ranks_answers_as_one(smollm2):
     prompt = "The capital of France is"
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     options = {"dtype": "float32", "max_num_seqs": 1, "max_model_len": 64}
-    one = LLM(smollm2, decision=RunDecision(runner="mrv1"), **options).generate([prompt], params)
+    one = LLM(smollm2, decision=Decision(runner="mrv1"), **options).generate([prompt], params)
     with LLM(smollm2, tensor_parallel_size=3, **options) as llm:  # the policy's decision
         three = llm.generate([prompt], params)
         split = llm.report().tensor_parallel
@@ -283,7 +283,7 @@ def test_two_gpus_with_cuda_graphs_give_the_tokens_of_one(runner):
         pytest.skip(f"needs 2 GPUs for NCCL tensor parallelism, found {torch.cuda.device_count()}")
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9]]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    decision = RunDecision(runner=runner, cudagraph="full_and_piecewise")
+    decision = Decision(runner=runner, cudagraph="full_and_piecewise")
     options = {"device": "cuda", "max_num_seqs": 2, "decision": decision}
     one = [o.token_ids for o in LLM("demo", **options).generate(prompts, params)]
     with LLM("demo", tensor_parallel_size=2, **options) as llm:

@@ -13,10 +13,10 @@ import torch
 
 from interlock.kernels.registry import default_preference
 from interlock.runners.contract import (
+    Decision,
     KernelReport,
     KVCacheSpec,
     ModelSpec,
-    RunDecision,
     RunnerOutput,
     RunnerReport,
     ScheduledBatch,
@@ -25,6 +25,7 @@ from interlock.runners.dispatch import build_kernel_table, platform_of
 from interlock.runners.model.attention import AttentionMetadata
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.kv_cache import allocate_kv_cache
+from interlock_eager.plugin import EAGER
 
 # The plugin's own backend (it implements silu_and_mul) before the registry's usual choice.
 OWN_BACKEND = "eager_example"
@@ -40,13 +41,13 @@ class EagerRunner:
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
 
-    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
-        if decision.cudagraph != "none" or decision.breakable or decision.compile:
-            # Stage 5 of the policy never sends these (the spec declares none of
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision) -> None:
+        unserved = EAGER.serves(decision)
+        if unserved:
+            # Stage 5 of the policy never sends these (the spec does not declare
             # them); a caller building a decision by hand gets an error, not eager.
             raise EagerRunnerError(
-                f"eager runs without graphs or compile; got cudagraph={decision.cudagraph}, "
-                f"breakable={decision.breakable}, compile={decision.compile}"
+                f"eager runs without graphs or compile; got {', '.join(map(str, unserved))}"
             )
         self.spec = model
         self.device = torch.device(model.device)

@@ -11,7 +11,7 @@ from interlock_eager.runner import EagerRunner, EagerRunnerError
 from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
 from interlock.llm import LLM
 from interlock.plugins import load_registry
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.mrv1.runner import MRV1Runner
 
@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def llm(model: Path, runner: object, **kw: object) -> LLM:
     """The runner object with ``decision`` (default: eager, no graphs)."""
-    kw.setdefault("decision", RunDecision())
+    kw.setdefault("decision", Decision())
     return LLM(
         model,
         load_format="dummy",
@@ -60,4 +60,4 @@ def test_its_kernel_is_dispatched_when_installed(tiny_model: Path) -> None:
 
 def test_refuses_what_its_spec_does_not_declare(tiny_model: Path) -> None:
     with pytest.raises(EagerRunnerError, match="got cudagraph=piecewise"):
-        llm(tiny_model, EagerRunner(), decision=RunDecision(runner="eager", cudagraph="piecewise"))
+        llm(tiny_model, EagerRunner(), decision=Decision(runner="eager", cudagraph="piecewise"))

@@ -1,0 +1,202 @@
+"""The decision vocabulary: the one frozen :class:`Decision` the policy resolves and a runner runs.
+
+Each field's annotation says what it accepts: a ``Literal`` of choices, ``bool``, a runner name
+(``str`` with a pattern) or ``tuple[int, ...]`` of distinct positive sizes. A field whose type
+admits ``None`` is optional in a policy's ``defaults``. Everything else is derived from this
+class: the field list, the checks of overrides and env values (:func:`check_field`,
+:func:`parse_field`), the policy file's pydantic model and JSON Schema
+(:mod:`interlock.policy.schema`), what a runner declares per platform and ``serves()``
+(:class:`interlock.plugins.spec.PlatformSupport`) and stage 5's fallback chains. Plain Python,
+no pydantic: the resolver's warm path imports it.
+"""
+
+# Not ``from __future__ import annotations``: the field kinds are read from the annotations.
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Union, get_args, get_origin
+
+CudagraphMode = Literal["none", "piecewise", "full", "full_decode_only", "full_and_piecewise"]
+CUDAGRAPH_MODES: tuple[str, ...] = get_args(CudagraphMode)
+#: The dtypes a model runs in (``auto``, where accepted, means the checkpoint's own).
+Dtype = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+RUNNER_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+FieldValue = str | bool | tuple[int, ...]
+#: No batch of one step is larger (a graph per size is captured: 1e20 is a mistake).
+MAX_CAPTURE_SIZE = 65536
+
+
+def _about(doc: str, **meta: Any) -> dict[str, Any]:
+    """A field's metadata: ``doc`` (its meaning, in the JSON Schema) and optionally ``label``
+    (how a message names a switch), ``fallback`` (value -> what stage 5 tries next when a
+    runner does not serve it), ``pattern`` and ``allowed`` (for a name)."""
+    return {"doc": doc, **meta}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How to run a model: what the policy decides and what a runner is handed (checked on
+    construction; a ``ValueError`` names the field, the value and what is allowed)."""
+
+    runner: str = field(default="mrv1", metadata=_about(
+        "the registered runner that executes the model",
+        pattern=RUNNER_NAME,
+        allowed="a runner name such as mrv1, mrv2 (lowercase letters, digits, _)",
+    ))
+    cudagraph: CudagraphMode = field(default="none", metadata=_about(
+        "the CUDA-graph strategy: piecewise graphs between attention ops, full graphs, "
+        "full for decode-only batches, or both",
+        fallback={
+            "full_and_piecewise": "piecewise", "piecewise": "none",
+            "full": "none", "full_decode_only": "none",
+        },
+    ))
+    breakable: bool = field(default=False, metadata=_about(
+        "piecewise graphs whose breaks are found during capture (implies compile: false)",
+        label="breakable capture",
+    ))
+    compile: bool = field(default=False, metadata=_about(
+        "torch.compile of the graph segments", label="torch.compile"
+    ))
+    capture_sizes: tuple[int, ...] | None = field(default=None, metadata=_about(
+        "the batch sizes to capture graphs for; unset: the runner's automatic sizes"
+    ))
+
+    def __post_init__(self) -> None:
+        for spec in FIELDS.values():
+            value = getattr(self, spec.name)
+            if value is not None or not spec.optional:
+                object.__setattr__(self, spec.name, spec.check(value))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (tuples as lists)."""
+        values = {name: getattr(self, name) for name in FIELDS}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One decision field as read from :class:`Decision`."""
+
+    name: str
+    kind: str  # choice | switch | name | sizes
+    optional: bool  # may be left unset by the policy (its type admits None)
+    doc: str
+    choices: tuple[str, ...] = ()
+    pattern: re.Pattern[str] | None = None
+    label: str = ""
+    fallback: Mapping[Any, Any] = field(default_factory=dict)
+    allowed: str = ""
+
+    def check(self, value: object) -> FieldValue:
+        """``value`` validated and normalised (a list of sizes becomes a tuple)."""
+        ok = False
+        if self.kind == "choice":
+            ok = isinstance(value, str) and value in self.choices
+        elif self.kind == "switch":
+            ok = isinstance(value, bool)
+        elif self.kind == "name":
+            ok = isinstance(value, str) and bool(self.pattern and self.pattern.match(value))
+        elif isinstance(value, (list, tuple)) and value:
+            ok = all(type(v) is int and 0 < v <= MAX_CAPTURE_SIZE for v in value)
+            ok = ok and len(set(value)) == len(value)
+            value = tuple(value)
+        if not ok:
+            raise ValueError(f"{self.name}: bad value {value!r}; allowed: {self.allowed}")
+        return value  # type: ignore[return-value]
+
+    def parse(self, text: str) -> FieldValue:
+        """``text`` (as ``--set name=text`` gives it) typed, then checked."""
+        value: object = text
+        lowered = text.strip().lower()
+        if self.kind == "switch":
+            value = True if lowered in _TRUE else False if lowered in _FALSE else text
+        elif self.kind == "sizes":
+            try:
+                value = [int(part) for part in text.split(",")]
+            except ValueError:
+                value = text
+        try:
+            return self.check(value)
+        except ValueError:  # echo what the user typed, not the parsed form
+            raise ValueError(f"{self.name}: bad value {text!r}; allowed: {self.allowed}") from None
+
+    def what(self, value: object) -> str:
+        """How a message names asking for ``value``: ``breakable capture``, ``cudagraph=full``."""
+        return self.label if self.kind == "switch" else f"{self.name}={value}"
+
+    def next(self, value: object) -> Any:
+        """What stage 5 tries after ``value``, which a runner does not serve."""
+        return False if self.kind == "switch" else self.fallback[value]
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+_SIZES = tuple[int, ...]
+
+
+def _field_spec(f: Any) -> FieldSpec:
+    tp, optional = f.type, False
+    if get_origin(tp) in (Union, types.UnionType) and type(None) in get_args(tp):
+        optional = True
+        (tp,) = (arg for arg in get_args(tp) if arg is not type(None))
+    meta = dict(f.metadata)
+    common = {"name": f.name, "optional": optional, "doc": meta.pop("doc")}
+    if get_origin(tp) is Literal:
+        choices = get_args(tp)
+        return FieldSpec(
+            kind="choice", choices=choices, allowed=", ".join(choices), **common, **meta
+        )
+    if tp is bool:
+        return FieldSpec(kind="switch", allowed="true, false", **common, **meta)
+    if tp is str and "pattern" in meta:
+        return FieldSpec(kind="name", **common, **meta)
+    if tp == _SIZES:
+        allowed = f"a list of distinct integers from 1 to {MAX_CAPTURE_SIZE}, e.g. 1,2,4,8"
+        return FieldSpec(kind="sizes", allowed=allowed, **common, **meta)
+    raise TypeError(
+        f"Decision.{f.name}: {f.type} is not a decision field type; use a Literal of choices, "
+        "bool, str with a pattern, or tuple[int, ...] (each optionally | None)"
+    )
+
+
+#: Name -> spec, in output order.
+FIELDS: dict[str, FieldSpec] = {f.name: _field_spec(f) for f in fields(Decision)}
+DECISION_FIELDS: tuple[str, ...] = tuple(FIELDS)
+#: The fields a policy's defaults must set.
+REQUIRED_FIELDS: tuple[str, ...] = tuple(n for n, s in FIELDS.items() if not s.optional)
+#: Not a field: whether a decision is made at all (an engine may refuse a context).
+OUTCOME = "outcome"
+
+
+def check_field(name: str, value: object) -> FieldValue:
+    """Validate a typed decision-field value; returns it normalised (lists -> tuples).
+
+    Raises ``ValueError`` naming the field, the value and the allowed values.
+    """
+    return _spec(name).check(value)
+
+
+def parse_field(name: str, text: str) -> FieldValue:
+    """Parse ``--set name=text`` into a typed, validated value."""
+    return _spec(name).parse(text)
+
+
+def allowed_values(name: str) -> str:
+    """Human text of what ``name`` accepts, for error messages."""
+    return _spec(name).allowed
+
+
+def _spec(name: str) -> FieldSpec:
+    spec = FIELDS.get(name)
+    if spec is None:
+        from interlock.core.suggest import hint
+
+        allowed = ", ".join(DECISION_FIELDS)
+        raise ValueError(
+            f"unknown decision field {name!r}; allowed: {allowed}{hint(name, DECISION_FIELDS)}"
+        )
+    return spec
