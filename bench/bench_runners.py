@@ -1,4 +1,4 @@
-"""Runners benchmark: decode time per token for each runner x graph mode x batch size, demo model.
+"""Runners benchmark: decode time per token for each runner x graph mode x batch size.
 
 Every configuration (mrv1/mrv2 x none, piecewise, full, full_decode_only,
 full_and_piecewise, and breakable piecewise/full) is loaded once, with capture
@@ -12,7 +12,8 @@ On a GPU (cuda graphs) it also reports whether full-graph batch-1 decode is
 >= 2x faster than eager, and batch-1 decode against the roofline: weight bytes
 read per token / the device bandwidth measured here.
 
-    .venv/bin/python bench/bench_runners.py [--reps 3] [--steps 24] [--threads N] [--json]
+    .venv/bin/python bench/bench_runners.py [--model demo] [--reps 3] [--steps 24] [--threads N]
+        [--json]
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def device_bandwidth(device: torch.device, megabytes: int = 1024, reps: int = 10
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", default="demo", help="demo (the built-in model) or a model directory"
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=24, help="decode steps timed per run")
     parser.add_argument("--batch-sizes", default="1,4,16")
@@ -108,7 +112,7 @@ def main() -> None:
         for mode, breakable in MODES:
             decision = Decision(runner, mode, breakable, capture_sizes=(1, 2, 4, 8, 16))
             llm = LLM(
-                "demo", device=device, max_num_seqs=max(batches),
+                args.model, device=device, max_num_seqs=max(batches),
                 max_num_batched_tokens=max(batches) * PROMPT_LEN,
                 max_model_len=PROMPT_LEN + args.steps + 16, decision=decision,
             )
@@ -154,7 +158,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"demo model on {device} ({result.get('gpu', machine()['cpu'])}), "
+    print(f"{args.model} model on {device} ({result.get('gpu', machine()['cpu'])}), "
           f"{args.reps} reps x {args.steps} decode steps, capture sizes 1,2,4,8,16")
     print(f"{'config':<34} {'batch':>5} {'tpot ms':>9} {'tok/s':>9} {'vs eager':>9}"
           + (f" {'vs roofline':>12}" if gpu else ""))

@@ -347,7 +347,7 @@ def runner_factory(name: str) -> str:
 
 def runner_from_plugin(name: str) -> Runner:
     """A fresh runner object from the plugin that registers runner ``name`` (its spec's
-    factory); an unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
+    factory); an unknown or ambiguous name is a ``interlock.plugins.PluginError`` saying why."""
     from interlock.plugins import PluginError, load_import_path, load_registry
     from interlock.plugins.discovery import summarize
     from interlock.plugins.isolation import plugin_code
@@ -365,8 +365,8 @@ def runner_from_plugin(name: str) -> Runner:
     if not isinstance(runner, Runner):
         raise PluginError(
             f"runner {name!r}: {registered.spec.factory} (plugin {registered.plugin.provider}) "
-            f"built a {type(runner).__name__}, which does not implement runners.contract.Runner "
-            "(load, execute, report)"
+            f"built a {type(runner).__name__}, which does not implement "
+            "interlock.runners.contract.Runner (load, execute, report)"
         )
     return runner
 

@@ -56,7 +56,7 @@ def _unserved_cudagraph_modes(registry: PluginRegistry, subject: Subject) -> Ite
         runner = rule.set.get("runner")
         platforms = subject.domain.platforms_of(rule.when)
         problems = unserved_cudagraph(
-            registry, setting.value, platforms, runner.value if runner else None
+            registry, str(setting.value), platforms, str(runner.value) if runner else None
         )
         if problems:
             yield subject.finding(

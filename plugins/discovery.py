@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from interlock.plugins.api import ENTRY_POINT_GROUP, api_incompatibility
 from interlock.plugins.isolation import PluginCrash, plugin_code
-from interlock.plugins.registry import PluginRecord, PluginRegistry
+from interlock.plugins.registry import PluginRecord, PluginRegistry, Status
 from interlock.plugins.settings import DISABLE_ENV, STRICT_ENV, PluginError, Settings
 from interlock.plugins.spec import KernelSpec, RunnerSpec, SpecError
 
@@ -126,7 +126,9 @@ def _clashing_names(sources: Sequence[PluginSource]) -> dict[PluginSource, str]:
     return refused
 
 
-def _record(src: PluginSource, status: str, detail: str = "", **provided: Any) -> PluginRecord:
+def _record(
+    src: PluginSource, status: Status, detail: str = "", **provided: Any
+) -> PluginRecord:
     return PluginRecord(
         name=src.name,
         distribution=src.distribution,

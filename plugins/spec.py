@@ -291,7 +291,8 @@ class RunnerSpec:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """An extra implementation of a kernel op, installed into kernels.REGISTRY when kernels load."""
+    """An extra implementation of a kernel op, installed into ``interlock.kernels.REGISTRY``
+    when kernels load."""
 
     op: str
     backend: str

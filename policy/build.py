@@ -1,4 +1,5 @@
-"""From parsed, validated files to one layered :class:`~policy.model.Policy` (cache misses)."""
+"""From parsed, validated files to one layered :class:`~interlock.policy.model.Policy`
+(cache misses)."""
 
 from __future__ import annotations
 

@@ -81,12 +81,12 @@ class Context:
         return (self.features, self.env, self.traits, self.model_traits, self.sources)
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined,no-any-return]
+        return self._hash  # type: ignore[attr-defined]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Context):
             return NotImplemented
-        return self._key == other._key  # type: ignore[attr-defined,no-any-return]
+        return self._key == other._key  # type: ignore[attr-defined]
 
     def source(self, fact: str) -> str:
         return self.sources.get(fact, GIVEN)

@@ -11,6 +11,7 @@ contexts are summarised as compactly as the domain allows
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +70,8 @@ class ChangeGroup:
     field: str
     old: str
     new: str
-    by_deciders: list[Deciders] = field(default_factory=list)
+    # dataclasses.field: the class's own ``field`` attribute shadows the import in the body.
+    by_deciders: list[Deciders] = dataclasses.field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -200,15 +202,15 @@ def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
         condition = (tuple(sorted(c.env.items())), tuple(c.features.items()))
         conditions_of.setdefault(point, set()).add(condition)
     by_conditions: dict[frozenset[Condition], dict[str, set[tuple[str, str]]]] = {}
-    for (arch, platform, device), conditions in conditions_of.items():
-        places = by_conditions.setdefault(frozenset(conditions), {})
-        places.setdefault(arch, set()).add((platform, device))
+    for (arch, platform, device), point_conditions in conditions_of.items():
+        arch_places = by_conditions.setdefault(frozenset(point_conditions), {})
+        arch_places.setdefault(arch, set()).add((platform, device))
     arch_order = {a: i for i, a in enumerate(domain.architectures)}
     lines = []
     for conditions, places_of in by_conditions.items():
         by_places: dict[frozenset[tuple[str, str]], list[str]] = {}
-        for arch, places in places_of.items():
-            by_places.setdefault(frozenset(places), []).append(arch)
+        for arch, where in places_of.items():
+            by_places.setdefault(frozenset(where), []).append(arch)
         suffix = _conditions_text(conditions, domain)
         for places, archs in by_places.items():
             archs.sort(key=lambda a: arch_order.get(a, len(arch_order)))
@@ -252,8 +254,8 @@ def _conditions_text(conditions: frozenset[Condition], domain: Domain) -> str:
     parts = []
     for state in domain.feature_states:
         if state in envs_by_features:
-            env = _env_text(frozenset(envs_by_features[state]), domain)
-            parts.append(_features_text(state) + (f" ({env})" if env else ""))
+            env_text = _env_text(frozenset(envs_by_features[state]), domain)
+            parts.append(_features_text(state) + (f" ({env_text})" if env_text else ""))
     return ", with " + "; ".join(parts)
 
 

@@ -10,7 +10,10 @@ test keeps them current.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 #: Kind -> (file name in schemas/, title).
@@ -23,12 +26,19 @@ SCHEMA_FILES = {
 
 def json_schema(kind: str) -> dict[str, Any]:
     """The JSON Schema of ``kind`` (``policy``, ``tests`` or ``evidence``)."""
+    model: type[BaseModel]
     if kind == "policy":
-        from interlock.policy.schema import PolicyFileModel as model
+        from interlock.policy.schema import PolicyFileModel
+
+        model = PolicyFileModel
     elif kind == "tests":
-        from interlock.policy.testfile import TestsFileModel as model
+        from interlock.policy.testfile import TestsFileModel
+
+        model = TestsFileModel
     elif kind == "evidence":
-        from interlock.policy.evidence_schema import EvidenceRecordModel as model
+        from interlock.policy.evidence_schema import EvidenceRecordModel
+
+        model = EvidenceRecordModel
     else:
         raise ValueError(f"unknown schema {kind!r}; known: {', '.join(SCHEMA_FILES)}")
     schema = model.model_json_schema()

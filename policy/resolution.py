@@ -157,7 +157,7 @@ def resolve(
     memo = policy.memo
     hit = memo.get(key)
     if hit is not None:
-        return hit  # type: ignore[no-any-return]
+        return hit
     resolution = _resolve(policy, context, frozen or (), capabilities)
     if len(memo) >= _MEMO_LIMIT:
         memo.clear()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import (
     AfterValidator,
@@ -57,22 +57,25 @@ def _distinct(sizes: list[int]) -> list[int]:
 def _decision_type(spec: FieldSpec) -> Any:
     """The pydantic type of a decision field, from its kind."""
     if spec.kind == "choice":
-        return Literal[spec.choices]  # type: ignore[valid-type]
+        return Literal[spec.choices]
     if spec.kind == "switch":
         return StrictBool
     if spec.kind == "name":
         assert spec.pattern is not None
         return Annotated[StrictStr, Field(pattern=spec.pattern.pattern)]
     positive = Annotated[StrictInt, Field(gt=0, le=MAX_CAPTURE_SIZE)]
-    return Annotated[list[positive], Field(min_length=1), AfterValidator(_distinct)]  # type: ignore[valid-type]
+    return Annotated[list[positive], Field(min_length=1), AfterValidator(_distinct)]
 
 
-# Derived from interlock.core.decision.Decision. Fields default to None but do not accept an
-# explicit `null`: pydantic does not validate defaults, so `runner: null` in a file fails like
-# any other bad value.
-DecisionFields: type[BaseModel] = create_model(
+def _model(name: str, **fields: Any) -> type[_Model]:
+    """A model whose fields are built from a vocabulary (decision fields, traits)."""
+    return create_model(name, __base__=_Model, **fields)
+
+
+# Fields default to None but do not accept an explicit `null`: pydantic does not validate
+# defaults, so `runner: null` in a file fails like any other bad value.
+_DecisionFields = _model(
     "DecisionFields",
-    __base__=_Model,
     **{
         name: (_decision_type(spec), Field(None, description=spec.doc))
         for name, spec in FIELDS.items()
@@ -100,19 +103,16 @@ FeatureCondition = Union[Scalar, Annotated[list[Scalar], Field(min_length=1)], F
 
 
 def _trait_type(spec: tuple[str, ...] | type, *, many: bool) -> Any:
-    one: Any = StrictBool if spec is bool else Name if spec is str else Literal[spec]  # type: ignore[valid-type]
+    one: Any = StrictBool if spec is bool else Name if spec is str else Literal[spec]
     return Union[one, Annotated[list[one], Field(min_length=1)]] if many else one  # noqa: UP007
 
 
-TraitsModel = create_model(
-    "Traits",
-    __base__=_Model,
-    **{key: (_trait_type(spec, many=False), None) for key, spec in TRAITS.items()},
+_TraitsModel = _model(
+    "Traits", **{key: (_trait_type(spec, many=False), None) for key, spec in TRAITS.items()}
 )
 
-WhenModel = create_model(
+_WhenModel = _model(
     "When",
-    __base__=_Model,
     architecture=(Names, None),
     platform=(Names, None),
     device_arch=(Names, None),
@@ -120,11 +120,19 @@ WhenModel = create_model(
     **{key: (_trait_type(spec, many=True), None) for key, spec in TRAITS.items()},
 )
 
+if TYPE_CHECKING:
+    # The checker sees their common base: their fields come from the vocabularies.
+    DecisionFields = _Model
+    TraitsModel = _Model
+    WhenModel = _Model
+else:
+    DecisionFields, TraitsModel, WhenModel = _DecisionFields, _TraitsModel, _WhenModel
+
 
 class RuleModel(_Model):
     id: RuleId
-    when: WhenModel = WhenModel()  # type: ignore[valid-type]
-    set: DecisionFields  # type: ignore[valid-type]
+    when: WhenModel = WhenModel()
+    set: DecisionFields
     reason: Name
     ref: Url = None  # type: ignore[assignment]
     #: Bench records (``policy bench --record``) behind the rule, relative to this file.
@@ -158,8 +166,8 @@ class DeviationModel(_Model):
 class PolicyFileModel(_Model):
     schema_version: StrictInt
     version: Name
-    catalog: dict[Identifier, TraitsModel] = {}  # type: ignore[valid-type]
-    defaults: DecisionFields = DecisionFields()  # type: ignore[valid-type]
+    catalog: dict[Identifier, TraitsModel] = {}
+    defaults: DecisionFields = DecisionFields()
     env: dict[EnvName, EnvBindingModel] = {}
     rules: list[RuleModel] = []
     deviations: list[DeviationModel] = []

@@ -221,7 +221,8 @@ class _Builder:
                 raise self._fail(key_node, path, "mapping keys must be plain scalars")
             key = self._scalar(key_node, path)
             if key in out:
-                first = self.doc.key_marks[(*path, key)]
+                key_path = (*path, key)
+                first = self.doc.key_marks[key_path]
                 raise self._fail(
                     key_node,
                     (*path, key),

@@ -8,7 +8,7 @@ A runner subclass brings what makes it that runner:
 * ``begin_step`` / ``end_step`` — optional per-step state (mrv2 keeps request
   state on the device).
 
-Kernel dispatch is one ``KernelTable`` chosen from ``kernels.REGISTRY`` at
+Kernel dispatch is one ``KernelTable`` chosen from ``interlock.kernels.REGISTRY`` at
 load and handed to the model; the base samples with the same table.
 """
 

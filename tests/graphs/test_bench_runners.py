@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runner_fixtures import TinyModels
+
 BENCH = Path(__file__).parents[2] / "bench" / "bench_runners.py"
 
 
-def test_every_runner_and_mode_is_measured_against_its_own_eager_run():
+def test_every_runner_and_mode_is_measured_against_its_own_eager_run(graph_models: TinyModels):
+    # The tiny checkpoint: this checks the output's shape, the figures come from the demo model.
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--reps", "1", "--steps", "2", "--batch-sizes", "1",
-         "--json"],
+        [sys.executable, str(BENCH), "--model", str(graph_models.path("llama")), "--reps", "1",
+         "--steps", "2", "--batch-sizes", "1", "--threads", "1", "--json"],
         capture_output=True, text=True, check=True, timeout=600,
     )
     result = json.loads(out.stdout)

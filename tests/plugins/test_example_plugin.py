@@ -92,7 +92,10 @@ def test_listed_by_policy_plugins(workdir: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "eager  interlock-eager-runner 0.1.0  ok" in done.stdout
     assert "  source       interlock_eager.plugin" in done.stdout
-    assert "cpu, cuda, rocm, xpu   cudagraph none; not breakable; no torch.compile" in done.stdout
+    assert (
+        "cpu, cuda, rocm, xpu   cudagraph none; no breakable capture; no torch.compile"
+        in done.stdout
+    )
     assert "kernel silu_and_mul/eager_example" in done.stdout
 
 

@@ -30,18 +30,18 @@ def test_text_lists_plugins_runners_and_kernels(register_plugin, cli) -> None:  
     assert "mrv2  interlock " in out and "  ok\n" in out
     assert (
         "cuda, rocm             cudagraph none, piecewise, full, full_decode_only, "
-        "full_and_piecewise; breakable; torch.compile; requires has_triton" in out
+        "full_and_piecewise; breakable capture; torch.compile; requires has_triton" in out
     )
     assert (
         "xpu                    cudagraph none, piecewise, full, full_decode_only, "
-        "full_and_piecewise; breakable; no torch.compile; requires has_triton" in out
+        "full_and_piecewise; breakable capture; no torch.compile; requires has_triton" in out
     )
     assert (
         "unsupported            pipeline parallelism when {features: "
         "{pipeline_parallel_size: {gt: 1}}}" in out
     )
     assert "tiny-plugin  tiny-dist 2.1  ok" in out
-    assert "cpu                    cudagraph none; not breakable; no torch.compile" in out
+    assert "cpu                    cudagraph none; no breakable capture; no torch.compile" in out
     assert "kernel silu_and_mul/mine  cpu  float32  mine.kernels:silu_and_mul" in out
 
 

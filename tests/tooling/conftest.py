@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -51,3 +56,30 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def shipped() -> Policy:
     return load_policy([SHIPPED], use_cache=False)
 
+
+
+def copy_package(dest: Path) -> Path:
+    """A copy of the ``interlock`` package as the wheel lays it out (the root folders it links,
+    resolved into it) with pyproject.toml beside it; returns ``dest``, to put on PYTHONPATH."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "interlock", dest / "interlock", ignore=ignore)
+    shutil.copy(REPO / "pyproject.toml", dest)
+    return dest
+
+
+def python_in(
+    path: Path,
+    *args: str,
+    cwd: Path | None = None,
+    pythonpath: Sequence[Path] = (),
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``python args...`` with ``path`` (then ``pythonpath``) first on the import path, in place
+    of the caller's own PYTHONPATH (which points at this checkout)."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=os.pathsep.join(map(str, [path, *pythonpath])), NO_COLOR="1")
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd or path, env=environ, capture_output=True, text=True,
+        timeout=600,
+    )
