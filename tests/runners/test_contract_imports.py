@@ -10,8 +10,9 @@ import sys
 def test_contract_engine_and_runner_packages_are_torch_free():
     code = (
         "import sys\n"
-        "import runners, runners.contract, runners.mrv1, runners.model.config\n"
-        "import runners.engine.engine, runners.engine.scheduler, runners.engine.kv_cache\n"
+        "import interlock.runners, interlock.runners.contract, interlock.runners.mrv1\n"
+        "import interlock.runners.model.config, interlock.runners.engine.engine\n"
+        "import interlock.runners.engine.scheduler, interlock.runners.engine.kv_cache\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
