@@ -65,6 +65,8 @@ def load(settings: Settings) -> PluginRegistry | None:
     """The cached registry, or None when there is none, it is damaged, or anything it came
     from changed."""
     entry = read_json("plugins", _key(settings))
+    if entry is None:
+        return None
     try:
         watched = entry["watched"]
         if any(_stat(path) != (path, mtime, size) for path, mtime, size in watched):

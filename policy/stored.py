@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from interlock.core.fields import DECISION_FIELDS, OUTCOME, TRAITS, check_field
+from interlock.core.decision import DECISION_FIELDS, OUTCOME, check_field
+from interlock.core.fields import TRAITS
 from interlock.policy.conditions import (
     Condition,
     FeatureMatch,

@@ -162,7 +162,7 @@ def read_entry(kind: str, key: str) -> bytes | None:
     return payload
 
 
-def _write_atomically(fd: int, name: str, write: Callable[[IO[bytes]], None]) -> bool:
+def _write_atomically(fd: int, name: str, write: Callable[[IO[bytes]], object]) -> bool:
     tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600, dir_fd=fd)
@@ -193,6 +193,9 @@ def _clear(fd: int, name: str) -> None:
     if stat.S_ISDIR(st.st_mode):
         import shutil
 
+        if sys.version_info < (3, 11):
+            # rmtree takes dir_fd from 3.11 on; unwritten, the entry only costs speed.
+            raise IsADirectoryError(name)
         shutil.rmtree(name, dir_fd=fd)
 
 
