@@ -1,13 +1,12 @@
 """Stage 5 of the decision pipeline: what the chosen runner plugin can serve.
 
-A value from defaults or rules that the runner cannot serve (``PlatformSupport.serves``) falls
-back along a declared chain (the runner's ``fallback``; each decision field's own, declared with
-:class:`interlock.core.decision.Decision`: cudagraph ``full_and_piecewise -> piecewise -> none``,
-``full``/``full_decode_only -> none``; breakable and compile -> false), each step recorded with
-its reason. A value forced by an env
-binding or an override that cannot be served is an error naming every
-unsupported item and how to choose otherwise. Nothing changes without a trace
-step.
+A value from defaults or rules that the runner cannot serve (``PlatformSupport.serves``)
+falls back along a declared chain (the runner's ``fallback``; each decision field's own, from
+:class:`interlock.core.decision.Decision`: cudagraph ``full_and_piecewise -> piecewise ->
+none``, ``full``/``full_decode_only -> none``; breakable and compile -> false), each step
+recorded with its reason. A value forced by an env binding or an override that cannot be
+served is an error naming every unsupported item and how to choose otherwise. Nothing
+changes without a trace step.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from interlock.core.decision import FIELDS, Decision
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
-from interlock.plugins.spec import REQUIRABLE_FACTS, SERVED_FIELDS, PlatformSupport
+from interlock.plugins.spec import REQUIRABLE_FACTS, SERVED_FIELDS
 from interlock.policy.conditions import FeatureMatch, NameMatch
 from interlock.policy.context import ASSUMED
 from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
@@ -163,7 +162,7 @@ def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
             CAPABILITIES,
             f"runner {name}",
             note=f"provided by plugin {chosen.plugin.provider}; on {platform} it serves "
-            + "; ".join(f"{f} {_declared(support, f)}" for f in SERVED_FIELDS)
+            + "; ".join(support.describe(f) for f in SERVED_FIELDS)
             + _tensor_parallel_note(support.max_tensor_parallel_size),
         )
     )
@@ -174,11 +173,6 @@ def _tensor_parallel_note(limit: int | None) -> str:
     if limit == 1:
         return ""
     return f"; {TENSOR_PARALLEL} up to {'any size' if limit is None else limit}"
-
-
-def _declared(support: PlatformSupport, field: str) -> str:
-    declared = getattr(support, field)
-    return show_scalar(declared) if isinstance(declared, bool) else ", ".join(declared)
 
 
 def _choose_runner(draft: Draft, registry: PluginRegistry) -> RegisteredRunner:
@@ -308,12 +302,8 @@ def _alternatives(
             if any(f == "runner" for f, _ in items):
                 continue
             support = registry.runner(name).spec.platforms[platform]
-            declared = getattr(support, field)
-            offers.append(
-                f"{name} has {'' if declared else 'no '}{FIELDS[field].label}"
-                if isinstance(declared, bool)
-                else f"{name} serves {field} {', '.join(declared)}"
-            )
+            verb = "has" if FIELDS[field].kind == "switch" else "serves"
+            offers.append(f"{name} {verb} {support.describe(field)}")
         hints.append(
             f"{how} ({field}={show_scalar(forced[field])}); on {platform} {'; '.join(offers)}"
         )

@@ -156,6 +156,14 @@ class PlatformSupport:
             unserved.append(Unserved(name, value, FIELDS[name].what(value), offered))
         return unserved
 
+    def describe(self, name: str) -> str:
+        """What this platform serves of decision field ``name``, as messages say it:
+        ``cudagraph none, full``, ``breakable capture``, ``no torch.compile``."""
+        declared = getattr(self, name)
+        if isinstance(declared, bool):
+            return FIELDS[name].label if declared else f"no {FIELDS[name].label}"
+        return f"{name} {', '.join(declared)}"
+
     def to_dict(self) -> dict[str, Any]:
         declared = {n: getattr(self, n) for n in SERVED_FIELDS}
         listed = {n: v if isinstance(v, bool) else list(v) for n, v in declared.items()}

@@ -63,16 +63,6 @@ def _plugin_lines(plugin: Any) -> list[str]:
     return lines
 
 
-def _served(support: Any, name: str) -> str:
-    """A decision field as a platform serves it: ``cudagraph none, full``, ``no torch.compile``."""
-    from interlock.core.decision import FIELDS
-
-    declared = getattr(support, name)
-    if isinstance(declared, bool):
-        return FIELDS[name].label if declared else f"no {FIELDS[name].label}"
-    return f"{name} {', '.join(declared)}"
-
-
 def _runner_lines(spec: Any) -> list[str]:
     import yaml
 
@@ -84,7 +74,7 @@ def _runner_lines(spec: Any) -> list[str]:
         groups.setdefault(support, []).append(platform)
     lines = []
     for support, platforms in groups.items():
-        parts = [_served(support, name) for name in SERVED_FIELDS]
+        parts = [support.describe(name) for name in SERVED_FIELDS]
         parts += [f"requires {fact}" for fact in support.requires]
         limit = support.max_tensor_parallel_size
         parts.append(

@@ -73,7 +73,7 @@ def test_a_supported_decision_is_kept_and_names_its_provider() -> None:
             {},
             "provided by plugin p-fast (fast-dist 1.0); on cpu "
             "it serves cudagraph none, piecewise, full, full_decode_only, "
-            "full_and_piecewise; breakable true; compile true",
+            "full_and_piecewise; breakable capture; torch.compile",
         )
     ]
 
