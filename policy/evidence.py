@@ -66,7 +66,7 @@ def read_record(path: Path, name: str) -> dict[str, Any]:
     except PolicyError:
         doc = SourceDoc(name, data)
     validate_doc(EvidenceRecordModel, doc)
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def context_failure(rule: Rule, record: dict[str, Any]) -> str | None:

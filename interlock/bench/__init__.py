@@ -49,8 +49,8 @@ def run(
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
     from interlock.bench.harness import resolve_design
+    from interlock.core.decision import check_field
     from interlock.core.errors import PolicyError
-    from interlock.core.fields import check_field
     from interlock.model_run import check_runs_here, process_env
     from interlock.policy.loader import load_policy
 

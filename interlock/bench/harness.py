@@ -111,7 +111,7 @@ def load_configs(
     max_position: int,
 ) -> list[Loaded]:
     """One engine per configuration, sized to the workload, loaded once and kept."""
-    from interlock.llm import LLM, run_decision
+    from interlock.llm import LLM
     from interlock.model_run import device_for
 
     seq_len = prompt_len + workload.max_tokens
@@ -136,7 +136,7 @@ def load_configs(
             max_num_seqs=seqs,
             max_num_batched_tokens=max(2048, seqs * prompt_len),
             max_model_len=seq_len,
-            decision=run_decision(config.resolution.decision),
+            decision=config.resolution.decision,
         )
         loaded.append(Loaded(config, llm, time.perf_counter() - start))
     return loaded

@@ -27,9 +27,10 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
+from interlock.core.decision import DTYPES as MODEL_DTYPES
 from interlock.core.errors import InputError
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *MODEL_DTYPES)
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
@@ -171,8 +172,8 @@ def _natural(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from interlock.bench import run as bench_run
     from interlock.bench.render import render_text
+    from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
-    from interlock.core.fields import parse_field
 
     vary: dict[str, list[Any]] = {}
     for name, levels in args.vary:

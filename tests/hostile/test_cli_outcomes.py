@@ -95,10 +95,10 @@ def test_13_seed_out_of_range_is_refused_up_front(cli) -> None:
 
 def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkeypatch) -> None:
     from interlock.llm import LLM
-    from interlock.runners.contract import RunDecision
+    from interlock.runners.contract import Decision
     from interlock.runners.engine.sampling import SamplingParams
 
-    llm = LLM("demo", decision=RunDecision(runner="mrv1", cudagraph="none"), device="cpu")
+    llm = LLM("demo", decision=Decision(runner="mrv1", cudagraph="none"), device="cpu")
     runner, calls = llm.engine.runner, []
     real = runner.execute
 
@@ -130,10 +130,10 @@ def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkey
 )
 def test_25_python_api_types_are_strict(prompts, params, message) -> None:
     from interlock.llm import LLM
-    from interlock.runners.contract import RunDecision
+    from interlock.runners.contract import Decision
     from interlock.runners.engine.sampling import SamplingParams
 
-    llm = _demo_llm(LLM, RunDecision)
+    llm = _demo_llm(LLM, Decision)
     with pytest.raises(InputError) as info:
         llm.generate(prompts, SamplingParams(**params) if params else None)
     assert message in str(info.value)

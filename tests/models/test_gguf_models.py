@@ -106,7 +106,7 @@ def test_an_unsupported_gguf_is_refused_by_the_cli_naming_it(cli, tmp_path):
 
 
 def test_on_tokens_sees_every_step_of_every_prompt(tiny):
-    llm = LLM(str(tiny("llama", "Q8_0")), decision=RunDecision(), max_model_len=64,
+    llm = LLM(str(tiny("llama", "Q8_0")), decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
     seen: dict[int, list[tuple[tuple[int, ...], str | None]]] = {}
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 5)]
