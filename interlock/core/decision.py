@@ -77,19 +77,32 @@ class Decision:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
-@dataclass(frozen=True)
 class FieldSpec:
-    """One decision field as read from :class:`Decision`."""
+    """One decision field as read from :class:`Decision` (read-only by convention: a plain
+    class, because a dataclass costs `policy explain` its generated methods at every start)."""
 
-    name: str
-    kind: str  # choice | switch | name | sizes
-    optional: bool  # may be left unset by the policy (its type admits None)
-    doc: str
-    choices: tuple[str, ...] = ()
-    pattern: re.Pattern[str] | None = None
-    label: str = ""
-    fallback: Mapping[Any, Any] = field(default_factory=dict)
-    allowed: str = ""
+    __slots__ = ("name", "kind", "optional", "doc", "choices", "pattern", "label", "fallback",
+                 "allowed")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,  # choice | switch | name | sizes
+        optional: bool,  # may be left unset by the policy (its type admits None)
+        doc: str,
+        choices: tuple[str, ...] = (),
+        pattern: re.Pattern[str] | None = None,
+        label: str = "",
+        fallback: Mapping[Any, Any] | None = None,
+        allowed: str = "",
+    ) -> None:
+        self.name, self.kind, self.optional, self.doc = name, kind, optional, doc
+        self.choices, self.pattern, self.label = choices, pattern, label
+        self.fallback: Mapping[Any, Any] = fallback or {}
+        self.allowed = allowed
+
+    def __repr__(self) -> str:
+        return f"FieldSpec({self.name!r}, {self.kind!r})"
 
     def check(self, value: object) -> FieldValue:
         """``value`` validated and normalised (a list of sizes becomes a tuple)."""
