@@ -67,3 +67,39 @@ def write(tmp_path: Path) -> Callable[[str, str], Path]:
         return path
 
     return _write
+
+
+#: What the wheel is built from: the package and the root folders and file it links.
+WHEEL_SOURCES = (
+    "pyproject.toml", "README.md", "policies.yaml", "interlock", "policy", "plugins", "runners",
+    "kernels",
+)
+
+
+@pytest.fixture(scope="session")
+def interlock_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel ``pip wheel --no-build-isolation`` builds from a copy of this checkout (the
+    build writes build/ and *.egg-info beside its sources, so not into the checkout)."""
+    import shutil
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    src.mkdir()
+    for name in WHEEL_SOURCES:
+        path = repo / name
+        if path.is_dir() and not path.is_symlink():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(path, src / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(work / "dist"), str(src)],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (work / "dist").glob("interlock-*.whl")
+    return wheel

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,36 +17,8 @@ def test_package_link_points_at_the_top_level_file() -> None:
     assert link.is_symlink() and os.readlink(link) == "../policies.yaml"
 
 
-def test_wheel_carries_the_policy_as_a_regular_file(tmp_path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md", "policies.yaml"):
-        shutil.copy2(REPO / name, src / name)
-    for package in ("interlock", "policy", "runners", "kernels", "plugins"):
-        if (REPO / package).is_dir():
-            shutil.copytree(
-                REPO / package,
-                src / package,
-                symlinks=True,
-                ignore=shutil.ignore_patterns("__pycache__"),
-            )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path / "dist"),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = (tmp_path / "dist").glob("interlock-*.whl")
+def test_wheel_carries_the_policy_as_a_regular_file(tmp_path, interlock_wheel) -> None:
+    wheel = interlock_wheel
     with zipfile.ZipFile(wheel) as zf:
         assert zf.read("interlock/policy/policies.yaml") == (REPO / "policies.yaml").read_bytes()
         # Everything installs under the interlock namespace: no bare policy/, kernels/, ...

@@ -6,22 +6,16 @@ into site-packages, and installing Hugging Face's overwrote it. Needs PyPI (CI h
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, python_in
+from .conftest import python_in
 
 #: Hugging Face's package of the same top-level name (a transformers optional dependency).
 HF_KERNELS = "kernels==0.17.2"
-#: What the build reads: the package and the root folders it links.
-SOURCES = (
-    "pyproject.toml", "README.md", "policies.yaml", "interlock", "policy", "plugins", "runners",
-    "kernels",
-)
 
 CHECKS = """
 import sys
@@ -49,21 +43,12 @@ def pip(*args: str, cwd: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_wheel_installs_beside_hugging_face_kernels(tmp_path: Path) -> None:
-    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info beside it
-    source.mkdir()
-    for name in SOURCES:
-        path = REPO / name
-        if path.is_dir() and not path.is_symlink():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(path, source / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy(path, source / name)
-    pip("wheel", ".", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-        cwd=source)
-    (wheel,) = (tmp_path / "dist").glob("interlock-*.whl")
+def test_the_wheel_installs_beside_hugging_face_kernels(
+    tmp_path: Path, interlock_wheel: Path
+) -> None:
     target = tmp_path / "target"
-    pip("install", "--no-deps", "--target", str(target), str(wheel), HF_KERNELS, cwd=tmp_path)
+    pip("install", "--no-deps", "--target", str(target), str(interlock_wheel), HF_KERNELS,
+        cwd=tmp_path)
 
     top = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
     assert top - {"bin"} == {"interlock", "kernels"}
