@@ -75,9 +75,11 @@ def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterat
     """The defaults' runner (following its fallbacks) serves none of the GPU platforms (a
     warning), or its fallback chain loops (an error): either way contexts fail to resolve."""
     setting = subject.policy.defaults.get("runner")
-    if setting is None or registry.find(setting.value) is None:
+    if setting is None or registry.find(str(setting.value)) is None:
         return  # an unregistered runner is reported by unknown-runner
-    chain, name, loop = [], setting.value, None
+    chain: list[str] = []
+    name: str | None = str(setting.value)
+    loop = None
     while name is not None:
         if name in chain:
             loop = " -> ".join([*chain, name])

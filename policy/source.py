@@ -104,10 +104,11 @@ def parse_yaml(text: bytes, name: str, *, max_alias_nodes: int = MAX_ALIAS_NODES
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
-        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        at_line = mark.line + 1 if mark else None
+        at_col = mark.column + 1 if mark else None
         raise PolicyError(
-            f"invalid YAML: {message}{_explain(source, line, col)}",
-            file=name, line=line, col=col,
+            f"invalid YAML: {message}{_explain(source, at_line, at_col)}",
+            file=name, line=at_line, col=at_col,
         ) from None
     except yaml.YAMLError as exc:
         raise PolicyError(f"invalid YAML: {exc}", file=name) from None

@@ -14,14 +14,14 @@ from safetensors.torch import load_file, save_file
 
 from interlock.core.errors import ModelError
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 
 def generate(model: Path, **kw: object) -> tuple[int, ...]:
     llm = LLM(
         str(model),
-        decision=RunDecision(runner="mrv1", cudagraph="none"),
+        decision=Decision(runner="mrv1", cudagraph="none"),
         device="cpu",
         num_blocks=8,
         max_model_len=32,
