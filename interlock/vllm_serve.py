@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.core.errors import PolicyError
-from interlock.core.fields import CUDAGRAPH_MODES
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
 

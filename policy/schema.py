@@ -151,14 +151,18 @@ class EnvBindingModel(_Model):
     values: Annotated[dict[StrictStr, Any], Field(min_length=1)]
 
 
+#: What a deviation names: a decision field, or the outcome (the engine refuses the context).
+_DEVIATION_FIELDS = (*DECISION_FIELDS, OUTCOME)
+
+
 class DeviationModel(_Model):
     """A context where the policy differs from the engine it mirrors, on purpose."""
 
     id: RuleId
-    when: WhenModel = WhenModel()  # type: ignore[valid-type]
+    when: WhenModel = WhenModel()
     #: Environment values the context must carry, exactly (``"0"``, ``"1"``).
     env: dict[EnvName, StrictStr] = {}
-    field: Literal[(*DECISION_FIELDS, OUTCOME)]  # type: ignore[valid-type]
+    field: Literal[_DEVIATION_FIELDS]  # type: ignore[valid-type]
     reason: Name
     ref: Url = None  # type: ignore[assignment]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interlock.core.decision import OUTCOME, REQUIRED_FIELDS
 from interlock.core.errors import PolicyError
-from interlock.core.fields import OUTCOME, REQUIRED_FIELDS
 from interlock.policy.conditions import Facts
 from interlock.policy.context import Context
 from interlock.policy.model import Deviation, Policy
