@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from interlock.llm import LLM
-from interlock.runners.contract import RunDecision
+from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.parallel.distributed import THREADS_ENV
 from interlock.runners.parallel.group import CollectiveTimes
@@ -74,7 +74,7 @@ def main() -> None:
     torch.set_num_threads(1)
     decision = None
     if args.runner or args.cudagraph:
-        decision = RunDecision(runner=args.runner or "mrv2", cudagraph=args.cudagraph or "none")
+        decision = Decision(runner=args.runner or "mrv2", cudagraph=args.cudagraph or "none")
     options: dict[str, Any] = {"max_num_seqs": 16, "decision": decision}
     engines = {1: LLM("demo", **options), 2: LLM("demo", tensor_parallel_size=2, **options)}
     tp = engines[2].engine.runner.tp  # rank 0's group (the bench process is rank 0)

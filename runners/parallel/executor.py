@@ -31,9 +31,9 @@ import torch.multiprocessing as mp
 from interlock.core.errors import InterlockError
 from interlock.plugins import load_import_path
 from interlock.runners.contract import (
+    Decision,
     KVCacheSpec,
     ModelSpec,
-    RunDecision,
     Runner,
     RunnerOutput,
     RunnerReport,
@@ -82,7 +82,7 @@ class TensorParallelRunner:
         """Process ids of the ranks this process spawned (none under torchrun)."""
         return tuple(p.pid for p in self._group.workers)
 
-    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision) -> None:
+    def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision) -> None:
         if model.tensor_parallel_size != self.size:
             raise TensorParallelError(
                 f"the model asks for tensor_parallel_size={model.tensor_parallel_size}, "

@@ -11,9 +11,9 @@ from dataclasses import asdict
 from typing import Any
 
 from interlock.runners.contract import (
+    Decision,
     KVCacheSpec,
     ModelSpec,
-    RunDecision,
     Sampling,
     ScheduledBatch,
     ScheduledSequence,
@@ -34,7 +34,7 @@ def decode(payload: bytes) -> dict[str, Any]:
 
 
 def load_message(
-    model: ModelSpec, kv_cache: KVCacheSpec, decision: RunDecision, factory: str
+    model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision, factory: str
 ) -> dict[str, Any]:
     """Everything a rank needs to load its shard; the model config is resolved there from
     ``model.name`` (a path must exist on every machine)."""
@@ -48,7 +48,7 @@ def load_message(
     }
 
 
-def load_parts(message: dict[str, Any]) -> tuple[dict[str, Any], KVCacheSpec, RunDecision, str]:
+def load_parts(message: dict[str, Any]) -> tuple[dict[str, Any], KVCacheSpec, Decision, str]:
     """(ModelSpec fields without config, KV cache, decision, runner factory)."""
     decision = dict(message["decision"])
     if decision.get("capture_sizes") is not None:
@@ -56,7 +56,7 @@ def load_parts(message: dict[str, Any]) -> tuple[dict[str, Any], KVCacheSpec, Ru
     return (
         message["model"],
         KVCacheSpec(**message["kv_cache"]),
-        RunDecision(**decision),
+        Decision(**decision),
         message["factory"],
     )
 

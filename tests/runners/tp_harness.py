@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from interlock.runners.contract import ModelSpec, RunDecision
+from interlock.runners.contract import Decision, ModelSpec
 from interlock.runners.engine.engine import Engine, EngineConfig
 from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.sampling import SamplingParams
@@ -33,7 +33,7 @@ def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> 
     # The batch scenario runs short of blocks: requests wait and are preempted.
     blocks = 24 if scenario == "batch" else 64
     kv = plan_kv_cache(config, "float32", 4, 64, 4, num_blocks=blocks, tensor_parallel_size=tp)
-    return Engine(spec, kv, RUNNERS[runner](), RunDecision(runner=runner, cudagraph=mode),
+    return Engine(spec, kv, RUNNERS[runner](), Decision(runner=runner, cudagraph=mode),
                   EngineConfig(max_num_seqs=4, max_num_batched_tokens=8))
 
 
