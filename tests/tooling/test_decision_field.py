@@ -108,7 +108,7 @@ except CapabilityError as exc:
     assert exc.forced == ("kv_cache_dtype",), exc.forced
 # A built-in runner handed it by hand refuses it, through the same serves().
 try:
-    MRV1Runner()._check(Decision(kv_cache_dtype="fp8"), "cpu")
+    MRV1Runner()._check(Decision(kv_cache_dtype="fp8"), "cpu", tensor_parallel_size=1)
     raise AssertionError("mrv1 accepted kv_cache_dtype=fp8")
 except RunnerError as exc:
     assert "does not serve kv_cache_dtype=fp8 on cpu" in str(exc), exc
