@@ -105,15 +105,39 @@ class CudaGraphBackend:
 
     def _begin(self) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(pool=self.pool)
+        try:
+            graph.capture_begin(pool=self.pool)
+        except RuntimeError:
+            self._recover()
+            raise
         return graph
+
+    def _abandon(self, graph: torch.cuda.CUDAGraph) -> None:
+        """End a capture that raised; CUDA reports the invalidated capture, which is expected."""
+        try:
+            graph.capture_end()
+        except RuntimeError:
+            self._recover()
+
+    def _recover(self) -> None:
+        """Undo what a capture that failed half-way leaves behind, so that the next capture
+        (and every random op) works: torch raised before the RNG's capture epilogue and before
+        the allocator stopped recording into the pool."""
+        # The generator is left "capturing": later random ops (sampling) would fail with
+        # "Offset increment outside graph capture". A clone of its state (same seed and
+        # offset) is not capturing.
+        generator = torch.cuda.default_generators[self.device.index or 0]
+        generator.graphsafe_set_state(generator.clone_state())
+        # The pool stays marked as being recorded into ("beginAllocateToPool: already
+        # recording"), which would fail every later capture: they take a new pool.
+        self.pool = torch.cuda.graph_pool_handle()
 
     def capture(self, fn: SegmentFn) -> tuple[Segment, Outputs]:
         graph = self._begin()
         try:
             outputs = as_outputs(fn())
         except BaseException:
-            _abandon(graph, self.device)
+            self._abandon(graph)
             raise
         graph.capture_end()
         return CudaSegment(graph), outputs
@@ -137,24 +161,11 @@ class CudaGraphBackend:
             with attention_split(split):
                 outputs = as_outputs(fn())
         except BaseException:
-            _abandon(graph, self.device)
+            self._abandon(graph)
             raise
         graph.capture_end()
         steps.append(CudaSegment(graph))
         return SegmentedProgram(steps, outputs)
-
-
-def _abandon(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
-    """End a capture that raised; CUDA reports the invalidated capture, which is expected."""
-    try:
-        graph.capture_end()
-    except RuntimeError:
-        # capture_end raised before the RNG's capture epilogue ran, leaving the device's
-        # generator "capturing": every later random op on it (sampling) would then fail with
-        # "Offset increment outside graph capture". A clone of its state (same seed and
-        # offset) is not capturing.
-        generator = torch.cuda.default_generators[device.index or 0]
-        generator.graphsafe_set_state(generator.clone_state())
 
 
 @dataclass(eq=False)

@@ -57,5 +57,9 @@ def test_an_op_cuda_cannot_capture_falls_back_to_eager(llama_oracle, monkeypatch
     assert tokens == llama_oracle.tokens
     assert report.graphs.captured == () and len(report.graphs.failed) == 2 * len(CAPTURE_SIZES)
     assert len(report.fallbacks) == len(report.graphs.failed)
+    # Each capture fails for the op's own reason: a failed capture leaves no half-recorded
+    # pool behind to fail the next one ("beginAllocateToPool: already recording").
+    reasons = set(report.graphs.failed.values())
+    assert all("not permitted when stream is capturing" in why for why in reasons), reasons
     # The failed captures leave the device's random generator usable (sampling draws from it).
     assert torch.rand(8, device="cuda").shape == (8,)
