@@ -1,0 +1,49 @@
+"""The floor under CPU tensor parallelism: one gloo all-reduce and all-gather between two local
+processes, the sizes a demo-model decode step sends (figures in BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    x = torch.randn(hidden)
+    shard = torch.randn(2, vocab // world)
+    gathered = [torch.empty_like(shard) for _ in range(world)]
+    for name, op in (
+        (f"all_reduce of {hidden} floats", lambda: dist.all_reduce(x)),
+        (f"all_gather of 2x{vocab // world} floats", lambda: dist.all_gather(gathered, shard)),
+    ):
+        for _ in range(calls // 10):
+            op()
+        start = time.perf_counter()
+        for _ in range(calls):
+            op()
+        if rank == 0:
+            print(f"{name}: {(time.perf_counter() - start) / calls * 1e6:.0f} us per call")
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--port", type=int, default=29533)
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores, torch {torch.__version__}, 2 ranks, 1 thread each")
+    mp.spawn(_rank, args=(2, args.port, args.calls, args.hidden, args.vocab), nprocs=2)
+
+
+if __name__ == "__main__":
+    main()
