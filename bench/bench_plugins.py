@@ -85,8 +85,14 @@ def in_process() -> list[tuple[str, tuple[float, float]]]:
 def import_cost(runs: int, work: Path) -> tuple[float, float]:
     """Median CPU seconds to import what a warm explain needs from the plugin side, measured as
     (engine + plugins + stage 5) minus (engine alone) in fresh interpreters."""
-    engine = "import policy.loader, policy.resolution, policy.context, policy.commands.common"
-    with_plugins = engine + "; import plugins, policy.capabilities; plugins.load_registry()"
+    engine = (
+        "import interlock.policy.loader, interlock.policy.resolution, interlock.policy.context, "
+        "interlock.commands.common"
+    )
+    with_plugins = (
+        engine + "; import interlock.plugins as plugins, interlock.plugins.capabilities; "
+        "plugins.load_registry()"
+    )
     code = "import time; t = time.process_time(); {}; print(time.process_time() - t)"
     env = child_env(work)
     samples: dict[str, list[float]] = {"engine": [], "plugins": []}
