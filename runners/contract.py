@@ -34,11 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from interlock.core.decision import DTYPES, Decision
+from interlock.core.decision import DTYPES, LOAD_FORMATS, Decision
 from interlock.runners.graphs.report import GraphReport
 from interlock.runners.model.config import ModelConfig
-
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,8 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
-from interlock.core.decision import DTYPES as MODEL_DTYPES
+from interlock.core.decision import DTYPE_CHOICES, LOAD_FORMATS
 from interlock.core.errors import InputError
-
-DTYPES = ("auto", *MODEL_DTYPES)
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,7 +81,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         help="warm-up blocks, run and recorded but not analysed (default: 1)",
     )
     parser.add_argument("--seed", type=int, default=0, help="order and bootstrap seed")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="model dtype")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="model dtype")
     parser.add_argument(
         "--load-format", choices=LOAD_FORMATS, default="auto",
         help="weights: the checkpoint's, or seeded dummy values (speed does not depend on them)",

@@ -28,11 +28,10 @@ from interlock.commands.common import (
     overrides_of,
     write_json,
 )
-from interlock.core.decision import DTYPES as MODEL_DTYPES
+from interlock.core.decision import DTYPE_CHOICES
 from interlock.core.errors import InputError, InterlockError
 from interlock.core.fields import show_scalar
 
-DTYPES = ("auto", *MODEL_DTYPES)
 DEFAULT_PROMPT = (1, 2, 3)
 TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
 IDS_MAX_TOKENS = 16
@@ -75,7 +74,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="generate --max-tokens tokens even past the model's end-of-sequence token",
     )
     parser.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="model dtype (auto: the checkpoint's)"
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="model dtype (auto: the checkpoint's)",
     )
     parser.add_argument(
         "--tensor-parallel-size", type=_positive, default=1, metavar="N",

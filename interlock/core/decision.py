@@ -22,6 +22,11 @@ CUDAGRAPH_MODES: tuple[str, ...] = get_args(CudagraphMode)
 #: The dtypes a model runs in (``auto``, where accepted, means the checkpoint's own).
 Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
+#: What a caller may ask for: a dtype, or ``auto``.
+DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPES)
+#: How a model's weights are materialised: from the checkpoint (``auto``, ``safetensors``) or
+#: random (``dummy``).
+LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
 RUNNER_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 FieldValue = str | bool | tuple[int, ...]

@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from interlock.core.decision import DTYPE_CHOICES
 from interlock.core.decision import DTYPES as DTYPE_NAMES
 from interlock.core.errors import InputError, ModelError
 from interlock.core.files import FileProblem, check_regular, read_json
@@ -37,7 +38,6 @@ from interlock.runners.model.sources import NAMED_MODELS, model_directory
 from interlock.runners.parallel.group import SINGLE, TensorParallel
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Buffers some older checkpoints saved; transformers recomputes and ignores them.
