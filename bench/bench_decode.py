@@ -25,13 +25,11 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_model import greedy_generators
 from transformers import AutoModelForCausalLM
 
 from interlock.llm import LLM
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.sources import model_directory
-
-Prompts = list[list[int]]
 
 
 def main() -> None:
@@ -56,18 +54,7 @@ def main() -> None:
     prompts = [draw(3, vocab - 1, length) for length in draw(8, 64, 16)]
     mixed = draw(8, 48, 16)
 
-    def ours(batch: Prompts, outputs: list[int]) -> list[tuple[int, ...]]:
-        params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in outputs]
-        return [o.token_ids for o in llm.generate(batch, params)]
-
-    def theirs(batch: Prompts, outputs: list[int]) -> list[tuple[int, ...]]:
-        width, longest = max(len(p) for p in batch), max(outputs)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
-                              min_new_tokens=longest, do_sample=False, pad_token_id=0)
-        return [tuple(r[:m]) for r, m in zip(out[:, width:].tolist(), outputs, strict=True)]
+    ours, theirs = greedy_generators(llm, hf)
 
     print("greedy tokens identical:", ours([prompt], [12]) == theirs([prompt], [12]))
     runs = {"one": ([prompt], [1]), "many": ([prompt], [n]),

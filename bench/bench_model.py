@@ -101,6 +101,29 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
         return statistics.median(timed(forward_products) for _ in range(reps)) * 1e3
 
 
+Generate = Callable[[list[list[int]], list[int]], list[tuple[int, ...]]]
+
+
+def greedy_generators(llm: LLM, hf: torch.nn.Module) -> tuple[Generate, Generate]:
+    """interlock's and transformers' greedy generation of ``outputs[i]`` tokens per prompt."""
+
+    def ours(prompts: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outputs]
+        return [o.token_ids for o in llm.generate(prompts, params)]
+
+    def theirs(prompts: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
+        """One batched generate: left-padded prompts, every row runs to the longest output."""
+        width, longest = max(len(p) for p in prompts), max(outputs)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
+                              min_new_tokens=longest, do_sample=False, pad_token_id=0)
+        return [tuple(row[:n]) for row, n in zip(out[:, width:].tolist(), outputs, strict=True)]
+
+    return ours, theirs
+
+
 def policy_decision(platform: str, target: str) -> Decision:
     """The decision the shipped policy resolves for the model (``demo``: its architecture)
     on ``platform`` (``policy resolve``, capabilities stage included)."""
@@ -269,19 +292,7 @@ def main() -> None:
     else:
         hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
 
-    def ours(prompts_: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
-        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outputs]
-        return [o.token_ids for o in llm.generate(prompts_, params)]
-
-    def theirs(prompts_: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
-        """One batched generate: left-padded prompts, every row runs to the longest output."""
-        width, longest = max(len(p) for p in prompts_), max(outputs)
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts_])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts_])
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest,
-                              min_new_tokens=longest, do_sample=False, pad_token_id=0)
-        return [tuple(row[:n]) for row, n in zip(out[:, width:].tolist(), outputs, strict=True)]
+    ours, theirs = greedy_generators(llm, hf)
 
     # Also warms both up.
     same_tokens = ours([prompt], [16]) == theirs([prompt], [16])
