@@ -21,6 +21,7 @@ from gguf_builders import (
     llama_cpp_permute,
     rewrite_gguf,
     train_vocab,
+    write_foreign_gguf,
     write_tiny_gguf,
 )
 from hypothesis import given
@@ -292,14 +293,7 @@ def refused(path: Path) -> str:
 
 
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path):
-    path = tmp_path / "gemma.gguf"
-    writer = gguf.GGUFWriter(str(path), "gemma2")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    message = refused(path)
+    message = refused(write_foreign_gguf(tmp_path / "gemma.gguf", "gemma2"))
     assert "'gemma2'" in message and "llama, mistral, qwen2, qwen3" in message
 
 

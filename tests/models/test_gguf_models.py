@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from gguf_builders import train_vocab, write_tiny_gguf
+from gguf_builders import train_vocab, write_foreign_gguf, write_tiny_gguf
 from hf_oracle import transformers_greedy
 
 from interlock.llm import LLM
@@ -91,16 +91,7 @@ def test_a_missing_named_model_gives_the_install_hint(cli, monkeypatch, command)
 
 
 def test_an_unsupported_gguf_is_refused_by_the_cli_naming_it(cli, tmp_path):
-    import gguf
-    import numpy as np
-
-    path = tmp_path / "phi.gguf"
-    writer = gguf.GGUFWriter(str(path), "phi3")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_foreign_gguf(tmp_path / "phi.gguf", "phi3")
     result = cli("explain", "--model", path, "--platform", "cpu")
     assert result.code == 1 and "'phi3'" in result.err and "Traceback" not in result.err
 
