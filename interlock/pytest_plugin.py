@@ -35,9 +35,8 @@ class PolicyCaseFailed(Exception):
 class PolicyTestsFile(pytest.File):
     def collect(self) -> list[pytest.Item]:
         from interlock.core.errors import PolicyError
-        from interlock.policy.loader import load_policy_sources
+        from interlock.policy.loader import load_policy_sources, read_source
         from interlock.policy.policytest import TestRun
-        from interlock.policy.source import read_source
         from interlock.policy.testfile import load_tests, policy_path_for
 
         name = self._display(self.path)

@@ -23,8 +23,8 @@ from typing import Any
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.policy.conditions import Facts
+from interlock.policy.loader import MAX_FILE_BYTES
 from interlock.policy.model import Rule
-from interlock.policy.source import MAX_FILE_BYTES
 
 #: The metric a record's effects are judged on, and the unit it is shown in.
 METRIC = "tpot_ms"

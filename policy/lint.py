@@ -381,8 +381,7 @@ def lint_paths(
 ) -> list[Finding]:
     """Check the policy files that :func:`interlock.policy.loader.policy_paths` picks for ``paths``
     (see :func:`lint_sources`)."""
-    from interlock.policy.loader import policy_paths
-    from interlock.policy.source import read_source
+    from interlock.policy.loader import policy_paths, read_source
 
     sources: list[tuple[str, bytes]] = []
     findings: list[Finding] = []

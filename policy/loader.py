@@ -15,8 +15,11 @@ from pathlib import Path
 
 from interlock.core.disk_cache import read_json, write_json
 from interlock.core.errors import PolicyError
+from interlock.core.files import FileProblem, read_regular
 from interlock.policy.model import Policy
-from interlock.policy.source import MAX_FILE_BYTES, read_source
+
+#: The largest policy file read (a bigger one is refused before it is read whole).
+MAX_FILE_BYTES = 4 * 1024 * 1024
 
 #: Bump when the stored form changes in a way file stats would not reveal.
 CACHE_FORMAT = 3
@@ -47,6 +50,17 @@ def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[
             f"{os.pathsep!r}, or unset it for the shipped policy"
         )
     return [(SHIPPED_NAME, shipped_policy_path())]
+
+
+def read_source(path: Path, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """Read a policy file (a regular file: a FIFO or device is refused, not waited on),
+    refusing one over ``limit`` bytes without reading it whole."""
+    try:
+        return read_regular(path, limit, name)
+    except FileProblem as exc:
+        raise PolicyError(
+            f"cannot read policy file: {exc.detail}", file=exc.file or repr(name)
+        ) from None
 
 
 def load_policy(

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from interlock.core.errors import PolicyError, dotted
 
 #: A policy file larger than this is refused before parsing.
-MAX_FILE_BYTES = 4 * 1024 * 1024
 #: Nodes reached through aliases (beyond their first appearance) allowed per file.
 MAX_ALIAS_NODES = 10_000
 MAX_DEPTH = 64
@@ -57,19 +55,6 @@ class SourceDoc:
         return PolicyError(
             message, file=self.name, line=m.line, col=m.col, path=dotted(path) or None
         )
-
-
-def read_source(path: Path, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """Read a policy file (a regular file: a FIFO or device is refused, not waited on),
-    refusing one over ``limit`` bytes without reading it whole."""
-    from interlock.core.files import FileProblem, read_regular
-
-    try:
-        return read_regular(path, limit, name)
-    except FileProblem as exc:
-        raise PolicyError(
-            f"cannot read policy file: {exc.detail}", file=exc.file or repr(name)
-        ) from None
 
 
 def parse_yaml(text: bytes, name: str, *, max_alias_nodes: int = MAX_ALIAS_NODES) -> SourceDoc:

@@ -24,9 +24,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from interlock.core.errors import PolicyError
+from interlock.policy.loader import read_source
 from interlock.policy.model import Location
 from interlock.policy.schema import DecisionFields, EnvName, Name, RuleId, Scalar, validate_doc
-from interlock.policy.source import SourceDoc, parse_yaml, read_source
+from interlock.policy.source import SourceDoc, parse_yaml
 
 TESTS_SCHEMA_VERSION = 1
 #: ``X.tests.yaml`` holds the cases of the policy ``X.yaml`` beside it.

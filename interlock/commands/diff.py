@@ -224,7 +224,7 @@ def _measure_text(measured: dict[str, Any]) -> str:
 def read_policy_arg(spec: str) -> tuple[str, bytes]:
     """``(display name, content)`` of a policy file or a ``git:REV[:path]`` revision."""
     if not spec.startswith(GIT_PREFIX):
-        from interlock.policy.source import read_source
+        from interlock.policy.loader import read_source
 
         return spec, read_source(Path(spec), spec)
     rev, _, path = spec[len(GIT_PREFIX) :].partition(":")
@@ -246,7 +246,7 @@ def read_policy_arg(spec: str) -> tuple[str, bytes]:
 
 
 def _git_show(rev: str, path: str, spec: str) -> bytes:
-    from interlock.policy.source import MAX_FILE_BYTES
+    from interlock.policy.loader import MAX_FILE_BYTES
 
     try:
         done = subprocess.run(

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from typing import IO
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional and
-# zero-width format characters that reorder or hide text.
-_UNSAFE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]"
+# zero-width format characters that reorder or hide text. A translation table, not a
+# regular expression: compiling one is a measurable part of a warm ``policy explain``.
+_UNSAFE = (
+    *range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), 0x061C,
+    *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF,
 )
 # Colour sequences interlock writes carry this per-process token, which the writer
 # removes; any other escape sequence (one read from a file, say) is shown, not obeyed.
 _TOKEN = "\ue000" + os.urandom(8).hex() + "\ue001"
-_OURS_OR_UNSAFE = re.compile(re.escape(_TOKEN) + "(\x1b\\[[0-9;]*m)|" + _UNSAFE.pattern)
 
 
 def color(text: str, codes: str) -> str:
@@ -36,9 +36,32 @@ def _escape_char(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+_ESCAPES = {code: _escape_char(chr(code)) for code in _UNSAFE}
+
+
 def escape(text: str) -> str:
     """``text`` with every control, bidi and zero-width character shown as an escape."""
-    return _UNSAFE.sub(lambda m: _escape_char(m.group()), text)
+    return text.translate(_ESCAPES)
+
+
+def _colour_length(text: str) -> int:
+    """The length of the SGR sequence (``ESC [ digits/; m``) ``text`` starts with, or 0."""
+    if not text.startswith("\x1b["):
+        return 0
+    end = 2
+    while end < len(text) and text[end] in "0123456789;":
+        end += 1
+    return end + 1 if end < len(text) and text[end] == "m" else 0
+
+
+def _escape_except_ours(text: str) -> str:
+    """:func:`escape`, letting through the colour sequences :func:`color` made."""
+    first, *rest = text.split(_TOKEN)
+    out = [escape(first)]
+    for part in rest:
+        keep = _colour_length(part)
+        out.append(part[:keep] + escape(part[keep:]) if keep else escape(_TOKEN + part))
+    return "".join(out)
 
 
 def shown(value: str, limit: int = 80) -> str:
@@ -57,10 +80,6 @@ def use_color(stream: IO[str]) -> bool:
     return bool(isatty and isatty())
 
 
-def _shown(match: re.Match[str]) -> str:
-    return match.group(1) or _escape_char(match.group())
-
-
 class EscapingWriter(io.TextIOBase):
     """A text stream that escapes what :func:`escape` does before writing to ``stream``,
     letting through only the colour sequences :func:`color` made."""
@@ -69,7 +88,7 @@ class EscapingWriter(io.TextIOBase):
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(_OURS_OR_UNSAFE.sub(_shown, text))
+        self.stream.write(_escape_except_ours(text))
         return len(text)
 
     def flush(self) -> None:

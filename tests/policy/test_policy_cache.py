@@ -88,6 +88,9 @@ from interlock.cli import main
 code = main(["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950"])
 heavy = sorted(m for m in ("yaml", "pydantic", "torch") if m in sys.modules)
 print("HEAVY", heavy, code)
+# Each measurably slows a warm start and has no use on it (BENCHMARKS.md, Policy engine).
+slow = ("packaging", "shutil", "traceback", "interlock.policy.source")
+print("SLOW", sorted(m for m in slow if m in sys.modules))
 """
 
 
@@ -98,11 +101,12 @@ def run_python(code: str, env: dict[str, str]) -> str:
     return out.stdout
 
 
-def test_warm_explain_imports_neither_yaml_nor_pydantic(tmp_path) -> None:
+def test_warm_explain_imports_neither_yaml_nor_pydantic_nor_slow_modules(tmp_path) -> None:
     env = {**os.environ, "INTERLOCK_CACHE_DIR": str(tmp_path / "cache")}
     cold = run_python(WARM, env)
     assert "HEAVY ['pydantic', 'yaml'] 0" in cold
     run_python(WARM, env)  # anything else cached on first use is warm now too
     warm = run_python(WARM, env)
     assert "HEAVY [] 0" in warm
+    assert "SLOW []" in warm
     assert "rocm-no-default-breakable" in warm

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from interlock.policy import PolicyError, load_policy, load_policy_text
-from interlock.policy.loader import shipped_policy_path
-from interlock.policy.source import MAX_ALIAS_NODES, parse_yaml, read_source
+from interlock.policy.loader import read_source, shipped_policy_path
+from interlock.policy.source import MAX_ALIAS_NODES, parse_yaml
 
 
 def error_of(text: str, name: str = "p.yaml") -> PolicyError:
