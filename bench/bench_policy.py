@@ -2,10 +2,14 @@
 
 Run from the repository root:  .venv/bin/python bench/bench_policy.py [--runs N]
 
-Start-up commands run interleaved (one of each per round) so machine noise hits
-them alike; medians are reported with ratios to a bare interpreter. Bytecode
+Start-up commands run interleaved (one of each per round, in a shuffled order) so
+machine noise hits them alike; medians are reported with ratios to a bare interpreter. Bytecode
 caching is on (in a private PYTHONPYCACHEPREFIX, warmed first), as in a normal
 install, even when the calling environment sets PYTHONDONTWRITEBYTECODE.
+
+``--baseline VENV`` times another interlock (an earlier revision) in the same rounds, for a
+regression check: e.g. ``git worktree add /tmp/base REV``, then a venv with this tree's
+dependencies and ``pip install --no-deps -e /tmp/base`` in it.
 """
 
 from __future__ import annotations
@@ -46,7 +50,12 @@ def wall(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def startup(runs: int) -> list[tuple[str, float, float]]:
+BASELINE = "baseline: "
+
+
+def startup(runs: int, baseline: Path | None = None) -> list[tuple[str, float, float]]:
+    """Start-up rows; with ``baseline`` (a venv holding another interlock, e.g. an earlier
+    revision) its bare interpreter and warm explain run in the same rounds."""
     work = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
@@ -61,11 +70,24 @@ def startup(runs: int) -> list[tuple[str, float, float]]:
         "policy explain (cold policy cache)": (explain, "cold"),
         "policy explain (warm policy cache)": (explain, warm_env),
     }
+    if baseline is not None:
+        python = str(baseline / "bin" / "python")
+        cases[f"{BASELINE}python -c pass"] = ([python, "-c", "pass"], None)
+        cases[f"{BASELINE}policy explain (warm policy cache)"] = (
+            [str(baseline / "bin" / "policy"), *EXPLAIN],
+            {**env, "INTERLOCK_CACHE_DIR": str(work / "baseline-cache")},
+        )
     for cmd, how in cases.values():  # warm bytecode and the policy cache
         wall(cmd, warm_env if how in (None, "cold") else how)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+    order = list(cases)
+    shuffle = random.Random(0).shuffle
     for i in range(runs):
-        for name, (cmd, how) in cases.items():
+        # A fresh order each round: a command run right after a cold one (which parses YAML
+        # and writes the cache) finds the CPU's caches cold, and would always pay for it.
+        shuffle(order)
+        for name in order:
+            cmd, how = cases[name]
             if how == "cold":
                 run_env = {**env, "INTERLOCK_CACHE_DIR": str(work / f"cold-{i}")}
             else:
@@ -230,17 +252,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21, help="start-up rounds (default 21)")
     parser.add_argument("--rules", type=int, default=10_000, help="synthetic rules (default 10000)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="VENV",
+        help="a venv with another interlock installed (an earlier revision): its bare "
+        "interpreter and warm explain are timed in the same rounds, for a regression check",
+    )
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"\n## start-up, median of {args.runs} interleaved runs\n")
-    rows = startup(args.runs)
-    _, bare_wall, bare_cpu = rows[0]
+    rows = startup(args.runs, args.baseline)
     print("| command | wall | × bare | CPU | × bare |")
     print("|---|---:|---:|---:|---:|")
+    # Each row against the bare interpreter of its own venv.
+    bare = {
+        False: rows[0],
+        True: next((r for r in rows if r[0] == f"{BASELINE}python -c pass"), rows[0]),
+    }
     for name, wall_s, cpu_s in rows:
+        _, bare_wall, bare_cpu = bare[name.startswith(BASELINE)]
         print(
             f"| {name} | {fmt(wall_s)} | {wall_s / bare_wall:.1f}× "
             f"| {fmt(cpu_s)} | {cpu_s / bare_cpu:.1f}× |"
+        )
+    if args.baseline is not None:
+        by_name = {name: (wall_s, cpu_s) for name, wall_s, cpu_s in rows}
+        this = by_name["policy explain (warm policy cache)"]
+        before = by_name[f"{BASELINE}policy explain (warm policy cache)"]
+        over = [
+            fmt(t[i] - b[i])
+            for t, b in ((this, bare[False][1:]), (before, bare[True][1:]))
+            for i in (0, 1)
+        ]
+        print(
+            f"\nwarm explain, this tree against the baseline: {this[0] / before[0]:.2f}× the wall "
+            f"time, {this[1] / before[1]:.2f}× the CPU time; above its own bare interpreter: "
+            f"{over[0]} wall / {over[1]} CPU against {over[2]} / {over[3]}"
         )
     print("\n## resolution (in process, median of 5 batches)\n")
     print("| what | wall per call | CPU per call |")
