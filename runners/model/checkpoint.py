@@ -10,8 +10,11 @@ without materialising the whole tensor).
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 import os
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,6 +95,10 @@ class TensorSource(Protocol):
         """The tensor, or only its rows ``shard.start:min(shard.stop, shard.full)``."""
         ...
 
+    def copy_into(self, name: str, out: torch.Tensor) -> None:
+        """The whole tensor written into ``out`` (its shape; cast to its dtype)."""
+        ...
+
 
 def shard_index(shard: Shard) -> tuple[slice, ...]:
     """The index selecting a shard's rows that exist (padding rows past ``full`` do not)."""
@@ -100,7 +107,14 @@ def shard_index(shard: Shard) -> tuple[slice, ...]:
 
 #: Stored dtypes a weight may have (safetensors' names); integers or booleans cast into
 #: float weights would load silently as a different model.
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+STORED_FLOATS = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16
+}
+FLOAT_DTYPES = tuple(STORED_FLOATS)
+#: A safetensors header larger than this is refused (the format's own reader has a limit too).
+MAX_HEADER_BYTES = 100 * 2**20
+#: The most a tensor that needs a cast or a transposition is staged at a time.
+STAGING_BYTES = 16 * 2**20
 
 
 class SafetensorsFiles:
@@ -133,6 +147,10 @@ class SafetensorsFiles:
             )
         # One memory-mapped handle per file, opened on first use.
         self._handles: dict[Path, Any] = {}
+        # Where each tensor's bytes start in its file, from the file's header.
+        self._offsets: dict[Path, dict[str, int]] = {}
+        # Reused for the tensors that cannot be read straight into their slot.
+        self._staging = torch.empty(0, dtype=torch.uint8)
 
     def names(self) -> set[str]:
         return set(self.files)
@@ -151,6 +169,78 @@ class SafetensorsFiles:
             return self._slice(name)[shard_index(shard)]
         except SafetensorError as exc:
             raise CheckpointError(f"{self.files[name]}: tensor {name}: {exc}") from None
+
+    def copy_into(self, name: str, out: torch.Tensor) -> None:
+        """Read the tensor's bytes from the file, into ``out`` itself when it is a contiguous
+        CPU tensor of the stored dtype, else a few rows at a time into a small reused
+        staging buffer, each chunk then copied (cast, transposed) into ``out``.
+
+        Reading, not mapping: a mapped file's pages would be faulted in one by one and stay
+        in the process's resident set for the whole load (mapping made a warm SmolLM2 load
+        slow, and put a bfloat16 load's peak memory near that of float32 weights)."""
+        stored = STORED_FLOATS[self.dtype(name)]
+        shape = self.shape(name)
+        if tuple(out.shape) != shape:
+            raise CheckpointError(
+                f"{self.files[name]}: tensor {name} has shape {shape}, expected {tuple(out.shape)}"
+            )
+        if out.dtype == stored and out.device.type == "cpu" and out.is_contiguous():
+            self._read(name, out, 0)
+            return
+        if not shape:  # a scalar: one element, no rows to chunk
+            value = torch.empty((), dtype=stored)
+            self._read(name, value, 0)
+            out.copy_(value)
+            return
+        row_bytes = math.prod(shape[1:]) * stored.itemsize
+        step = max(1, STAGING_BYTES // max(row_bytes, 1))
+        for start in range(0, shape[0], step):
+            rows = min(step, shape[0] - start)
+            nbytes = rows * row_bytes
+            if self._staging.numel() < nbytes:
+                self._staging = torch.empty(nbytes, dtype=torch.uint8)
+            chunk = self._staging[:nbytes].view(stored).view(rows, *shape[1:])
+            self._read(name, chunk, start * row_bytes)
+            out[start : start + rows].copy_(chunk)
+
+    def _read(self, name: str, target: torch.Tensor, skip: int) -> None:
+        """Fill contiguous CPU ``target`` from tensor ``name``'s bytes, ``skip`` bytes in."""
+        path = self.files[name]
+        nbytes = target.numel() * target.element_size()
+        if nbytes == 0:
+            return
+        buffer = memoryview((ctypes.c_char * nbytes).from_address(target.data_ptr())).cast("B")
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(self._data_offset(path, name) + skip)
+            done = 0
+            while done < nbytes:
+                got = fh.readinto(buffer[done:])
+                if not got:
+                    raise CheckpointError(
+                        f"{path}: tensor {name}: the file ends {nbytes - done} bytes early "
+                        "(truncated)"
+                    )
+                done += got
+
+    def _data_offset(self, path: Path, name: str) -> int:
+        """The file offset of ``name``'s bytes. safetensors validated the header when the
+        file was opened (offsets in order, inside the file, sized by dtype and shape); this
+        reads where they are."""
+        if path not in self._offsets:
+            try:
+                with open(path, "rb") as fh:
+                    (size,) = struct.unpack("<Q", fh.read(8))
+                    if size > MAX_HEADER_BYTES:
+                        raise ValueError(f"a {size}-byte header")
+                    header = json.loads(fh.read(size))
+                self._offsets[path] = {
+                    key: 8 + size + int(entry["data_offsets"][0])
+                    for key, entry in header.items()
+                    if key != "__metadata__"
+                }
+            except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+                raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
+        return self._offsets[path][name]
 
     def _slice(self, name: str) -> Any:
         try:
@@ -266,23 +356,32 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
                     f"must be floating point ({', '.join(FLOAT_DTYPES)})"
                 )
             whole = shard is None or (shard.start, shard.stop) == (0, shard.full)
-            tensor = source.get(name) if whole else source.get(name, shard)
-            # NaN or infinite weights would generate garbage (token 0 over and over) without a
-            # word. A NaN or an infinity makes the sum non-finite: one streaming pass with no
-            # temporary the size of the weight; the exact count tells a finite overflow apart.
-            if not bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
-                bad = int((~torch.isfinite(tensor)).sum())
-                if bad:
-                    raise CheckpointError(
-                        f"{source.origin}: tensor {name} holds {bad} NaN or infinite value(s)"
-                        + ("" if whole else " in this rank's rows")
-                    )
             if whole:
-                slot.copy_(tensor)
-                continue
-            present = tensor.shape[shard.dim]
-            slot.narrow(shard.dim, 0, present).copy_(tensor)
-            slot.narrow(shard.dim, present, slot.shape[shard.dim] - present).zero_()
+                source.copy_into(name, slot)
+                loaded = slot
+            else:
+                tensor = source.get(name, shard)
+                present = tensor.shape[shard.dim]
+                loaded = slot.narrow(shard.dim, 0, present)
+                loaded.copy_(tensor)
+                slot.narrow(shard.dim, present, slot.shape[shard.dim] - present).zero_()
+            _check_finite(source.origin, name, loaded, whole)
+
+
+def _check_finite(origin: str, name: str, weight: torch.Tensor, whole: bool) -> None:
+    """NaN or infinite weights (in the file, or from casting it to a narrower dtype) would
+    generate garbage (token 0 over and over) without a word. Either makes the sum
+    non-finite: one pass over the weight just written, no temporary its size; the exact
+    count tells a finite overflow of the sum apart."""
+    if bool(torch.isfinite(weight.sum(dtype=torch.float32))):
+        return
+    bad = int((~torch.isfinite(weight)).sum())
+    if bad:
+        dtype = str(weight.dtype).removeprefix("torch.")
+        raise CheckpointError(
+            f"{origin}: tensor {name} holds {bad} NaN or infinite value(s) as {dtype}"
+            + ("" if whole else " in this rank's rows")
+        )
 
 
 @contextmanager

@@ -189,6 +189,14 @@ def test_21_nan_weights_are_refused(tiny_model) -> None:
         generate(tiny_model)
 
 
+def test_21_weights_that_overflow_the_dtype_asked_for_are_refused(tiny_model) -> None:
+    data = load_file(tiny_model / "model.safetensors")
+    data["model.norm.weight"][0] = 1e6  # finite in float32, infinite in float16
+    save_file(data, tiny_model / "model.safetensors")
+    with pytest.raises(ModelError, match="norm.weight holds 1 NaN or infinite value.s. as float16"):
+        generate(tiny_model, dtype="float16")
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
