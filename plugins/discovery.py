@@ -217,12 +217,15 @@ def summarize(exc: BaseException) -> str:
         exc = exc.__cause__ or exc  # where the plugin raised it
     else:
         text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-    # The line to show is the plugin's own: skip the import system, pluggy and this package.
+    # The line to show is the plugin's own: skip the import system, pluggy and the host's
+    # machinery, but not interlock's runners and kernels, where the built-in plugins and
+    # the runner code a plugin's factory runs live.
     machinery = tuple(_package_dir(name) for name in ("importlib", "pluggy", "interlock"))
+    own = tuple(_package_dir(f"interlock.{name}") for name in ("runners", "kernels"))
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
-        if not f.filename.startswith(("<", *machinery))
+        if f.filename.startswith(own) or not f.filename.startswith(("<", *machinery))
     ]
     return f"{text} (at {frames[-1].filename}:{frames[-1].lineno})" if frames else text
 
