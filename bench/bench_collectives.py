@@ -1,10 +1,13 @@
 """The floor under CPU tensor parallelism: one gloo all-reduce and all-gather between two local
-processes, the sizes a demo-model decode step sends (figures in BENCHMARKS.md)."""
+processes, the sizes a demo-model decode step sends, a broadcast and a point-to-point exchange
+of the same size, and for scale a plain socket round trip between two processes (figures in
+BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import time
 
 import torch
@@ -18,11 +21,21 @@ def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int)
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     x = torch.randn(hidden)
+    other = torch.empty(hidden)
     shard = torch.randn(2, vocab // world)
     gathered = [torch.empty_like(shard) for _ in range(world)]
+
+    def exchange() -> None:  # with the one other rank
+        peer = 1 - rank
+        received = dist.irecv(other, peer)
+        dist.isend(x, peer).wait()
+        received.wait()
+
     for name, op in (
         (f"all_reduce of {hidden} floats", lambda: dist.all_reduce(x)),
         (f"all_gather of 2x{vocab // world} floats", lambda: dist.all_gather(gathered, shard)),
+        (f"broadcast of {hidden} floats", lambda: dist.broadcast(x, 0)),
+        (f"isend/irecv exchange of {hidden} floats", exchange),
     ):
         for _ in range(calls // 10):
             op()
@@ -34,6 +47,28 @@ def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int)
     dist.destroy_process_group()
 
 
+def socket_round_trip(nbytes: int, calls: int) -> float:
+    """Seconds per round trip of ``nbytes`` over a Unix socket pair between two processes."""
+    parent, child = socket.socketpair()
+    message = b"x" * nbytes
+    if os.fork() == 0:
+        for _ in range(calls):
+            received = 0
+            while received < nbytes:
+                received += len(child.recv(nbytes - received))
+            child.sendall(message)
+        os._exit(0)
+    start = time.perf_counter()
+    for _ in range(calls):
+        parent.sendall(message)
+        received = 0
+        while received < nbytes:
+            received += len(parent.recv(nbytes - received))
+    elapsed = time.perf_counter() - start
+    os.wait()
+    return elapsed / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=500)
@@ -43,6 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, torch {torch.__version__}, 2 ranks, 1 thread each")
     mp.spawn(_rank, args=(2, args.port, args.calls, args.hidden, args.vocab), nprocs=2)
+    seconds = socket_round_trip(4 * args.hidden, args.calls * 10)
+    print(f"for scale, a socket-pair round trip of {4 * args.hidden} bytes between two "
+          f"processes: {seconds * 1e6:.0f} us")
 
 
 if __name__ == "__main__":
