@@ -3,7 +3,8 @@
 Weights come from ``model.safetensors``, a sharded ``model.safetensors.index.json``,
 or seeded dummy values. Every tensor the model needs must be present with
 exactly its shape, and every tensor present must be used: anything else is an
-error naming the tensor, the expected and the found shape. A tensor-parallel rank
+error naming the tensor, the expected and the found shape. A whole tensor is read from
+the file into its slot (:meth:`SafetensorsFiles.copy_into`); a tensor-parallel rank
 reads only its rows of each split tensor (safetensors slices the memory-mapped file
 without materialising the whole tensor).
 """
