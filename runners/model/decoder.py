@@ -34,6 +34,7 @@ from interlock.runners.model.layers import (
     Linear,
     SelfAttention,
     empty_weight,
+    stored_transposed,
 )
 from interlock.runners.model.moe import SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
@@ -148,14 +149,16 @@ class CausalLM(nn.Module):
         self.shards = plan = plan_shards(config, tp.size)
         self.eps = config.rms_norm_eps
         # Tied, the table is also the LM head, which every decode step streams whole: it is
-        # then stored [hidden, vocab], the layout BLAS streams faster for a few rows (see
-        # Linear); a lookup reads one strided column per token. ``embedding`` is [vocab,
-        # hidden] either way. Each rank holds its rows of the vocabulary (the last rank's
-        # past vocab_size are zero).
+        # then stored in the layout that streams faster for a few rows (``stored_transposed``:
+        # [hidden, vocab] in float32, where a lookup reads one strided column per token).
+        # ``embedding`` is [vocab, hidden] either way. Each rank holds its rows of the
+        # vocabulary (the last rank's past vocab_size are zero).
         self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
-        tied = config.tie_word_embeddings
+        self.head_transposed = config.tie_word_embeddings and stored_transposed(
+            config.hidden_size, plan.vocab_rows
+        )
         shape = (config.hidden_size, plan.vocab_rows)
-        self.embed_tokens = empty_weight(*(shape if tied else shape[::-1]))
+        self.embed_tokens = empty_weight(*(shape if self.head_transposed else shape[::-1]))
         self.register_buffer(
             "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
             persistent=False,
@@ -173,7 +176,7 @@ class CausalLM(nn.Module):
     @property
     def embedding(self) -> torch.Tensor:
         """The embedding table as [vocab, hidden] (a view when stored transposed)."""
-        return self.embed_tokens.t() if self.lm_head is None else self.embed_tokens
+        return self.embed_tokens.t() if self.head_transposed else self.embed_tokens
 
     @property
     def attention_layers(self) -> list[Attention]:
@@ -239,8 +242,10 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V]; under tensor parallelism every rank gets them whole."""
-        if self.lm_head is None:
+        if self.head_transposed:
             logits = torch.mm(hidden, self.embed_tokens)
+        elif self.lm_head is None:
+            logits = F.linear(hidden, self.embed_tokens)
         else:
             logits = self.lm_head(hidden)
         if self.tp.size == 1:
