@@ -14,6 +14,7 @@ Each figure is given in wall time and in the process's CPU time: on a shared mac
 the CPU time leaves out the waiting for a core that inflates wall times.
 
     .venv/bin/python bench/bench_decode.py [--model smollm2] [--reps 2] [--new-tokens 24]
+        [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the weights' dtype, for both engines (default float32)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = model_directory(args.model)
     if directory is None:
         raise SystemExit("--model must name a model with weights on disk (not the demo)")
-    llm = LLM(args.model, dtype="float32", device="cpu", max_num_seqs=16)
-    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    llm = LLM(args.model, dtype=args.dtype, device="cpu", max_num_seqs=16)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, args.dtype)).eval()
     vocab = hf.config.vocab_size
     generator = torch.Generator().manual_seed(0)
 
