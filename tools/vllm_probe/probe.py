@@ -112,30 +112,34 @@ def install_stand_ins(platform: str, device_arch: str) -> Any:
     platforms = _import("vllm.platforms")
     interface = _import("vllm.platforms.interface")
     capability = _require(interface, "DeviceCapability")
+
+    class Machine:
+        """What both stand-ins answer alike: the GPU this probe describes."""
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return gpu["name"]
+
+        @classmethod
+        def get_device_uuid(cls, device_id: int = 0) -> str:
+            return "GPU-probe"
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return int(gpu["gib"]) << 30
+
+        @classmethod
+        def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+            return True
+
     if platform == "cuda":
         base = _require(_import("vllm.platforms.cuda"), "CudaPlatformBase")
         major, minor = gpu["capability"]
 
-        class StandInCuda(base):  # type: ignore[misc, valid-type]
+        class StandInCuda(Machine, base):  # type: ignore[misc, valid-type]
             @classmethod
             def get_device_capability(cls, device_id: int = 0) -> Any:
                 return capability(major=major, minor=minor)
-
-            @classmethod
-            def get_device_name(cls, device_id: int = 0) -> str:
-                return gpu["name"]
-
-            @classmethod
-            def get_device_uuid(cls, device_id: int = 0) -> str:
-                return "GPU-probe"
-
-            @classmethod
-            def get_device_total_memory(cls, device_id: int = 0) -> int:
-                return int(gpu["gib"]) << 30
-
-            @classmethod
-            def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
-                return True
 
         instance = StandInCuda()
     else:
@@ -145,22 +149,8 @@ def install_stand_ins(platform: str, device_arch: str) -> Any:
         if not str(gcn).startswith(device_arch):
             raise ProbeError(f"vllm.platforms.rocm._GCN_ARCH is {gcn!r}, expected {device_arch}")
 
-        class StandInRocm(base):  # type: ignore[misc, valid-type]
-            @classmethod
-            def get_device_name(cls, device_id: int = 0) -> str:
-                return gpu["name"]
-
-            @classmethod
-            def get_device_uuid(cls, device_id: int = 0) -> str:
-                return "GPU-probe"
-
-            @classmethod
-            def get_device_total_memory(cls, device_id: int = 0) -> int:
-                return int(gpu["gib"]) << 30
-
-            @classmethod
-            def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
-                return True
+        class StandInRocm(Machine, base):  # type: ignore[misc, valid-type]
+            pass
 
         instance = StandInRocm()
     stale = platforms._current_platform
