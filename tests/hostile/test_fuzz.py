@@ -180,7 +180,9 @@ headers = st.one_of(
 @FUZZ
 @given(headers, st.binary(max_size=64), st.booleans())
 def test_safetensors_header_parser(tmp_path_factory, header, body, honest_length) -> None:  # type: ignore[no-untyped-def]
-    from interlock.runners.model.checkpoint import SafetensorsFiles
+    import torch
+
+    from interlock.runners.model.checkpoint import FLOAT_DTYPES, SafetensorsFiles
 
     directory = tmp_path_factory.mktemp("st")
     length = len(header) if honest_length else len(header) + 1000
@@ -189,8 +191,13 @@ def test_safetensors_header_parser(tmp_path_factory, header, body, honest_length
         files = SafetensorsFiles(directory)
         for name in sorted(files.names()):
             files.shape(name)
-            files.dtype(name)
-            files.get(name)
+            stored = files.dtype(name)
+            whole = files.get(name)
+            if stored in FLOAT_DTYPES:  # what loading reads into a weight: the same values
+                out = torch.empty_like(whole)
+                files.copy_into(name, out)
+                bits = [t.reshape(-1).view(torch.uint8) for t in (out, whole)]
+                assert torch.equal(*bits)
     except ModelError:
         pass
 

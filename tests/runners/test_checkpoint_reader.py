@@ -8,6 +8,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from interlock.runners.contract import KVCacheSpec
@@ -64,3 +66,29 @@ def test_the_cpu_kv_cache_is_zeroed_and_writable() -> None:
     layers[0][0][1, 2].fill_(7.0)
     assert layers[0][0].sum() == 7.0 * config.num_kv_heads * config.head_dim
     assert not layers[0][1].any() and not layers[1][0].any()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.integers(1, 40),
+    cols=st.integers(1, 9),
+    stored=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    wanted=st.sampled_from([torch.float32, torch.bfloat16]),
+    transposed=st.booleans(),
+    staging=st.integers(1, 600),
+)
+def test_any_tensor_reads_into_any_slot_as_safetensors_gives_it(
+    tmp_path_factory, monkeypatch, rows, cols, stored, wanted, transposed, staging
+) -> None:
+    monkeypatch.setattr(checkpoint, "STAGING_BYTES", staging)
+    directory = tmp_path_factory.mktemp("reader")
+    tensor = torch.randn(rows, cols).to(stored)
+    save_file({"w": tensor, "pad": torch.zeros(3)}, directory / "model.safetensors")
+    files = SafetensorsFiles(directory)
+    out = torch.empty(cols, rows, dtype=wanted).t() if transposed else torch.empty(
+        rows, cols, dtype=wanted
+    )
+    files.copy_into("w", out)
+    assert torch.equal(out, tensor.to(wanted))
