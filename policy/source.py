@@ -14,7 +14,6 @@ from typing import Any
 
 from interlock.core.errors import PolicyError, dotted
 
-#: A policy file larger than this is refused before parsing.
 #: Nodes reached through aliases (beyond their first appearance) allowed per file.
 MAX_ALIAS_NODES = 10_000
 MAX_DEPTH = 64
