@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from interlock.kernels import native as _native  # noqa: F401  (registers the native CPU ops, lazily)
 from interlock.kernels import triton as _triton  # noqa: F401  (registers the Triton ops, lazily)
 from interlock.kernels.reference import MODEL_OPS  # (registers the torch reference ops)
 from interlock.kernels.registry import (

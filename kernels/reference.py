@@ -29,6 +29,19 @@ def torch_op(op: str) -> Callable[[Callable], Callable]:
     return wrap
 
 
+@torch_op("linear")
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
+) -> torch.Tensor:
+    """x [T, in] -> [T, out] through a weight stored [in, out] (``transposed``) or
+    [out, in], plus the bias [out] if any."""
+    if not transposed:
+        return torch.nn.functional.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight)
+    return torch.addmm(bias, x, weight)
+
+
 @torch_op("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """[T, H] -> [T, H]: weight * (x / sqrt(mean(x^2) + eps)), computed in float32."""

@@ -1,7 +1,7 @@
 """One registry of ops; a runner's kernel dispatch is a lookup here.
 
 An op has several implementations, each tagged with a backend (``torch``,
-``triton``, or any name a plugin brings), the platforms and dtypes it serves,
+``triton``, ``native``, or any name a plugin brings), the platforms and dtypes it serves,
 and an availability check. ``select`` returns the implementation *and* the
 reason it was chosen, so a run can show its kernel choices.
 """
@@ -182,8 +182,9 @@ class KernelRegistry:
 
 
 def default_preference(platform: str) -> list[str]:
-    """Triton where it compiles for the device; torch everywhere."""
-    return ["triton", "torch"] if platform in GPU_PLATFORMS else ["torch"]
+    """Triton where it compiles for the device, the native kernels on the CPU; torch
+    everywhere."""
+    return ["triton", "torch"] if platform in GPU_PLATFORMS else ["native", "torch"]
 
 
 REGISTRY = KernelRegistry()

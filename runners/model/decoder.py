@@ -170,7 +170,8 @@ class CausalLM(nn.Module):
         self.norm = empty_weight(config.hidden_size)
         # None when tied: the logits then reuse the embedding table.
         self.lm_head = (
-            None if config.tie_word_embeddings else Linear(config.hidden_size, plan.vocab_rows)
+            None if config.tie_word_embeddings
+            else Linear(config.hidden_size, plan.vocab_rows, ops)
         )
 
     @property
@@ -242,10 +243,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V]; under tensor parallelism every rank gets them whole."""
-        if self.head_transposed:
-            logits = torch.mm(hidden, self.embed_tokens)
-        elif self.lm_head is None:
-            logits = F.linear(hidden, self.embed_tokens)
+        if self.lm_head is None:
+            logits = self.ops.linear(hidden, self.embed_tokens, None, self.head_transposed)
         else:
             logits = self.lm_head(hidden)
         if self.tp.size == 1:

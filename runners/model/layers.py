@@ -52,19 +52,18 @@ class Linear(nn.Module):
     """y = x W^T + b, with W kept in whichever layout streams faster for decode
     (:func:`stored_transposed`); ``rows`` gives the checkpoint-oriented view."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, ops: KernelTable, bias: bool = False
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.transposed = stored_transposed(in_features, out_features)
         shape = (in_features, out_features) if self.transposed else (out_features, in_features)
         self.weight = empty_weight(*shape)
         self.bias = empty_weight(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.transposed:
-            return F.linear(x, self.weight, self.bias)
-        if self.bias is None:
-            return torch.mm(x, self.weight)
-        return torch.addmm(self.bias, x, self.weight)
+        return self.ops.linear(x, self.weight, self.bias, self.transposed)
 
     def rows(self, rows: slice = slice(None)) -> torch.Tensor:
         """Output rows ``rows`` of W as an [out, in] view (what a checkpoint stores)."""
@@ -87,10 +86,10 @@ class RowParallelLinear(Linear):
     caller sums them with other partials), then the bias is added once."""
 
     def __init__(
-        self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = False,
-        reduce: bool = True,
+        self, in_features: int, out_features: int, ops: KernelTable, tp: TensorParallel,
+        bias: bool = False, reduce: bool = True,
     ) -> None:
-        super().__init__(in_features, out_features, bias)
+        super().__init__(in_features, out_features, ops, bias)
         if bias and not reduce:
             raise ValueError("a row-parallel bias needs the reduction before it is added")
         self.tp = tp
@@ -132,8 +131,8 @@ class SelfAttention(nn.Module):
         kv_start = plan.kv_head_start(tp.rank) * dim
         self.kv_shard = Shard(0, kv_start, kv_start + self.kv_size, config.num_kv_heads * dim)
         hidden = config.hidden_size
-        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, config.qkv_bias)
-        self.o_proj = RowParallelLinear(self.q_size, hidden, tp, config.o_bias)
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, ops, config.qkv_bias)
+        self.o_proj = RowParallelLinear(self.q_size, hidden, ops, tp, config.o_bias)
         self.q_norm = empty_weight(config.head_dim) if config.qk_norm else None
         self.k_norm = empty_weight(config.head_dim) if config.qk_norm else None
         self.attn = Attention(
@@ -204,8 +203,8 @@ class DenseMLP(nn.Module):
         self.intermediate_size = local
         self.shard = Shard(0, tp.rank * local, (tp.rank + 1) * local, intermediate_size)
         self.ops = ops
-        self.gate_up_proj = Linear(hidden_size, 2 * local, bias)
-        self.down_proj = RowParallelLinear(local, hidden_size, tp, bias, reduce)
+        self.gate_up_proj = Linear(hidden_size, 2 * local, ops, bias)
+        self.down_proj = RowParallelLinear(local, hidden_size, ops, tp, bias, reduce)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))

@@ -11,6 +11,8 @@ from kernel_checks import PLATFORM
 
 import interlock.kernels.triton as triton_kernels
 from interlock.kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
+from interlock.kernels.native import KERNELS as NATIVE_KERNELS
+from interlock.kernels.native import unavailable as native_unavailable
 from interlock.kernels.registry import FORCE_ENV
 
 TRITON_OPS = sorted(triton_kernels.KERNELS)
@@ -41,9 +43,13 @@ def test_gpu_platforms_prefer_triton(op: str, platform: str) -> None:
 
 
 @pytest.mark.parametrize("op", TRITON_OPS)
-def test_cpu_prefers_torch_even_under_the_interpreter(op: str) -> None:
+def test_cpu_never_prefers_triton_even_under_the_interpreter(op: str) -> None:
     choice = REGISTRY.select(op, "cpu", "float32")
-    assert (choice.impl.backend, choice.reason) == ("torch", "preferred torch on cpu")
+    if op in NATIVE_KERNELS and native_unavailable("cpu") is None:
+        assert (choice.impl.backend, choice.reason) == ("native", "preferred native on cpu")
+    else:
+        assert choice.impl.backend == "torch"
+        assert choice.reason.startswith("preferred torch on cpu (")
 
 
 def test_triton_forced_by_argument_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,14 +129,16 @@ def test_a_new_reference_op_is_in_every_kernel_table(monkeypatch: pytest.MonkeyP
 
     table = build_kernel_table("cpu", "float32")
     assert table.add_one(1) == 2
-    assert table.describe()["add_one"] == ("torch (interlock)", "preferred torch on cpu")
-    with pytest.raises(AttributeError, match="no kernel op 'layer_norm'; ops: rms_norm, .*add_one"):
+    assert table.describe()["add_one"] == (
+        "torch (interlock)", "preferred torch on cpu (no native implementation)")
+    with pytest.raises(AttributeError,
+                       match="no kernel op 'layer_norm'; ops: linear, rms_norm, .*add_one"):
         table.layer_norm  # noqa: B018
 
 
 def test_forcing_an_unknown_backend_lists_the_known_ones() -> None:
     with pytest.raises(KernelError, match=r"INTERLOCK_KERNELS='cudnn' is not a kernel backend; "
-                                          r"known: torch, triton"):
+                                          r"known: native, torch, triton"):
         REGISTRY.select("rms_norm", "cuda", "float32", force="cudnn")
 
 
@@ -190,4 +198,4 @@ def test_a_lazy_target_that_fails_to_load_names_the_op() -> None:
 
 def test_every_triton_op_has_a_torch_reference() -> None:
     for op in TRITON_OPS:
-        assert {i.backend for i in REGISTRY.implementations(op)} == {"torch", "triton"}
+        assert {i.backend for i in REGISTRY.implementations(op)} >= {"torch", "triton"}

@@ -66,6 +66,9 @@ def test_every_op_forced_to_triton_generates_the_torch_tokens(
     triton_tokens, triton_choices = _generate(tmp_path, "triton", monkeypatch)
     for op in REGISTRY.ops():
         assert torch_choices[op].implementation == "torch (interlock)"
-        assert triton_choices[op].implementation == "triton (interlock)"
+        if op == "linear":  # the products: torch's (or the native GEMV) on every platform
+            assert "forced triton has no linear" in triton_choices[op].reason
+        else:
+            assert triton_choices[op].implementation == "triton (interlock)"
     assert triton_tokens == torch_tokens
     assert all(len(tokens) == GREEDY.max_tokens for tokens in torch_tokens)

@@ -14,12 +14,15 @@ import pytest
 from interlock.cli import main
 from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
 from interlock.kernels import REGISTRY, KernelError
+from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.plugins import KernelSpec, PluginError, hookimpl
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
 BACKEND = "sliced"
+# The built-in backend a float32 CPU run prefers for the ops the native kernels implement.
+CPU = "torch" if native_unavailable("cpu") else "native"
 KERNEL_MODULE = '''
 import torch
 
@@ -84,7 +87,7 @@ def test_a_builtin_runner_dispatches_to_a_forced_plugin_backend(
     assert kernels["silu_and_mul"] == (f"{BACKEND} (slicer)", f"forced {BACKEND}")
     # The ops the plugin does not implement keep their usual choice, and say why.
     assert kernels["rms_norm"] == (
-        "torch (interlock)", f"preferred torch on cpu (forced {BACKEND} has no rms_norm)")
+        f"{CPU} (interlock)", f"preferred {CPU} on cpu (forced {BACKEND} has no rms_norm)")
     assert tokens == expected
 
 
@@ -94,13 +97,13 @@ def test_a_broken_kernel_spec_is_left_out_with_a_warning(
     register_plugin(declaring("no_such_kernel_module:silu_and_mul"), "broken")
     with caplog.at_level(logging.WARNING, logger="interlock"):
         _, kernels = generate(tiny_model, "mrv1")
-    assert kernels["silu_and_mul"][0] == "torch (interlock)"
+    assert kernels["silu_and_mul"][0] == f"{CPU} (interlock)"
     assert "plugin kernel not installed: silu_and_mul/sliced (broken): " in caplog.text
     assert "No module named 'no_such_kernel_module'" in caplog.text
     # Forcing its backend then names the backends that do exist.
     monkeypatch.setenv("INTERLOCK_KERNELS", BACKEND)
     with pytest.raises(KernelError, match=f"INTERLOCK_KERNELS='{BACKEND}' is not a kernel "
-                                          "backend; known: torch, triton"):
+                                          "backend; known: native, torch, triton"):
         generate(tiny_model, "mrv1")
 
 
@@ -120,4 +123,4 @@ def test_policy_run_reports_the_plugin_kernel(register_plugin, kernel_module, mo
     assert main(["run", "--model", "demo", "--max-tokens", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kernels"]["silu_and_mul"] == f"{BACKEND} (slicer)"
-    assert doc["kernels"]["rms_norm"] == "torch (interlock)"
+    assert doc["kernels"]["rms_norm"] == f"{CPU} (interlock)"

@@ -28,8 +28,9 @@ def test_only_wide_float32_weights_are_stored_transposed(dtype, wide, narrow) ->
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_linear_gives_x_times_its_checkpoint_rows_in_either_layout(dtype) -> None:
+    ops = build_kernel_table("cpu", str(dtype).removeprefix("torch."))
     with default_dtype(dtype):
-        linear = Linear(8, 24, bias=True)
+        linear = Linear(8, 24, ops, bias=True)
     checkpoint = torch.randn(24, 8).to(dtype)
     with torch.no_grad():
         linear.rows().copy_(checkpoint)

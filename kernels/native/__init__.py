@@ -1,0 +1,48 @@
+"""Native CPU kernels, registered as backend ``native`` without loading them.
+
+A C extension (``_cpu.c``, built when interlock is installed) with a GEMV that streams
+the weights at the machine's read bandwidth and the small per-layer ops in one call each:
+the CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
+elsewhere, or where no C compiler built it, ``unavailable`` says why and the registry
+picks torch, with that reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from interlock.kernels import reference  # noqa: F401  (the ops exist before native implements them)
+from interlock.kernels.registry import REGISTRY, KernelImpl
+
+BACKEND = "native"
+
+KERNELS = {
+    "linear": "interlock.kernels.native.ops:linear",
+    "rms_norm": "interlock.kernels.native.ops:rms_norm",
+    "fused_add_rms_norm": "interlock.kernels.native.ops:fused_add_rms_norm",
+    "silu_and_mul": "interlock.kernels.native.ops:silu_and_mul",
+    "rotary_embedding": "interlock.kernels.native.ops:rotary_embedding",
+    "store_kv_cache": "interlock.kernels.native.ops:store_kv_cache",
+    "paged_decode_attention": "interlock.kernels.native.ops:paged_decode_attention",
+}
+"""op -> lazy "module:function" target."""
+
+
+@functools.cache
+def unavailable(platform: str) -> str | None:
+    """Why the native kernels cannot run now, or None."""
+    try:
+        module = importlib.import_module("interlock.kernels.native._cpu")
+    except ImportError as exc:
+        return (f"the native kernels are not built ({exc}); reinstall interlock where a C "
+                "compiler is on PATH")
+    unsupported: str | None = module.UNSUPPORTED
+    return unsupported
+
+
+for _op, _target in KERNELS.items():
+    REGISTRY.register(
+        KernelImpl(_op, BACKEND, _target, frozenset({"cpu"}), frozenset({"float32"}),
+                   unavailable=unavailable)
+    )

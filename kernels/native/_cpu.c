@@ -1,0 +1,402 @@
+/* The native CPU kernels (backend "native"): float32, x86-64 with AVX2 and FMA.
+ *
+ * A decode step multiplies one or a few rows by every weight, so it is bound by how
+ * fast the weights stream from memory; between the products, torch spends a few
+ * microseconds of dispatch on each of ~180 small ops per layer. These kernels stream
+ * the weights at the machine's read bandwidth and do each small op in one call.
+ *
+ * Every entry point takes raw addresses and sizes that interlock.kernels.native.ops
+ * has checked against the tensors (dtype, device, shape, strides); what it cannot check
+ * without reading tensor data (cache slots, block ids, positions) is checked here, and
+ * an out-of-range value raises ValueError before anything is written.
+ *
+ * Built with -ffp-contract=off: only the products use fused multiply-adds; the
+ * elementwise kernels round each operation as torch's references do.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define NATIVE_X86 1
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2,fma")))
+#else
+#define NATIVE_X86 0
+#endif
+
+#if NATIVE_X86
+
+/* ---- products ------------------------------------------------------------------- */
+
+AVX2 static inline float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+/* y[t, :] = x[t, :] @ W for W stored [K, N] (in x out): the weight streams row after row
+ * while the T output rows stay in L1, four input features per pass. */
+AVX2 static void linear_kn(const float *x, long xs, const float *w, const float *bias,
+                           float *y, long T, long K, long N) {
+    long n8 = N & ~7L;
+    for (long t = 0; t < T; t++) {
+        float *yt = y + t * N;
+        for (long n = 0; n < N; n++) yt[n] = bias ? bias[n] : 0.0f;
+    }
+    long k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const float *w0 = w + k * N, *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+        for (long t = 0; t < T; t++) {
+            const float *xt = x + t * xs + k;
+            __m256 x0 = _mm256_set1_ps(xt[0]), x1 = _mm256_set1_ps(xt[1]);
+            __m256 x2 = _mm256_set1_ps(xt[2]), x3 = _mm256_set1_ps(xt[3]);
+            float *yt = y + t * N;
+            for (long n = 0; n < n8; n += 8) {
+                __m256 acc = _mm256_loadu_ps(yt + n);
+                acc = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + n), acc);
+                acc = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w1 + n), acc);
+                acc = _mm256_fmadd_ps(x2, _mm256_loadu_ps(w2 + n), acc);
+                acc = _mm256_fmadd_ps(x3, _mm256_loadu_ps(w3 + n), acc);
+                _mm256_storeu_ps(yt + n, acc);
+            }
+            for (long n = n8; n < N; n++)
+                yt[n] = fmaf(xt[3], w3[n], fmaf(xt[2], w2[n], fmaf(xt[1], w1[n],
+                        fmaf(xt[0], w0[n], yt[n]))));
+        }
+    }
+    for (; k < K; k++) {
+        const float *wk = w + k * N;
+        for (long t = 0; t < T; t++) {
+            float xk = x[t * xs + k];
+            float *yt = y + t * N;
+            for (long n = 0; n < N; n++) yt[n] = fmaf(xk, wk[n], yt[n]);
+        }
+    }
+}
+
+static float dot_tail(const float *a, const float *b, long from, long to) {
+    float s = 0.0f;
+    for (long i = from; i < to; i++) s = fmaf(a[i], b[i], s);
+    return s;
+}
+
+/* y[t, :] = x[t, :] @ W^T for W stored [N, K] (out x in): eight weight rows at a time,
+ * each dotted with the input row, the eight sums reduced together. */
+AVX2 static void linear_nk(const float *x, long xs, const float *w, const float *bias,
+                           float *y, long T, long K, long N) {
+    long k8 = K & ~7L;
+    long n = 0;
+    for (; n + 8 <= N; n += 8) {
+        const float *wn = w + n * K;
+        for (long t = 0; t < T; t++) {
+            const float *xt = x + t * xs;
+            __m256 a[8];
+            for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
+            for (long k = 0; k < k8; k += 8) {
+                __m256 xv = _mm256_loadu_ps(xt + k);
+                for (int r = 0; r < 8; r++)
+                    a[r] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wn + r * K + k), a[r]);
+            }
+            __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+            __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+            __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+            __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                                        _mm256_permute2f128_ps(s0123, s4567, 0x31));
+            float out[8];
+            _mm256_storeu_ps(out, sums);
+            for (int r = 0; r < 8; r++) {
+                float s = out[r] + dot_tail(xt, wn + r * K, k8, K);
+                y[t * N + n + r] = bias ? s + bias[n + r] : s;
+            }
+        }
+    }
+    for (; n < N; n++) {
+        const float *wn = w + n * K;
+        for (long t = 0; t < T; t++) {
+            const float *xt = x + t * xs;
+            __m256 acc = _mm256_setzero_ps();
+            for (long k = 0; k < k8; k += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(xt + k), _mm256_loadu_ps(wn + k), acc);
+            float s = hsum8(acc) + dot_tail(xt, wn, k8, K);
+            y[t * N + n] = bias ? s + bias[n] : s;
+        }
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+/* One query per sequence over its paged keys and values: scores in float32, softmax
+ * with the maximum subtracted, then the weighted sum of the values. */
+AVX2 static int decode_attention(
+    const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
+    long width, const int32_t *lens, float *out, long B, long Hq, long Hk, long D,
+    long BS, long NB, float scale, long window, float *scores, long max_len) {
+    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * Hk * D;
+    for (long b = 0; b < B; b++) {
+        long len = lens[b];
+        float *ob = out + b * Hq * D;
+        memset(ob, 0, sizeof(float) * Hq * D);
+        if (len <= 0) continue;
+        if (len > max_len || (len + BS - 1) / BS > width) return -1;
+        for (long i = 0; i < (len + BS - 1) / BS; i++) {
+            int32_t block = tables[b * width + i];
+            if (block < 0 || block >= NB) return -2;
+        }
+        long first = (window > 0 && len > window) ? len - window : 0;
+        for (long h = 0; h < Hq; h++) {
+            const float *qh = q + b * qs + h * D;
+            long kvh = h / group;
+            float best = -INFINITY;
+            for (long t = first; t < len; t++) {
+                const float *kt = kc + tables[b * width + t / BS] * block_stride
+                                  + (t % BS) * slot_stride + kvh * D;
+                __m256 acc = _mm256_setzero_ps();
+                long d = 0;
+                for (; d + 8 <= D; d += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kt + d), acc);
+                float s = (hsum8(acc) + dot_tail(qh, kt, d, D)) * scale;
+                scores[t - first] = s;
+                if (s > best) best = s;
+            }
+            float total = 0.0f;
+            for (long t = first; t < len; t++) {
+                float p = expf(scores[t - first] - best);
+                scores[t - first] = p;
+                total += p;
+            }
+            float *oh = ob + h * D;
+            for (long t = first; t < len; t++) {
+                const float *vt = vc + tables[b * width + t / BS] * block_stride
+                                  + (t % BS) * slot_stride + kvh * D;
+                __m256 p = _mm256_set1_ps(scores[t - first]);
+                long d = 0;
+                for (; d + 8 <= D; d += 8)
+                    _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + d),
+                                                             _mm256_loadu_ps(oh + d)));
+                for (; d < D; d++) oh[d] = fmaf(scores[t - first], vt[d], oh[d]);
+            }
+            for (long d = 0; d < D; d++) oh[d] /= total;
+        }
+    }
+    return 0;
+}
+
+#endif /* NATIVE_X86 */
+
+/* ---- elementwise (portable C; rounding as the torch references) -------------------- */
+
+static void rms_norm_rows(const float *x, long xs, const float *residual, long rs,
+                          float *summed, const float *weight, float *out, long T, long H,
+                          float eps) {
+    for (long t = 0; t < T; t++) {
+        const float *xt = x + t * xs;
+        float *ot = out + t * H;
+        if (residual) {
+            float *st = summed + t * H;
+            const float *rt = residual + t * rs;
+            for (long i = 0; i < H; i++) st[i] = xt[i] + rt[i];
+            xt = st;
+        }
+        double squares = 0.0; /* exact enough for any row length; rounded once below */
+        for (long i = 0; i < H; i++) squares += (double)xt[i] * xt[i];
+        float inv = 1.0f / sqrtf((float)(squares / H) + eps);
+        for (long i = 0; i < H; i++) ot[i] = weight[i] * (xt[i] * inv);
+    }
+}
+
+static void silu_and_mul_rows(const float *x, long xs, float *out, long T, long I) {
+    for (long t = 0; t < T; t++) {
+        const float *gate = x + t * xs, *up = gate + I;
+        float *ot = out + t * I;
+        for (long i = 0; i < I; i++) ot[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+/* Neox rotary in place on x [T, heads, D] (row stride xs, head stride D). */
+static int rotary_rows(const int64_t *positions, float *x, long xs, long T, long heads,
+                       long D, const float *cos_sin, long max_positions) {
+    long half = D / 2;
+    for (long t = 0; t < T; t++)
+        if (positions[t] < 0 || positions[t] >= max_positions) return -1;
+    for (long t = 0; t < T; t++) {
+        const float *cos = cos_sin + positions[t] * D, *sin = cos + half;
+        for (long h = 0; h < heads; h++) {
+            float *x1 = x + t * xs + h * D, *x2 = x1 + half;
+            for (long i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i];
+                x1[i] = a * cos[i] - b * sin[i];
+                x2[i] = b * cos[i] + a * sin[i];
+            }
+        }
+    }
+    return 0;
+}
+
+static int store_rows(const float *k, long ks, const float *v, long vs, float *k_cache,
+                      float *v_cache, const int64_t *slots, long T, long row, long num_slots) {
+    for (long t = 0; t < T; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots) return -1;
+    for (long t = 0; t < T; t++) {
+        if (slots[t] < 0) continue; /* padding */
+        memcpy(k_cache + slots[t] * row, k + t * ks, sizeof(float) * row);
+        memcpy(v_cache + slots[t] * row, v + t * vs, sizeof(float) * row);
+    }
+    return 0;
+}
+
+/* ---- Python entry points ------------------------------------------------------------ */
+
+static int args(const char *name, PyObject *const *argv, Py_ssize_t argc, Py_ssize_t want) {
+    if (argc != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, want, argc);
+        return -1;
+    }
+    return 0;
+}
+
+#define PTR(i) PyLong_AsVoidPtr(argv[i])
+#define LONG(i) PyLong_AsLong(argv[i])
+#define FLOAT(i) ((float)PyFloat_AsDouble(argv[i]))
+#define CHECK() if (PyErr_Occurred()) return NULL
+
+#if NATIVE_X86
+/* linear(x, x_row_stride, weight, bias or 0, y, T, K, N, transposed) */
+static PyObject *py_linear(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("linear", argv, argc, 9)) return NULL;
+    const float *x = PTR(0), *w = PTR(2), *bias = PTR(3);
+    float *y = PTR(4);
+    long xs = LONG(1), T = LONG(5), K = LONG(6), N = LONG(7), transposed = LONG(8);
+    CHECK();
+    Py_BEGIN_ALLOW_THREADS
+    if (transposed) linear_kn(x, xs, w, bias, y, T, K, N);
+    else linear_nk(x, xs, w, bias, y, T, K, N);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* decode_attention(q, q_row_stride, k_cache, v_cache, block_tables, width, seq_lens, out,
+ *                  B, Hq, Hk, D, block_size, num_blocks, scale, window or 0, scratch,
+ *                  scratch_len) */
+static PyObject *py_decode_attention(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("decode_attention", argv, argc, 18)) return NULL;
+    const float *q = PTR(0), *kc = PTR(2), *vc = PTR(3);
+    const int32_t *tables = PTR(4), *lens = PTR(6);
+    float *out = PTR(7), *scratch = PTR(16);
+    long qs = LONG(1), width = LONG(5), B = LONG(8), Hq = LONG(9), Hk = LONG(10);
+    long D = LONG(11), BS = LONG(12), NB = LONG(13), window = LONG(15), cap = LONG(17);
+    float scale = FLOAT(14);
+    CHECK();
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = decode_attention(q, qs, kc, vc, tables, width, lens, out, B, Hq, Hk, D, BS, NB,
+                          scale, window, scratch, cap);
+    Py_END_ALLOW_THREADS
+    if (rc == -1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a sequence length exceeds its block table or the scratch row");
+        return NULL;
+    }
+    if (rc == -2) {
+        PyErr_Format(PyExc_ValueError, "a block table names a block outside 0..%ld", NB - 1);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
+/* rms_norm(x, x_row_stride, residual or 0, residual_row_stride, summed or 0, weight, out,
+ *          T, H, eps) */
+static PyObject *py_rms_norm(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("rms_norm", argv, argc, 10)) return NULL;
+    const float *x = PTR(0), *residual = PTR(2), *weight = PTR(5);
+    float *summed = PTR(4), *out = PTR(6);
+    long xs = LONG(1), rs = LONG(3), T = LONG(7), H = LONG(8);
+    float eps = FLOAT(9);
+    CHECK();
+    rms_norm_rows(x, xs, residual, rs, summed, weight, out, T, H, eps);
+    Py_RETURN_NONE;
+}
+
+/* silu_and_mul(x, x_row_stride, out, T, I) */
+static PyObject *py_silu_and_mul(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("silu_and_mul", argv, argc, 5)) return NULL;
+    const float *x = PTR(0);
+    float *out = PTR(2);
+    long xs = LONG(1), T = LONG(3), I = LONG(4);
+    CHECK();
+    silu_and_mul_rows(x, xs, out, T, I);
+    Py_RETURN_NONE;
+}
+
+/* rotary(positions, x, x_row_stride, T, heads, D, cos_sin_cache, max_positions) */
+static PyObject *py_rotary(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("rotary", argv, argc, 8)) return NULL;
+    const int64_t *positions = PTR(0);
+    float *x = PTR(1);
+    const float *cos_sin = PTR(6);
+    long xs = LONG(2), T = LONG(3), heads = LONG(4), D = LONG(5), max_pos = LONG(7);
+    CHECK();
+    if (rotary_rows(positions, x, xs, T, heads, D, cos_sin, max_pos)) {
+        PyErr_Format(PyExc_ValueError, "a position is outside the rotary table (0..%ld)",
+                     max_pos - 1);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* store_kv(k, k_row_stride, v, v_row_stride, k_cache, v_cache, slots, T, row, num_slots) */
+static PyObject *py_store_kv(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (args("store_kv", argv, argc, 10)) return NULL;
+    const float *k = PTR(0), *v = PTR(2);
+    float *kc = PTR(4), *vc = PTR(5);
+    const int64_t *slots = PTR(6);
+    long ks = LONG(1), vs = LONG(3), T = LONG(7), row = LONG(8), num_slots = LONG(9);
+    CHECK();
+    if (store_rows(k, ks, v, vs, kc, vc, slots, T, row, num_slots)) {
+        PyErr_Format(PyExc_ValueError, "a slot is outside the KV cache (-1 for padding, "
+                     "else 0..%ld)", num_slots - 1);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+#if NATIVE_X86
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, NULL},
+    {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
+#endif
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, NULL},
+    {"silu_and_mul", (PyCFunction)(void (*)(void))py_silu_and_mul, METH_FASTCALL, NULL},
+    {"rotary", (PyCFunction)(void (*)(void))py_rotary, METH_FASTCALL, NULL},
+    {"store_kv", (PyCFunction)(void (*)(void))py_store_kv, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cpu",
+    "interlock's native CPU kernels (float32; x86-64 with AVX2 and FMA).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__cpu(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    const char *unsupported = NULL;
+#if NATIVE_X86
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        unsupported = "this CPU has no AVX2 and FMA";
+#else
+    unsupported = "the native kernels are built for x86-64 only";
+#endif
+    if (PyModule_AddObject(m, "UNSUPPORTED", unsupported ? PyUnicode_FromString(unsupported)
+                                                         : Py_NewRef(Py_None)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
