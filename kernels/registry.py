@@ -40,13 +40,18 @@ class KernelImpl:
     provider: str = "interlock"
     # Returns why the implementation cannot run on a platform now, or None.
     unavailable: Callable[[str], str | None] | None = None
+    # Whether torch.compile can trace it (a call through raw addresses cannot).
+    traceable: bool = True
 
-    def serves(self, platform: str, dtype: str) -> str | None:
-        """None when this implementation can serve (platform, dtype), else why not."""
+    def serves(self, platform: str, dtype: str, compiled: bool = False) -> str | None:
+        """None when this implementation can serve (platform, dtype), in code that
+        torch.compile traces if ``compiled``, else why not."""
         if platform not in self.platforms:
             return f"{self.backend} {self.op} does not run on {platform}"
         if dtype not in self.dtypes:
             return f"{self.backend} {self.op} does not support {dtype}"
+        if compiled and not self.traceable:
+            return f"{self.backend} {self.op} cannot be traced by torch.compile"
         if self.unavailable is not None:
             return self.unavailable(platform)
         return None
@@ -136,8 +141,9 @@ class KernelRegistry:
         dtype: str,
         preference: Sequence[str] | None = None,
         force: str | None = None,
+        compiled: bool = False,
     ) -> KernelChoice:
-        """Pick an implementation of ``op``.
+        """Pick an implementation of ``op`` (for code torch.compile traces if ``compiled``).
 
         ``force`` (or ``$INTERLOCK_KERNELS``) names a backend that must serve every op it
         implements: if it cannot, that is an error, never a silent fallback. An op it does
@@ -155,7 +161,7 @@ class KernelRegistry:
                 )
             impl = next((i for i in impls if i.backend == force), None)
             if impl is not None:
-                why_not = impl.serves(platform, dtype)
+                why_not = impl.serves(platform, dtype, compiled)
                 if why_not is not None:
                     raise KernelError(f"backend {force!r} was forced for op {op!r}: {why_not}")
                 return KernelChoice(op, impl, impl.load(), f"forced {force}")
@@ -167,7 +173,7 @@ class KernelRegistry:
             if impl is None:
                 rejected.append(f"no {backend} implementation")
                 continue
-            why_not = impl.serves(platform, dtype)
+            why_not = impl.serves(platform, dtype, compiled)
             if why_not is not None:
                 rejected.append(why_not)
                 continue

@@ -49,12 +49,13 @@ def build_kernel_table(
     dtype: str,
     preference: Sequence[str] | None = None,
     force: str | None = None,
+    compiled: bool = False,
 ) -> KernelTable:
-    """Select every model op for (platform, dtype); a forced backend that cannot serve an
-    op it implements is an error."""
-    return KernelTable(
-        tuple(REGISTRY.select(op, platform, dtype, preference, force) for op in MODEL_OPS)
-    )
+    """Select every model op for (platform, dtype), for a forward torch.compile traces if
+    ``compiled``; a forced backend that cannot serve an op it implements is an error."""
+    return KernelTable(tuple(
+        REGISTRY.select(op, platform, dtype, preference, force, compiled) for op in MODEL_OPS
+    ))
 
 
 def platform_of(device: torch.device) -> str:

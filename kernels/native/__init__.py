@@ -4,7 +4,8 @@ A C extension (``_cpu.c``, built when interlock is installed) with a GEMV that s
 the weights at the machine's read bandwidth and the small per-layer ops in one call each:
 the CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
 elsewhere, or where no C compiler built it, ``unavailable`` says why and the registry
-picks torch, with that reason.
+picks torch, with that reason. torch.compile cannot trace a call through raw addresses,
+so a compiled forward gets the torch references instead, and the reason says that too.
 """
 
 from __future__ import annotations
@@ -44,5 +45,5 @@ def unavailable(platform: str) -> str | None:
 for _op, _target in KERNELS.items():
     REGISTRY.register(
         KernelImpl(_op, BACKEND, _target, frozenset({"cpu"}), frozenset({"float32"}),
-                   unavailable=unavailable)
+                   unavailable=unavailable, traceable=False)
     )

@@ -130,57 +130,114 @@ AVX2 static void linear_nk(const float *x, long xs, const float *w, const float 
 
 /* ---- attention ------------------------------------------------------------------ */
 
-/* One query per sequence over its paged keys and values: scores in float32, softmax
- * with the maximum subtracted, then the weighted sum of the values. */
+/* The keys (or values) first .. first + n - 1 of a sequence, for KV head g: each cache
+ * block's run of rows, found with one division per block rather than per key. */
+typedef struct {
+    const float *cache;
+    const int32_t *table;
+    long BS, block_stride, slot_stride, g, D;
+} Rows;
+
+static inline const float *run_of(const Rows *r, long t, long end, long *count) {
+    long in_block = t % r->BS;
+    *count = r->BS - in_block < end - t ? r->BS - in_block : end - t;
+    return r->cache + r->table[t / r->BS] * r->block_stride + in_block * r->slot_stride
+           + r->g * r->D;
+}
+
+/* scores[i] = scale * q . k(first + i) for i < n: four keys at a time, four independent
+ * accumulators (one dependent chain of FMAs would wait on its own latency). */
+AVX2 static void score_keys(const float *q, const Rows *r, long first, long n, float scale,
+                            float *scores) {
+    long D = r->D, d8 = D & ~7L, step = r->slot_stride;
+    for (long t = first; t < first + n;) {
+        long count;
+        const float *k = run_of(r, t, first + n, &count);
+        float *out = scores + (t - first);
+        long i = 0;
+        for (; i + 4 <= count; i += 4, k += 4 * step) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long d = 0; d < d8; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + step + d), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * step + d), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * step + d), a3);
+            }
+            out[i] = (hsum8(a0) + dot_tail(q, k, d8, D)) * scale;
+            out[i + 1] = (hsum8(a1) + dot_tail(q, k + step, d8, D)) * scale;
+            out[i + 2] = (hsum8(a2) + dot_tail(q, k + 2 * step, d8, D)) * scale;
+            out[i + 3] = (hsum8(a3) + dot_tail(q, k + 3 * step, d8, D)) * scale;
+        }
+        for (; i < count; i++, k += step) {
+            __m256 acc = _mm256_setzero_ps();
+            for (long d = 0; d < d8; d += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+            out[i] = (hsum8(acc) + dot_tail(q, k, d8, D)) * scale;
+        }
+        t += count;
+    }
+}
+
+/* out = sum_i p[i] v(first + i), the running sums kept in registers 64 features at a time. */
+AVX2 static void weigh_values(const float *p, const Rows *r, long first, long n, float *out) {
+    long D = r->D, step = r->slot_stride, d = 0;
+    for (; d + 64 <= D; d += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (long t = first; t < first + n;) {
+            long count;
+            const float *v = run_of(r, t, first + n, &count) + d;
+            for (long i = 0; i < count; i++, v += step) {
+                __m256 w = _mm256_set1_ps(p[t - first + i]);
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * j), acc[j]);
+            }
+            t += count;
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + d + 8 * j, acc[j]);
+    }
+    for (; d < D; d++) {
+        float sum = 0.0f;
+        for (long t = first; t < first + n;) {
+            long count;
+            const float *v = run_of(r, t, first + n, &count) + d;
+            for (long i = 0; i < count; i++, v += step) sum = fmaf(p[t - first + i], *v, sum);
+            t += count;
+        }
+        out[d] = sum;
+    }
+}
+
+/* One query per sequence over its paged keys and values: per query head, the scores in
+ * float32, softmax with the maximum subtracted, then the weighted sum of the values.
+ * scores holds the keys of the longest sequence. */
 AVX2 static int decode_attention(
     const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
     long width, const int32_t *lens, float *out, long B, long Hq, long Hk, long D,
-    long BS, long NB, float scale, long window, float *scores, long max_len) {
-    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * Hk * D;
+    long BS, long NB, float scale, long window, float *scores, long max_keys) {
+    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * slot_stride;
     for (long b = 0; b < B; b++) {
         long len = lens[b];
         float *ob = out + b * Hq * D;
-        memset(ob, 0, sizeof(float) * Hq * D);
-        if (len <= 0) continue;
-        if (len > max_len || (len + BS - 1) / BS > width) return -1;
-        for (long i = 0; i < (len + BS - 1) / BS; i++) {
-            int32_t block = tables[b * width + i];
-            if (block < 0 || block >= NB) return -2;
+        if (len <= 0) {
+            memset(ob, 0, sizeof(float) * Hq * D);
+            continue;
         }
-        long first = (window > 0 && len > window) ? len - window : 0;
+        if (len > max_keys || (len + BS - 1) / BS > width) return -1;
+        const int32_t *table = tables + b * width;
+        for (long i = 0; i < (len + BS - 1) / BS; i++)
+            if (table[i] < 0 || table[i] >= NB) return -2;
+        long first = (window > 0 && len > window) ? len - window : 0, keys = len - first;
         for (long h = 0; h < Hq; h++) {
-            const float *qh = q + b * qs + h * D;
-            long kvh = h / group;
-            float best = -INFINITY;
-            for (long t = first; t < len; t++) {
-                const float *kt = kc + tables[b * width + t / BS] * block_stride
-                                  + (t % BS) * slot_stride + kvh * D;
-                __m256 acc = _mm256_setzero_ps();
-                long d = 0;
-                for (; d + 8 <= D; d += 8)
-                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(kt + d), acc);
-                float s = (hsum8(acc) + dot_tail(qh, kt, d, D)) * scale;
-                scores[t - first] = s;
-                if (s > best) best = s;
-            }
-            float total = 0.0f;
-            for (long t = first; t < len; t++) {
-                float p = expf(scores[t - first] - best);
-                scores[t - first] = p;
-                total += p;
-            }
-            float *oh = ob + h * D;
-            for (long t = first; t < len; t++) {
-                const float *vt = vc + tables[b * width + t / BS] * block_stride
-                                  + (t % BS) * slot_stride + kvh * D;
-                __m256 p = _mm256_set1_ps(scores[t - first]);
-                long d = 0;
-                for (; d + 8 <= D; d += 8)
-                    _mm256_storeu_ps(oh + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + d),
-                                                             _mm256_loadu_ps(oh + d)));
-                for (; d < D; d++) oh[d] = fmaf(scores[t - first], vt[d], oh[d]);
-            }
-            for (long d = 0; d < D; d++) oh[d] /= total;
+            Rows k_rows = {kc, table, BS, block_stride, slot_stride, h / group, D};
+            Rows v_rows = {vc, table, BS, block_stride, slot_stride, h / group, D};
+            score_keys(q + b * qs + h * D, &k_rows, first, keys, scale, scores);
+            float best = -INFINITY, total = 0.0f;
+            for (long i = 0; i < keys; i++) best = scores[i] > best ? scores[i] : best;
+            for (long i = 0; i < keys; i++) total += (scores[i] = expf(scores[i] - best));
+            for (long i = 0; i < keys; i++) scores[i] /= total;
+            weigh_values(scores, &v_rows, first, keys, ob + h * D);
         }
     }
     return 0;
@@ -298,7 +355,7 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *const *argv, Py_s
     Py_END_ALLOW_THREADS
     if (rc == -1) {
         PyErr_SetString(PyExc_ValueError,
-                        "a sequence length exceeds its block table or the scratch row");
+                        "a sequence length exceeds its block table or the scratch scores");
         return NULL;
     }
     if (rc == -2) {

@@ -30,7 +30,7 @@ class NativeArgumentError(KernelError, ValueError):
 
 
 def _check(name: str, t: torch.Tensor, dim: int, dtype: torch.dtype = F32) -> None:
-    if t.dtype != dtype or t.device.type != "cpu" or t.dim() != dim or t.stride(-1) != 1:
+    if t.dtype is not dtype or not t.is_cpu or t.dim() != dim or t.stride(-1) != 1:
         raise NativeArgumentError(
             f"native kernels take {name} as a {dim}-d {dtype} CPU tensor with unit stride "
             f"in its last dimension, got {tuple(t.shape)} {t.dtype} on {t.device} with "
@@ -49,7 +49,7 @@ def _check_heads(name: str, t: torch.Tensor) -> None:
 
 
 def _check_whole(name: str, t: torch.Tensor, dtype: torch.dtype = F32) -> None:
-    if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+    if t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
         raise NativeArgumentError(
             f"native kernels take {name} as a contiguous {dtype} CPU tensor, got "
             f"{tuple(t.shape)} {t.dtype} on {t.device} with strides {t.stride()}"

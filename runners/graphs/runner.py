@@ -105,7 +105,8 @@ class GraphRunner(ABC):
             )
         self.model_spec = model
         self.decision = decision
-        self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference)
+        self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference,
+                                      compiled=decision.compile)
         self.model = load_model(model, self.ops, self.device, tp)
         self.block_size = kv_cache.block_size
         self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)

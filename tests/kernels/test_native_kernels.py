@@ -168,3 +168,15 @@ def test_arguments_outside_the_contract_are_named() -> None:
         native("paged_decode_attention")(
             torch.ones(1, 1, 4), torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4),
             torch.zeros(1, 2, dtype=torch.int64), torch.ones(1, dtype=torch.int32), 0.5)
+
+
+def test_a_compiled_forward_gets_the_traceable_references_and_is_told_why() -> None:
+    """torch.compile cannot trace a call through raw addresses: the choice says so, and
+    forcing native into compiled code is an error rather than a crash while tracing."""
+    choice = REGISTRY.select("linear", "cpu", "float32", compiled=True)
+    assert choice.impl.backend == "torch"
+    assert choice.reason == (
+        "preferred torch on cpu (native linear cannot be traced by torch.compile)")
+    with pytest.raises(KernelError, match="backend 'native' was forced for op 'rms_norm': "
+                                          "native rms_norm cannot be traced by torch.compile"):
+        REGISTRY.select("rms_norm", "cpu", "float32", force="native", compiled=True)
