@@ -91,7 +91,7 @@ def interlock_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in WHEEL_SOURCES:
         path = repo / name
         if path.is_dir() and not path.is_symlink():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
             shutil.copytree(path, src / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(path, src / name)

@@ -24,8 +24,12 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path, interlock_wheel) -
         # Everything installs under the interlock namespace: no bare policy/, kernels/, ...
         assert {name.split("/")[0] for name in zf.namelist()} == {
             "interlock",
-            wheel.name.split("-py")[0] + ".dist-info",
+            "-".join(wheel.name.split("-")[:2]) + ".dist-info",
         }
+        # The native CPU kernels, where a compiler built them, make the wheel platform-specific.
+        native = [n for n in zf.namelist() if n.startswith("interlock/kernels/native/_cpu.")]
+        built = not wheel.name.endswith("-none-any.whl")
+        assert sorted(n.rsplit(".", 1)[-1] for n in native) == (["pyi", "so"] if built else ["pyi"])
         zf.extractall(tmp_path / "site")
     site = str(tmp_path / "site")
     code = (
