@@ -51,8 +51,8 @@ def test_the_cpu_prefers_native_and_says_so() -> None:
     assert bf16.impl.backend == "torch" and "native linear does not support bfloat16" in bf16.reason
 
 
-@settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 6), inputs=st.integers(1, 70), outputs=st.integers(1, 70),
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 40), inputs=st.integers(1, 70), outputs=st.integers(1, 70),
        transposed=st.booleans(), bias=st.booleans(), strided=st.booleans(), seed=SEEDS)
 def test_linear(rows: int, inputs: int, outputs: int, transposed: bool, bias: bool,
                 strided: bool, seed: int) -> None:
@@ -62,6 +62,15 @@ def test_linear(rows: int, inputs: int, outputs: int, transposed: bool, bias: bo
     b = randn(gen, outputs) if bias else None
     torch.testing.assert_close(native("linear")(x, weight, b, transposed),
                                reference("linear")(x, weight, b, transposed), **SUMS)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32])
+def test_linear_over_a_head_wider_than_its_column_chunks(rows: int) -> None:
+    """[in, out] products walk the outputs in chunks of 65,536 / rows columns."""
+    gen = torch.Generator().manual_seed(rows)
+    x, weight, bias = randn(gen, rows, 9), randn(gen, 9, 70_001), randn(gen, 70_001)
+    torch.testing.assert_close(native("linear")(x, weight, bias, True),
+                               reference("linear")(x, weight, bias, True), **SUMS)
 
 
 @settings(max_examples=25, deadline=None)
