@@ -42,9 +42,22 @@ def linear(
     return torch.addmm(bias, x, weight)
 
 
+@torch_op("embedding")
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """ids [T] int64 -> their rows of table [V, H] (any strides): [T, H]."""
+    return torch.nn.functional.embedding(ids, table)
+
+
+@torch_op("select_rows")
+def select_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """x [N, H], indices [M] int64 -> x[indices]: [M, H]."""
+    return x.index_select(0, indices)
+
+
 @torch_op("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """[T, H] -> [T, H]: weight * (x / sqrt(mean(x^2) + eps)), computed in float32."""
+    """[T, H] -> [T, H]: weight * (x / sqrt(mean(x^2) + eps)), computed in float32. Also
+    [T, heads, H] -> [T, heads, H] (the per-head q/k norms)."""
     xf = x.float()
     # mean(x^2) as |x|^2 / H: one vector_norm is several times cheaper than pow + mean on
     # the CPU for decode-sized rows, and equal up to float rounding.

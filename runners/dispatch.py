@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from interlock.kernels import MODEL_OPS, REGISTRY, KernelChoice
+from interlock.kernels.native import KERNELS as NATIVE_KERNELS
+from interlock.kernels.native import unavailable as native_unavailable
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,19 @@ class KernelTable:
     """
 
     choices: tuple[KernelChoice, ...]
+    # Wrap the ops of other backends so that a native tape records them as Python calls
+    # (``interlock.kernels.native.tape.foreign``): set for CPU tables where native is built.
+    taped: bool = False
     _fns: dict[str, Callable[..., Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_fns", {c.op: c.fn for c in self.choices})
+        fns = {c.op: c.fn for c in self.choices}
+        if self.taped:
+            from interlock.kernels.native.tape import foreign
+
+            fns = {c.op: c.fn if c.impl.backend == "native" else foreign(c.fn)
+                   for c in self.choices}
+        object.__setattr__(self, "_fns", fns)
 
     def __getattr__(self, op: str) -> Callable[..., Any]:
         # Only called for names that are not attributes: the ops.
@@ -38,6 +49,11 @@ class KernelTable:
             raise AttributeError(
                 f"no kernel op {op!r}; ops: {', '.join(self.__dict__.get('_fns', {}))}"
             ) from None
+
+    def all_native(self) -> bool:
+        """Whether every op the native CPU kernels implement was chosen native (what the
+        native graph backend can tape)."""
+        return all(c.impl.backend == "native" for c in self.choices if c.op in NATIVE_KERNELS)
 
     def describe(self) -> dict[str, tuple[str, str]]:
         """op -> (implementation label, reason it was chosen)."""
@@ -53,9 +69,10 @@ def build_kernel_table(
 ) -> KernelTable:
     """Select every model op for (platform, dtype), for a forward torch.compile traces if
     ``compiled``; a forced backend that cannot serve an op it implements is an error."""
-    return KernelTable(tuple(
+    choices = tuple(
         REGISTRY.select(op, platform, dtype, preference, force, compiled) for op in MODEL_OPS
-    ))
+    )
+    return KernelTable(choices, taped=platform == "cpu" and native_unavailable(platform) is None)
 
 
 def platform_of(device: torch.device) -> str:

@@ -26,6 +26,8 @@ KERNELS = {
     "rotary_embedding": "interlock.kernels.native.ops:rotary_embedding",
     "store_kv_cache": "interlock.kernels.native.ops:store_kv_cache",
     "paged_decode_attention": "interlock.kernels.native.ops:paged_decode_attention",
+    "embedding": "interlock.kernels.native.ops:embedding",
+    "select_rows": "interlock.kernels.native.ops:select_rows",
 }
 """op -> lazy "module:function" target."""
 

@@ -357,36 +357,87 @@ AVX2 static int decode_attention(
     return 0;
 }
 
-#endif /* NATIVE_X86 */
+/* ---- elementwise, vectorised ------------------------------------------------------- */
 
-/* ---- elementwise (portable C; rounding as the torch references) -------------------- */
+/* e^x for eight floats: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its degree-6 Taylor
+ * polynomial (Horner), times 2^n built in the exponent bits: within 2 ulp of expf over
+ * the clamped range, e^-88.38 (~0) to e^88.38 (~FLT_MAX). */
+AVX2 static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
+                      _mm256_set1_ps(88.3762626647949f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* ln 2 in two parts, so that n * ln2_hi is exact */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* n = -128 at the low clamp: 2^n split in two halves keeps the exponent field valid */
+    __m256i half = _mm256_srai_epi32(_mm256_cvtps_epi32(n), 1);
+    __m256i rest = _mm256_sub_epi32(_mm256_cvtps_epi32(n), half);
+    __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, a), b);
+}
 
-static void rms_norm_rows(const float *x, long xs, const float *residual, long rs,
-                          float *summed, const float *weight, float *out, long T, long H,
-                          float eps) {
+AVX2 static void silu_and_mul_avx2(const float *x, long xs, float *out, long T, long I) {
+    long i8 = I & ~7L;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     for (long t = 0; t < T; t++) {
-        const float *xt = x + t * xs;
+        const float *gate = x + t * xs, *up = gate + I;
+        float *ot = out + t * I;
+        for (long i = 0; i < i8; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_xor_ps(g, sign))));
+            _mm256_storeu_ps(ot + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+        }
+        for (long i = i8; i < I; i++) ot[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+/* Rows of x (plus residual, stored to summed) normalised by their root mean square, in
+ * float32 as the reference, the squares summed in eight lanes. x is [T, heads, H] with
+ * each row's heads back to back (heads 1: plain rows); out is [T * heads, H]. */
+AVX2 static void rms_norm_avx2(const float *x, long xs, long heads, const float *residual,
+                               long rs, float *summed, const float *weight, float *out, long T,
+                               long H, float eps) {
+    long h8 = H & ~7L;
+    for (long t = 0; t < T * heads; t++) {
+        const float *xt = x + (t / heads) * xs + (t % heads) * H;
         float *ot = out + t * H;
         if (residual) {
             float *st = summed + t * H;
             const float *rt = residual + t * rs;
-            for (long i = 0; i < H; i++) st[i] = xt[i] + rt[i];
+            for (long i = 0; i < h8; i += 8)
+                _mm256_storeu_ps(st + i, _mm256_add_ps(_mm256_loadu_ps(xt + i),
+                                                       _mm256_loadu_ps(rt + i)));
+            for (long i = h8; i < H; i++) st[i] = xt[i] + rt[i];
             xt = st;
         }
-        double squares = 0.0; /* exact enough for any row length; rounded once below */
-        for (long i = 0; i < H; i++) squares += (double)xt[i] * xt[i];
-        float inv = 1.0f / sqrtf((float)(squares / H) + eps);
-        for (long i = 0; i < H; i++) ot[i] = weight[i] * (xt[i] * inv);
+        __m256 acc = _mm256_setzero_ps();
+        for (long i = 0; i < h8; i += 8) {
+            __m256 v = _mm256_loadu_ps(xt + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float squares = hsum8(acc);
+        for (long i = h8; i < H; i++) squares += xt[i] * xt[i];
+        float inv = 1.0f / sqrtf(squares / H + eps);
+        __m256 inv8 = _mm256_set1_ps(inv);
+        for (long i = 0; i < h8; i += 8)
+            _mm256_storeu_ps(ot + i, _mm256_mul_ps(_mm256_loadu_ps(weight + i),
+                                                   _mm256_mul_ps(_mm256_loadu_ps(xt + i), inv8)));
+        for (long i = h8; i < H; i++) ot[i] = weight[i] * (xt[i] * inv);
     }
 }
 
-static void silu_and_mul_rows(const float *x, long xs, float *out, long T, long I) {
-    for (long t = 0; t < T; t++) {
-        const float *gate = x + t * xs, *up = gate + I;
-        float *ot = out + t * I;
-        for (long i = 0; i < I; i++) ot[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
-}
+#endif /* NATIVE_X86 */
+
+/* ---- rotary and the KV store (portable C; rounding as the torch references) ------- */
 
 /* Neox rotary in place on x [T, heads, D] (row stride xs, head stride D). */
 static int rotary_rows(const int64_t *positions, float *x, long xs, long T, long heads,
@@ -420,135 +471,227 @@ static int store_rows(const float *k, long ks, const float *v, long vs, float *k
     return 0;
 }
 
-/* ---- Python entry points ------------------------------------------------------------ */
+/* ---- gathers ------------------------------------------------------------------------ */
 
-static int args(const char *name, PyObject *const *argv, Py_ssize_t argc, Py_ssize_t want) {
-    if (argc != want) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, want, argc);
-        return -1;
+/* out[i, :] = table[ids[i], :] for a table of V rows whose element (v, h) sits at
+ * v * row_stride + h * col_stride (a transposed view works as it is). */
+static int embedding_rows(const int64_t *ids, long n, const float *table, long row_stride,
+                          long col_stride, long V, long H, float *out) {
+    for (long i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return -1;
+    for (long i = 0; i < n; i++) {
+        const float *row = table + ids[i] * row_stride;
+        float *o = out + i * H;
+        if (col_stride == 1) memcpy(o, row, sizeof(float) * H);
+        else for (long h = 0; h < H; h++) o[h] = row[h * col_stride];
     }
     return 0;
 }
 
-#define PTR(i) PyLong_AsVoidPtr(argv[i])
-#define LONG(i) PyLong_AsLong(argv[i])
-#define FLOAT(i) ((float)PyFloat_AsDouble(argv[i]))
-#define CHECK() if (PyErr_Occurred()) return NULL
-
-#if NATIVE_X86
-/* linear(x, x_row_stride, weight, bias or 0, y, T, K, N, transposed) */
-static PyObject *py_linear(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("linear", argv, argc, 9)) return NULL;
-    const float *x = PTR(0), *w = PTR(2), *bias = PTR(3);
-    float *y = PTR(4);
-    long xs = LONG(1), T = LONG(5), K = LONG(6), N = LONG(7), transposed = LONG(8);
-    CHECK();
-    int rc = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (T == 1 && transposed) gemv_kn(x, w, bias, y, K, N);
-    else if (T == 1) gemv_nk(x, w, bias, y, K, N);
-    else if (transposed) rc = linear_kn(x, xs, w, bias, y, T, K, N);
-    else linear_nk(x, xs, w, bias, y, T, K, N);
-    Py_END_ALLOW_THREADS
-    if (rc) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+/* out[i, :] = x[indices[i], :] for x of `rows` rows (row stride xs). */
+static int take_rows(const float *x, long xs, long rows, long H, const int64_t *indices,
+                     long n, float *out) {
+    for (long i = 0; i < n; i++)
+        if (indices[i] < 0 || indices[i] >= rows) return -1;
+    for (long i = 0; i < n; i++) memcpy(out + i * H, x + indices[i] * xs, sizeof(float) * H);
+    return 0;
 }
 
-/* decode_attention(q, q_row_stride, k_cache, v_cache, block_tables, width, seq_lens, out,
- *                  B, Hq, Hk, D, block_size, num_blocks, scale, window or 0, scratch,
- *                  scratch_len) */
-static PyObject *py_decode_attention(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("decode_attention", argv, argc, 18)) return NULL;
-    const float *q = PTR(0), *kc = PTR(2), *vc = PTR(3);
-    const int32_t *tables = PTR(4), *lens = PTR(6);
-    float *out = PTR(7), *scratch = PTR(16);
-    long qs = LONG(1), width = LONG(5), B = LONG(8), Hq = LONG(9), Hk = LONG(10);
-    long D = LONG(11), BS = LONG(12), NB = LONG(13), window = LONG(15), cap = LONG(17);
-    float scale = FLOAT(14);
-    CHECK();
+/* ---- one entry point per op, and tapes of them -------------------------------------
+ *
+ * Every op is called with a code and a fixed list of integer ('i') and float ('d')
+ * arguments, the same from Python (`call`) and from a tape (`run_tape`): a tape is an
+ * array of records, each an op code and MAX_SLOTS argument slots, that the native graph
+ * backend records while a forward is captured and replays without Python in between. */
+
+#define MAX_SLOTS 20
+typedef union { int64_t i; double d; } Slot;
+
+enum {
+    OP_LINEAR = 1, OP_DECODE_ATTENTION, OP_RMS_NORM, OP_SILU_AND_MUL, OP_ROTARY,
+    OP_STORE_KV, OP_EMBEDDING, OP_TAKE_ROWS, OP_COUNT
+};
+
+static const char *const NAMES[OP_COUNT] = {
+    NULL, "linear", "decode_attention", "rms_norm", "silu_and_mul", "rotary", "store_kv",
+    "embedding", "take_rows",
+};
+
+/* Argument kinds, in order. */
+static const char *const SIGNATURES[OP_COUNT] = {
+    NULL,
+    "iiiiiiiii",           /* linear(x, x_row_stride, w, bias|0, y, T, K, N, transposed) */
+    "iiiiiiiiiiiiiidiii",  /* decode_attention(q, qs, kc, vc, tables, width, lens, out, B,
+                              Hq, Hk, D, BS, NB, scale, window|0, scratch, scratch_len) */
+    "iiiiiiiiiid",         /* rms_norm(x, xs, heads, residual|0, rs, summed|0, w, out, T, H,
+                              eps) */
+    "iiiii",               /* silu_and_mul(x, xs, out, T, I) */
+    "iiiiiiii",            /* rotary(positions, x, xs, T, heads, D, cos_sin, max_positions) */
+    "iiiiiiiiii",          /* store_kv(k, ks, v, vs, k_cache, v_cache, slots, T, row, slots_n) */
+    "iiiiiiii",            /* embedding(ids, n, table, row_stride, col_stride, V, H, out) */
+    "iiiiiii",             /* take_rows(x, xs, rows, H, indices, n, out) */
+};
+
+#define P(k) ((void *)(intptr_t)a[k].i)
+
+/* Runs one op; 0, or an error code `describe` explains. */
+static int run_op(int64_t op, const Slot *a) {
+    switch (op) {
+#if NATIVE_X86
+    case OP_LINEAR: {
+        long T = a[5].i, K = a[6].i, N = a[7].i;
+        if (T == 1 && a[8].i) gemv_kn(P(0), P(2), P(3), P(4), K, N);
+        else if (T == 1) gemv_nk(P(0), P(2), P(3), P(4), K, N);
+        else if (a[8].i) return linear_kn(P(0), a[1].i, P(2), P(3), P(4), T, K, N);
+        else linear_nk(P(0), a[1].i, P(2), P(3), P(4), T, K, N);
+        return 0;
+    }
+    case OP_DECODE_ATTENTION:
+        return decode_attention(P(0), a[1].i, P(2), P(3), P(4), a[5].i, P(6), P(7), a[8].i,
+                                a[9].i, a[10].i, a[11].i, a[12].i, a[13].i, (float)a[14].d,
+                                a[15].i, P(16), a[17].i);
+    case OP_RMS_NORM:
+        rms_norm_avx2(P(0), a[1].i, a[2].i, P(3), a[4].i, P(5), P(6), P(7), a[8].i, a[9].i,
+                      (float)a[10].d);
+        return 0;
+    case OP_SILU_AND_MUL:
+        silu_and_mul_avx2(P(0), a[1].i, P(2), a[3].i, a[4].i);
+        return 0;
+#endif
+    case OP_ROTARY:
+        return rotary_rows(P(0), P(1), a[2].i, a[3].i, a[4].i, a[5].i, P(6), a[7].i);
+    case OP_STORE_KV:
+        return store_rows(P(0), a[1].i, P(2), a[3].i, P(4), P(5), P(6), a[7].i, a[8].i,
+                          a[9].i);
+    case OP_EMBEDDING:
+        return embedding_rows(P(0), a[1].i, P(2), a[3].i, a[4].i, a[5].i, a[6].i, P(7));
+    case OP_TAKE_ROWS:
+        return take_rows(P(0), a[1].i, a[2].i, a[3].i, P(4), a[5].i, P(6));
+    }
+    return -100;
+}
+
+/* The Python exception for run_op's error `rc` of `op`. */
+static void describe(int64_t op, int rc, const Slot *a) {
+    if (rc == -100) {
+        PyErr_Format(PyExc_ValueError, "no native op %lld on this machine", (long long)op);
+        return;
+    }
+    switch (op) {
+    case OP_LINEAR:
+        PyErr_NoMemory();
+        return;
+    case OP_DECODE_ATTENTION:
+        if (rc == -1)
+            PyErr_SetString(PyExc_ValueError,
+                            "a sequence length exceeds its block table or the scratch scores");
+        else
+            PyErr_Format(PyExc_ValueError, "a block table names a block outside 0..%lld",
+                         (long long)a[13].i - 1);
+        return;
+    case OP_ROTARY:
+        PyErr_Format(PyExc_ValueError, "a position is outside the rotary table (0..%lld)",
+                     (long long)a[7].i - 1);
+        return;
+    case OP_STORE_KV:
+        PyErr_Format(PyExc_ValueError,
+                     "a slot is outside the KV cache (-1 for padding, else 0..%lld)",
+                     (long long)a[9].i - 1);
+        return;
+    case OP_EMBEDDING:
+        PyErr_Format(PyExc_ValueError, "a token id is outside the vocabulary (0..%lld)",
+                     (long long)a[5].i - 1);
+        return;
+    case OP_TAKE_ROWS:
+        PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
+        return;
+    }
+    PyErr_Format(PyExc_ValueError, "native op %s failed (%d)", NAMES[op], rc);
+}
+
+/* Parses Python arguments into slots by the op's signature. */
+static int parse(int64_t op, PyObject *const *argv, Py_ssize_t argc, Slot *a) {
+    if (op <= 0 || op >= OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown native op %lld", (long long)op);
+        return -1;
+    }
+    const char *kinds = SIGNATURES[op];
+    Py_ssize_t want = (Py_ssize_t)strlen(kinds);
+    if (argc != want) {
+        PyErr_Format(PyExc_TypeError, "native %s takes %zd arguments, got %zd", NAMES[op],
+                     want, argc);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < argc; k++) {
+        if (kinds[k] == 'd') a[k].d = PyFloat_AsDouble(argv[k]);
+        else a[k].i = PyLong_AsLongLong(argv[k]);
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* call(op, *args): runs one op now. */
+static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc < 1) {
+        PyErr_SetString(PyExc_TypeError, "call(op, *args)");
+        return NULL;
+    }
+    int64_t op = PyLong_AsLongLong(argv[0]);
+    Slot a[MAX_SLOTS];
+    if ((op == -1 && PyErr_Occurred()) || parse(op, argv + 1, argc - 1, a)) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = decode_attention(q, qs, kc, vc, tables, width, lens, out, B, Hq, Hk, D, BS, NB,
-                          scale, window, scratch, cap);
+    rc = run_op(op, a);
     Py_END_ALLOW_THREADS
-    if (rc == -1) {
-        PyErr_SetString(PyExc_ValueError,
-                        "a sequence length exceeds its block table or the scratch scores");
-        return NULL;
-    }
-    if (rc == -2) {
-        PyErr_Format(PyExc_ValueError, "a block table names a block outside 0..%ld", NB - 1);
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-#endif
-
-/* rms_norm(x, x_row_stride, residual or 0, residual_row_stride, summed or 0, weight, out,
- *          T, H, eps) */
-static PyObject *py_rms_norm(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("rms_norm", argv, argc, 10)) return NULL;
-    const float *x = PTR(0), *residual = PTR(2), *weight = PTR(5);
-    float *summed = PTR(4), *out = PTR(6);
-    long xs = LONG(1), rs = LONG(3), T = LONG(7), H = LONG(8);
-    float eps = FLOAT(9);
-    CHECK();
-    rms_norm_rows(x, xs, residual, rs, summed, weight, out, T, H, eps);
-    Py_RETURN_NONE;
-}
-
-/* silu_and_mul(x, x_row_stride, out, T, I) */
-static PyObject *py_silu_and_mul(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("silu_and_mul", argv, argc, 5)) return NULL;
-    const float *x = PTR(0);
-    float *out = PTR(2);
-    long xs = LONG(1), T = LONG(3), I = LONG(4);
-    CHECK();
-    silu_and_mul_rows(x, xs, out, T, I);
-    Py_RETURN_NONE;
-}
-
-/* rotary(positions, x, x_row_stride, T, heads, D, cos_sin_cache, max_positions) */
-static PyObject *py_rotary(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("rotary", argv, argc, 8)) return NULL;
-    const int64_t *positions = PTR(0);
-    float *x = PTR(1);
-    const float *cos_sin = PTR(6);
-    long xs = LONG(2), T = LONG(3), heads = LONG(4), D = LONG(5), max_pos = LONG(7);
-    CHECK();
-    if (rotary_rows(positions, x, xs, T, heads, D, cos_sin, max_pos)) {
-        PyErr_Format(PyExc_ValueError, "a position is outside the rotary table (0..%ld)",
-                     max_pos - 1);
+    if (rc) {
+        describe(op, rc, a);
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
-/* store_kv(k, k_row_stride, v, v_row_stride, k_cache, v_cache, slots, T, row, num_slots) */
-static PyObject *py_store_kv(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (args("store_kv", argv, argc, 10)) return NULL;
-    const float *k = PTR(0), *v = PTR(2);
-    float *kc = PTR(4), *vc = PTR(5);
-    const int64_t *slots = PTR(6);
-    long ks = LONG(1), vs = LONG(3), T = LONG(7), row = LONG(8), num_slots = LONG(9);
-    CHECK();
-    if (store_rows(k, ks, v, vs, kc, vc, slots, T, row, num_slots)) {
-        PyErr_Format(PyExc_ValueError, "a slot is outside the KV cache (-1 for padding, "
-                     "else 0..%ld)", num_slots - 1);
+/* record(op, *args) -> bytes: one tape record (op code, then MAX_SLOTS slots). */
+static PyObject *py_record(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc < 1) {
+        PyErr_SetString(PyExc_TypeError, "record(op, *args)");
+        return NULL;
+    }
+    int64_t record[1 + MAX_SLOTS] = {0};
+    record[0] = PyLong_AsLongLong(argv[0]);
+    if ((record[0] == -1 && PyErr_Occurred())
+        || parse(record[0], argv + 1, argc - 1, (Slot *)(record + 1)))
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)record, sizeof record);
+}
+
+/* run_tape(records: bytes): runs every record in order; stops at the first error. */
+static PyObject *py_run_tape(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 1 || !PyBytes_Check(argv[0])) {
+        PyErr_SetString(PyExc_TypeError, "run_tape(records: bytes)");
+        return NULL;
+    }
+    const int64_t *record = (const int64_t *)PyBytes_AS_STRING(argv[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(argv[0]), width = (1 + MAX_SLOTS) * sizeof(int64_t);
+    if (size % width) {
+        PyErr_SetString(PyExc_ValueError, "a tape is whole records");
+        return NULL;
+    }
+    Py_ssize_t count = size / width, done = 0;
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; done < count; done++, record += 1 + MAX_SLOTS)
+        if ((rc = run_op(record[0], (const Slot *)(record + 1))) != 0) break;
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        describe(record[0], rc, (const Slot *)(record + 1));
         return NULL;
     }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-#if NATIVE_X86
-    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, NULL},
-    {"decode_attention", (PyCFunction)(void (*)(void))py_decode_attention, METH_FASTCALL, NULL},
-#endif
-    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, NULL},
-    {"silu_and_mul", (PyCFunction)(void (*)(void))py_silu_and_mul, METH_FASTCALL, NULL},
-    {"rotary", (PyCFunction)(void (*)(void))py_rotary, METH_FASTCALL, NULL},
-    {"store_kv", (PyCFunction)(void (*)(void))py_store_kv, METH_FASTCALL, NULL},
+    {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, NULL},
+    {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL, NULL},
+    {"run_tape", (PyCFunction)(void (*)(void))py_run_tape, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -568,10 +711,20 @@ PyMODINIT_FUNC PyInit__cpu(void) {
 #else
     unsupported = "the native kernels are built for x86-64 only";
 #endif
-    if (PyModule_AddObject(m, "UNSUPPORTED", unsupported ? PyUnicode_FromString(unsupported)
-                                                         : Py_NewRef(Py_None)) < 0) {
+    PyObject *why = unsupported ? PyUnicode_FromString(unsupported) : Py_NewRef(Py_None);
+    if (why == NULL || PyModule_AddObject(m, "UNSUPPORTED", why) < 0) {
+        Py_XDECREF(why);
         Py_DECREF(m);
         return NULL;
+    }
+    for (int op = 1; op < OP_COUNT; op++) {
+        char name[32];
+        snprintf(name, sizeof name, "OP_%s", NAMES[op]);
+        for (char *c = name; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+        if (PyModule_AddIntConstant(m, name, op) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -1,19 +1,15 @@
-# The C extension's entry points (kernels/native/_cpu.c): raw addresses and sizes, checked
-# by interlock.kernels.native.ops.
+# The C extension (kernels/native/_cpu.c). Every op takes raw addresses and sizes, checked
+# by interlock.kernels.native.ops; the OP_* codes name them, in calls and in tape records.
 UNSUPPORTED: str | None
+OP_LINEAR: int
+OP_DECODE_ATTENTION: int
+OP_RMS_NORM: int
+OP_SILU_AND_MUL: int
+OP_ROTARY: int
+OP_STORE_KV: int
+OP_EMBEDDING: int
+OP_TAKE_ROWS: int
 
-def linear(x: int, x_row_stride: int, weight: int, bias: int, y: int, rows: int,
-           inputs: int, outputs: int, transposed: int, /) -> None: ...
-def decode_attention(q: int, q_row_stride: int, k_cache: int, v_cache: int,
-                     block_tables: int, width: int, seq_lens: int, out: int, batch: int,
-                     heads: int, kv_heads: int, head_dim: int, block_size: int,
-                     num_blocks: int, scale: float, window: int, scratch: int,
-                     scratch_len: int, /) -> None: ...
-def rms_norm(x: int, x_row_stride: int, residual: int, residual_row_stride: int,
-             summed: int, weight: int, out: int, rows: int, hidden: int, eps: float,
-             /) -> None: ...
-def silu_and_mul(x: int, x_row_stride: int, out: int, rows: int, half: int, /) -> None: ...
-def rotary(positions: int, x: int, x_row_stride: int, rows: int, heads: int, head_dim: int,
-           cos_sin_cache: int, max_positions: int, /) -> None: ...
-def store_kv(k: int, k_row_stride: int, v: int, v_row_stride: int, k_cache: int,
-             v_cache: int, slots: int, rows: int, row: int, num_slots: int, /) -> None: ...
+def call(op: int, /, *args: int | float) -> None: ...
+def record(op: int, /, *args: int | float) -> bytes: ...
+def run_tape(records: bytes, /) -> None: ...

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from interlock.kernels import reference
-from interlock.kernels.native import _cpu
+from interlock.kernels.native import _cpu, tape
 from interlock.kernels.registry import KernelError
 
 F32 = torch.float32
@@ -27,6 +27,15 @@ SMALL_ROWS = 32
 
 class NativeArgumentError(KernelError, ValueError):
     """An argument outside what a native kernel accepts."""
+
+
+def _run(op: int, args: tuple[int | float, ...], *tensors: torch.Tensor) -> None:
+    """Run a native op now, and add it to the tape recording, if any, with the tensors
+    whose addresses ``args`` holds."""
+    recorder = tape.ACTIVE
+    if recorder is not None:
+        recorder.add(op, args, tensors)
+    _cpu.call(op, *args)
 
 
 def _check(name: str, t: torch.Tensor, dim: int, dtype: torch.dtype = F32) -> None:
@@ -75,21 +84,27 @@ def linear(
         if bias.shape != (outputs,):
             raise NativeArgumentError(f"linear: bias {tuple(bias.shape)} for {outputs} outputs")
     y = torch.empty(rows, outputs)
-    _cpu.linear(x.data_ptr(), x.stride(0), weight.data_ptr(),
-                0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, features, outputs,
-                int(transposed))
+    _run(_cpu.OP_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(),
+                          0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, features,
+                          outputs, int(transposed)),
+         x, weight, y, *(() if bias is None else (bias,)))
     return y
 
 
 def _norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    _check("x", x, 2)
+    """Rows of x [T, H], or of x [T, heads, H] with each row's heads back to back (q/k
+    norms over a fused q/k/v projection's views), normalised: out shaped as x."""
+    if x.dim() == 3:
+        _check_heads("x", x)
+    else:
+        _check("x", x, 2)
     _check_whole("weight", weight)
-    rows, hidden = x.shape
+    rows, heads, hidden = x.shape if x.dim() == 3 else (x.shape[0], 1, x.shape[1])
     if weight.shape != (hidden,):
         raise NativeArgumentError(f"rms_norm: weight {tuple(weight.shape)} for rows of {hidden}")
-    out = torch.empty(rows, hidden)
+    out = torch.empty(rows * heads, hidden)
     summed = None
     if residual is not None:
         _check("residual", residual, 2)
@@ -98,12 +113,13 @@ def _norm(
                 f"fused_add_rms_norm: residual {tuple(residual.shape)} for x {tuple(x.shape)}"
             )
         summed = torch.empty(rows, hidden)
-    _cpu.rms_norm(x.data_ptr(), x.stride(0),
-                  0 if residual is None else residual.data_ptr(),
-                  0 if residual is None else residual.stride(0),
-                  0 if summed is None else summed.data_ptr(), weight.data_ptr(),
-                  out.data_ptr(), rows, hidden, float(eps))
-    return out, summed
+    extra = () if residual is None or summed is None else (residual, summed)
+    _run(_cpu.OP_RMS_NORM, (x.data_ptr(), x.stride(0), heads,
+                            0 if residual is None else residual.data_ptr(),
+                            0 if residual is None else residual.stride(0),
+                            0 if summed is None else summed.data_ptr(), weight.data_ptr(),
+                            out.data_ptr(), rows, hidden, float(eps)), x, weight, out, *extra)
+    return out.view(x.shape), summed
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,7 +140,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if width % 2:
         raise NativeArgumentError(f"silu_and_mul: x has an odd width {width}")
     out = torch.empty(rows, width // 2)
-    _cpu.silu_and_mul(x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2)
+    _run(_cpu.OP_SILU_AND_MUL, (x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2),
+         x, out)
     return out
 
 
@@ -140,8 +157,9 @@ def rotary_embedding(
                 f"rotary_embedding: {name} {tuple(t.shape)} for {positions.shape[0]} positions "
                 f"and a table of head size {cos_sin_cache.shape[1]}"
             )
-        _cpu.rotary(positions.data_ptr(), t.data_ptr(), t.stride(0), t.shape[0], t.shape[1],
-                    t.shape[2], cos_sin_cache.data_ptr(), cos_sin_cache.shape[0])
+        _run(_cpu.OP_ROTARY, (positions.data_ptr(), t.data_ptr(), t.stride(0), t.shape[0],
+                              t.shape[1], t.shape[2], cos_sin_cache.data_ptr(),
+                              cos_sin_cache.shape[0]), positions, t, cos_sin_cache)
 
 
 def store_kv_cache(
@@ -164,9 +182,10 @@ def store_kv_cache(
             f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}, slots {tuple(slot_mapping.shape)}"
         )
     num_slots = k_cache.shape[0] * k_cache.shape[1]
-    _cpu.store_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
-                  v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0],
-                  k.shape[1] * k.shape[2], num_slots)
+    _run(_cpu.OP_STORE_KV, (k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                            k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr(),
+                            k.shape[0], k.shape[1] * k.shape[2], num_slots),
+         k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_decode_attention(
@@ -196,8 +215,36 @@ def paged_decode_attention(
     width = block_tables.shape[1]
     out = torch.empty(batch, heads, head_dim)
     scratch = torch.empty(width * block_size)
-    _cpu.decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                          block_tables.data_ptr(), width, seq_lens.data_ptr(), out.data_ptr(),
-                          batch, heads, kv_heads, head_dim, block_size, blocks, float(scale),
-                          sliding_window or 0, scratch.data_ptr(), scratch.numel())
+    _run(_cpu.OP_DECODE_ATTENTION, (q.data_ptr(), q.stride(0), k_cache.data_ptr(),
+                                    v_cache.data_ptr(), block_tables.data_ptr(), width,
+                                    seq_lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads,
+                                    head_dim, block_size, blocks, float(scale),
+                                    sliding_window or 0, scratch.data_ptr(), scratch.numel()),
+         q, k_cache, v_cache, block_tables, seq_lens, out, scratch)
+    return out
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_whole("ids", ids, torch.int64)
+    if (table.dtype is not F32 or not table.is_cpu or table.dim() != 2 or ids.dim() != 1):
+        raise NativeArgumentError(
+            f"embedding: ids {tuple(ids.shape)} into a table {tuple(table.shape)} "
+            f"{table.dtype} on {table.device}"
+        )
+    vocab, hidden = table.shape
+    out = torch.empty(ids.shape[0], hidden)
+    _run(_cpu.OP_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(), table.stride(0),
+                             table.stride(1), vocab, hidden, out.data_ptr()), ids, table, out)
+    return out
+
+
+def select_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    _check("x", x, 2)
+    _check_whole("indices", indices, torch.int64)
+    if indices.dim() != 1:
+        raise NativeArgumentError(f"select_rows: indices {tuple(indices.shape)} are not 1-d")
+    rows, hidden = x.shape
+    out = torch.empty(indices.shape[0], hidden)
+    _run(_cpu.OP_TAKE_ROWS, (x.data_ptr(), x.stride(0), rows, hidden, indices.data_ptr(),
+                             indices.shape[0], out.data_ptr()), x, indices, out)
     return out

@@ -1,6 +1,6 @@
-"""Low-level capture backends shared by every runner: ``cuda`` and ``debug``.
+"""Low-level capture backends shared by every runner: ``cuda``, ``native`` and ``debug``.
 
-Both turn a callable into a replayable segment and a whole forward into a
+Each turns a callable into a replayable segment and a whole forward into a
 breakable program; they differ only in what replay does.
 
 * ``cuda`` records ``torch.cuda.CUDAGraph`` s (the same API serves ROCm/HIP
@@ -13,6 +13,12 @@ breakable program; they differ only in what replay does.
   under both is a model bug and one that only shows up under ``cuda`` is a
   graph bug. It is what runs on CPU and what ``INTERLOCK_DEBUG_GRAPHS=1``
   (``policy run --debug-graphs``) forces on a GPU.
+* ``native`` (CPU) records the native kernels' calls into tapes
+  (``interlock.kernels.native.tape``) and replays a tape in one C call, with no Python
+  or torch dispatch between the kernels: the CPU's counterpart of a CUDA graph, with the
+  same static buffers. A forward that runs any other op cannot be taped, and that key
+  runs eagerly (the graphs report says why). ``auto`` takes it on the CPU when the kernel
+  table chose the native kernels and there is one rank (collectives cannot be taped).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -36,8 +42,11 @@ from interlock.runners.graphs.segments import (
 )
 from interlock.runners.model.attention import Attention, AttentionMetadata, attention_split
 
+if TYPE_CHECKING:
+    from interlock.kernels.native.tape import Tape
+
 DEBUG_ENV = "INTERLOCK_DEBUG_GRAPHS"
-BACKENDS = ("auto", "cuda", "debug")
+BACKENDS = ("auto", "cuda", "native", "debug")
 
 
 class CaptureError(RuntimeError):
@@ -60,17 +69,30 @@ class GraphBackend(Protocol):
         ...
 
 
-def select_backend(requested: str, device: torch.device) -> GraphBackend:
-    """``auto``: cuda on a CUDA/ROCm device unless $INTERLOCK_DEBUG_GRAPHS=1, debug elsewhere."""
+def select_backend(requested: str, device: torch.device, tapeable: bool = False
+                   ) -> GraphBackend:
+    """``auto``: unless $INTERLOCK_DEBUG_GRAPHS=1, cuda on a CUDA/ROCm device and native on
+    the CPU when the forward is ``tapeable`` (its kernel table chose the native kernels, and
+    it runs no collectives); debug otherwise."""
     if requested not in BACKENDS:
         raise ValueError(f"graph backend {requested!r} is unknown; allowed: {', '.join(BACKENDS)}")
     if requested == "auto":
-        forced_debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
-        requested = "cuda" if device.type == "cuda" and not forced_debug else "debug"
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            requested = "debug"
+        elif device.type == "cuda":
+            requested = "cuda"
+        else:
+            requested = "native" if device.type == "cpu" and tapeable else "debug"
     if requested == "cuda":
         if device.type != "cuda":
             raise ValueError(f"the cuda graph backend needs a CUDA/ROCm device, not {device}")
         return CudaGraphBackend(device)
+    if requested == "native":
+        if device.type != "cpu" or not tapeable:
+            raise ValueError("the native graph backend replays the native CPU kernels: it "
+                             "needs a CPU run whose kernel table chose them and that runs no "
+                             f"collectives (device {device})")
+        return NativeGraphBackend()
     return DebugGraphBackend()
 
 
@@ -240,3 +262,58 @@ class DebugGraphBackend:
         with attention_split(split):
             outputs = as_outputs(fn())
         return DebugBreakableProgram(fn, steps, outputs)
+
+
+@dataclass(eq=False)
+class NativeSegment:
+    tape: Tape
+
+    def replay(self) -> None:
+        self.tape.replay()
+
+
+class NativeGraphBackend:
+    name = "native"
+
+    def __init__(self) -> None:
+        # Imported here: a build without the native kernels never selects this backend.
+        from interlock.kernels.native import tape
+
+        self._tape = tape
+
+    def capturing(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    @contextmanager
+    def _taping(self) -> Iterator[None]:
+        try:
+            yield
+        except self._tape.TapeError as exc:
+            raise CaptureError(str(exc)) from exc
+
+    def capture(self, fn: SegmentFn) -> tuple[Segment, Outputs]:
+        with self._taping(), self._tape.recording() as tape:
+            outputs = as_outputs(fn())
+        return NativeSegment(tape), outputs
+
+    def capture_breakable(self, fn: SegmentFn) -> Program:
+        steps: list[Segment | AttentionBreak] = []
+
+        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+            steps.append(NativeSegment(self._tape.stop()))
+            brk = AttentionBreak(layer, q, torch.empty_like(q))
+            brk.run(metadata)
+            steps.append(brk)
+            self._tape.start()
+            return brk.out
+
+        with self._taping():
+            self._tape.start()
+            try:
+                with attention_split(split):
+                    outputs = as_outputs(fn())
+            finally:
+                last = self._tape.stop() if self._tape.ACTIVE is not None else None
+            if last is not None:
+                steps.append(NativeSegment(last))
+        return SegmentedProgram(steps, outputs)

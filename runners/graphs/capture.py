@@ -47,7 +47,7 @@ def logits_head(model: CausalLM, inputs: ForwardInputs) -> Callable[[torch.Tenso
     """hidden [T, H] -> logits [B, V] of each sequence's last fed token."""
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
-        return model.compute_logits(hidden[inputs.logits_indices])
+        return model.compute_logits(model.ops.select_rows(hidden, inputs.logits_indices))
 
     return head
 

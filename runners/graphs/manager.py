@@ -27,6 +27,7 @@ class GraphManager:
         table_width: int,
         *,
         compile: bool = False,
+        tapeable: bool = False,
     ) -> None:
         self.plan = plan
         self.compile = compile
@@ -34,7 +35,7 @@ class GraphManager:
         self.backend: GraphBackend | None = None
         self.static: StaticInputs | None = None
         if self.order:
-            self.backend = select_backend(backend, device)
+            self.backend = select_backend(backend, device, tapeable)
             self.static = StaticInputs(
                 max(k.tokens for k in self.order), max(k.seqs for k in self.order),
                 table_width, device,

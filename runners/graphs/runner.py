@@ -56,7 +56,8 @@ class GraphRunner(ABC):
     def __init__(
         self, *, graph_backend: str = "auto", kernel_preference: tuple[str, ...] | None = None
     ) -> None:
-        """``graph_backend``: ``auto`` (cuda on a GPU, debug elsewhere), ``cuda`` or ``debug``."""
+        """``graph_backend``: ``auto`` (cuda on a GPU, native on a CPU whose kernels are native,
+        debug elsewhere), ``cuda``, ``native`` or ``debug``."""
         self.graph_backend = graph_backend
         self.kernel_preference = kernel_preference
         self.model: CausalLM | None = None
@@ -118,6 +119,8 @@ class GraphRunner(ABC):
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
             compile=decision.compile,
+            # Collectives run outside any kernel table: a sharded forward cannot be taped.
+            tapeable=self.ops.all_native() and tp.size == 1,
         )
         with torch.inference_mode():
             self.graphs.capture(self.model)

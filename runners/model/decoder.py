@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
@@ -234,11 +233,11 @@ class CausalLM(nn.Module):
         """Embedding rows of ``input_ids``: each rank looks up the ids in its rows (zero
         for the others) and the all-reduce assembles them."""
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.embedding)
+            return self.ops.embedding(input_ids, self.embedding)
         rows = self.shards.vocab_rows
         local = input_ids - self.vocab_shard.start
         mine = (local >= 0) & (local < rows)
-        hidden = F.embedding(local.clamp(0, rows - 1), self.embedding)
+        hidden = self.ops.embedding(local.clamp(0, rows - 1), self.embedding)
         return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

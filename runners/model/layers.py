@@ -152,8 +152,8 @@ class SelfAttention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = self.ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps)
-            k = self.ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)
+            q = self.ops.rms_norm(q, self.q_norm, self.eps)
+            k = self.ops.rms_norm(k, self.k_norm, self.eps)
             q = q.view(tokens, self.num_heads, self.head_dim)
             k = k.view(tokens, self.num_kv_heads, self.head_dim)
         self.ops.rotary_embedding(positions, q, k, self.cos_sin_cache)

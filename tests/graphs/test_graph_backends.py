@@ -1,4 +1,5 @@
-"""The debug backend's programs: what they replay, and the checks that catch a wrong one."""
+"""The debug and native backends' programs: what they replay, and the checks that catch a
+wrong one."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import dataclasses
 import pytest
 import torch
 
+from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
-from interlock.runners.graphs.backends import CaptureError, DebugGraphBackend, select_backend
+from interlock.runners.graphs.backends import (
+    CaptureError,
+    DebugGraphBackend,
+    NativeGraphBackend,
+    select_backend,
+)
 from interlock.runners.graphs.buffers import StaticInputs
 from interlock.runners.graphs.capture import FAIL_ENV, ForcedFailures, forward_logits
 from interlock.runners.graphs.modes import Strategy
@@ -35,10 +42,17 @@ def decode_inputs(model, seq_lens: list[int]):
     return static.view(len(seq_lens), len(seq_lens), True)
 
 
-def test_a_breakable_program_replays_the_forward_through_its_breaks(model):
+NATIVE = pytest.mark.skipif(native_unavailable("cpu") is not None,
+                            reason=f"native kernels: {native_unavailable('cpu')}")
+BACKENDS = [pytest.param(DebugGraphBackend, id="debug"),
+            pytest.param(NativeGraphBackend, id="native", marks=NATIVE)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_breakable_program_replays_the_forward_through_its_breaks(model, backend):
     inputs = decode_inputs(model, [5, 9])
     with torch.inference_mode():
-        program = DebugGraphBackend().capture_breakable(lambda: forward_logits(model, inputs))
+        program = backend().capture_breakable(lambda: forward_logits(model, inputs))
         assert (program.segments, program.breaks) == (3, 2)
         expected = forward_logits(model, inputs)
         inputs.input_ids.copy_(torch.tensor([7, 8]))  # a new step through the same buffers
@@ -46,6 +60,19 @@ def test_a_breakable_program_replays_the_forward_through_its_breaks(model):
         [logits] = program.replay(inputs.metadata)
     assert not torch.equal(changed, expected)
     torch.testing.assert_close(logits, changed, atol=0, rtol=0)
+
+
+@NATIVE
+def test_a_native_segment_replays_a_whole_forward_from_the_static_buffers(model):
+    inputs = decode_inputs(model, [5, 9])
+    with torch.inference_mode():
+        segment, [logits] = NativeGraphBackend().capture(lambda: forward_logits(model, inputs))
+        inputs.input_ids.copy_(torch.tensor([7, 8]))
+        inputs.positions.copy_(torch.tensor([5, 9]))
+        inputs.seq_lens.copy_(torch.tensor([6, 10]))
+        expected = forward_logits(model, inputs)
+        segment.replay()
+    torch.testing.assert_close(logits, expected, atol=0, rtol=0)
 
 
 def test_replay_that_meets_attention_out_of_capture_order_is_an_error(model):
@@ -65,6 +92,12 @@ def test_forced_failures_and_backend_choice(monkeypatch):
     monkeypatch.setenv(FAIL_ENV, "2,8")
     assert not ForcedFailures.from_env().applies(key)
     assert select_backend("auto", torch.device("cpu")).name == "debug"
+    if native_unavailable("cpu") is None:
+        assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "native"
+        monkeypatch.setenv("INTERLOCK_DEBUG_GRAPHS", "1")
+        assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "debug"
+    with pytest.raises(ValueError, match="the native graph backend replays the native CPU"):
+        select_backend("native", torch.device("cpu"), tapeable=False)
     with pytest.raises(ValueError, match="the cuda graph backend needs a CUDA/ROCm device"):
         select_backend("cuda", torch.device("cpu"))
     with pytest.raises(ValueError, match="graph backend 'fast' is unknown; allowed: auto"):

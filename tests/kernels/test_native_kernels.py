@@ -189,3 +189,13 @@ def test_a_compiled_forward_gets_the_traceable_references_and_is_told_why() -> N
     with pytest.raises(KernelError, match="backend 'native' was forced for op 'rms_norm': "
                                           "native rms_norm cannot be traced by torch.compile"):
         REGISTRY.select("rms_norm", "cpu", "float32", force="native", compiled=True)
+
+
+def test_per_head_norms_read_the_heads_of_a_fused_projection_in_place() -> None:
+    """q/k norms (Qwen3) over views of one q/k/v output: [T, heads, D] in, same shape out."""
+    gen = torch.Generator().manual_seed(3)
+    q = randn(gen, 5, 3 * 8 + 2 * 8).split([24, 16], dim=-1)[0].view(5, 3, 8)
+    weight = randn(gen, 8)
+    out = native("rms_norm")(q, weight, 1e-6)
+    assert out.shape == (5, 3, 8)
+    torch.testing.assert_close(out, reference("rms_norm")(q, weight, 1e-6), **TIGHT)

@@ -16,8 +16,10 @@ from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.graphs.capture import FAIL_ENV
 
-# The built-in backend a float32 CPU run prefers for the ops the native kernels implement.
+# The built-in backend a float32 CPU run prefers for the ops the native kernels implement,
+# and what it captures graphs with (tapes of those kernels).
 CPU = "torch" if native_unavailable("cpu") else "native"
+CPU_GRAPHS = "debug" if native_unavailable("cpu") else "native"
 LOG_LINE = re.compile(
     r"^policy run: runner=(\w+) \((.+?)\), cudagraph=(\w+) \((.+?)\), breakable=(\w+) \((.+?)\)$",
     re.M,
@@ -57,7 +59,7 @@ def test_json_document_shape_and_tokens_equal_the_python_api(policy_run, tiny_ll
     assert metrics["ttft_ms"] > 0 and metrics["tpot_ms"] > 0 and metrics["output_tokens"] == 10
     assert doc["kernels"]["rms_norm"] == f"{CPU} (interlock)"
     graphs = doc["graphs"]
-    assert graphs["backend"] == "debug" and graphs["captured_sizes"] == [1, 2]
+    assert graphs["backend"] == CPU_GRAPHS and graphs["captured_sizes"] == [1, 2]
     assert graphs["fallbacks"] == [] and graphs["replays"]
     assert "trace" not in doc
 
