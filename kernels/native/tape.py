@@ -100,6 +100,13 @@ class Tape:
 
 
 class _NativeOnly(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # The default wraps __torch_dispatch__ to keep torch.compile out of it, which
+        # imports torch._dynamo (~2 s, most of a model load) the first time a mode is used;
+        # nothing here is ever compiled.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         name = func.overloadpacket.__name__

@@ -85,3 +85,15 @@ def test_a_reshape_is_taped_as_a_view_and_refused_as_a_copy() -> None:
         assert x.reshape(2, 12).data_ptr() == x.data_ptr()
     with pytest.raises(tape.TapeError, match=r"aten\.(clone|reshape)\.default"), tape.recording():
         x.t().reshape(24)
+
+
+def test_recording_does_not_import_torch_dynamo() -> None:
+    """A dispatch mode's default wrapper imports torch._dynamo (~2 s) on first use: a model
+    load captures its tapes without paying for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom interlock.kernels.native import tape\n"
+            "with tape.recording():\n    torch.ones(2).view(1, 2)\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
