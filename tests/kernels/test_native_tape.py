@@ -93,7 +93,7 @@ def test_recording_does_not_import_torch_dynamo() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, torch\nfrom interlock.kernels.native import tape\n"
-            "with tape.recording():\n    torch.ones(2).view(1, 2)\n"
+    code = ("import sys, torch\nfrom interlock.kernels.native import tape\nx = torch.ones(2)\n"
+            "with tape.recording():\n    x.view(1, 2)\n"
             "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
