@@ -360,8 +360,9 @@ AVX2 static int decode_attention(
 /* ---- elementwise, vectorised ------------------------------------------------------- */
 
 /* e^x for eight floats: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its degree-6 Taylor
- * polynomial (Horner), times 2^n built in the exponent bits: within 2 ulp of expf over
- * the clamped range, e^-88.38 (~0) to e^88.38 (~FLT_MAX). */
+ * polynomial (Horner), times 2^n built in the exponent bits, x clamped to +-88.38. The
+ * SwiGLU built on it stays within 3.8 ulp of the float64 value over [-87, 87] (measured;
+ * torch's own: 2.2). */
 AVX2 static inline __m256 exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)),
                       _mm256_set1_ps(88.3762626647949f));
