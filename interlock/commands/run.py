@@ -516,7 +516,7 @@ def _graph_summary(graphs: dict[str, Any]) -> str:
     failed = len(graphs["failed"])
     sizes = ", ".join(map(str, captured)) or "none"
     return (
-        f"{graphs['backend']} backend, captured sizes {sizes}"
+        f"{graphs['backend']} backend, captured sizes {sizes} in {graphs['capture_s']:.2f} s"
         + (f", {failed} capture(s) failed" if failed else "")
     )
 
