@@ -17,7 +17,8 @@ VLLM ?= 0.33.0
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+# The native kernels (kernels/native/_cpu.c) are compiled by the install: a change rebuilds them.
+$(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
