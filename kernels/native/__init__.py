@@ -1,8 +1,9 @@
 """Native CPU kernels, registered as backend ``native`` without loading them.
 
-A C extension (``_cpu.c``, built when interlock is installed) with a GEMV that streams
-the weights at the machine's read bandwidth and the small per-layer ops in one call each:
-the CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
+A C extension (``_cpu.c``, built when interlock is installed): products of up to 32 rows
+that stream each weight once at the machine's read bandwidth, and the small per-layer ops
+in one call each; ``tape`` records their calls for the native graph backend to replay. The
+CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
 elsewhere, or where no C compiler built it, ``unavailable`` says why and the registry
 picks torch, with that reason. torch.compile cannot trace a call through raw addresses,
 so a compiled forward gets the torch references instead, and the reason says that too.

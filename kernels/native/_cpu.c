@@ -10,8 +10,12 @@
  * without reading tensor data (cache slots, block ids, positions) is checked here, and
  * an out-of-range value raises ValueError before anything is written.
  *
- * Built with -ffp-contract=off: only the products use fused multiply-adds; the
- * elementwise kernels round each operation as torch's references do.
+ * Built with -ffp-contract=off: the compiler fuses no multiply-add on its own. The
+ * explicit ones are in the products, the sums of squares and the exp polynomial; rotary
+ * rounds each operation as torch's reference does.
+ *
+ * The same entry point serves a call from Python and a record of a tape (see the end of
+ * this file), which the native graph backend replays without Python in between.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
