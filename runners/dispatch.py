@@ -33,13 +33,13 @@ class KernelTable:
     _fns: dict[str, Callable[..., Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        fns = {c.op: c.fn for c in self.choices}
+        wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
         if self.taped:
-            from interlock.kernels.native.tape import foreign
-
-            fns = {c.op: c.fn if c.impl.backend == "native" else foreign(c.fn)
-                   for c in self.choices}
-        object.__setattr__(self, "_fns", fns)
+            from interlock.kernels.native.tape import foreign as wrap
+        object.__setattr__(self, "_fns", {
+            c.op: c.fn if wrap is None or c.impl.backend == "native" else wrap(c.fn)
+            for c in self.choices
+        })
 
     def __getattr__(self, op: str) -> Callable[..., Any]:
         # Only called for names that are not attributes: the ops.

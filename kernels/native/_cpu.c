@@ -494,7 +494,7 @@ static int embedding_rows(const int64_t *ids, long n, const float *table, long r
 }
 
 /* out[i, :] = x[indices[i], :] for x of `rows` rows (row stride xs). */
-static int take_rows(const float *x, long xs, long rows, long H, const int64_t *indices,
+static int select_rows(const float *x, long xs, long rows, long H, const int64_t *indices,
                      long n, float *out) {
     for (long i = 0; i < n; i++)
         if (indices[i] < 0 || indices[i] >= rows) return -1;
@@ -514,12 +514,12 @@ typedef union { int64_t i; double d; } Slot;
 
 enum {
     OP_LINEAR = 1, OP_DECODE_ATTENTION, OP_RMS_NORM, OP_SILU_AND_MUL, OP_ROTARY,
-    OP_STORE_KV, OP_EMBEDDING, OP_TAKE_ROWS, OP_COUNT
+    OP_STORE_KV, OP_EMBEDDING, OP_SELECT_ROWS, OP_COUNT
 };
 
 static const char *const NAMES[OP_COUNT] = {
     NULL, "linear", "decode_attention", "rms_norm", "silu_and_mul", "rotary", "store_kv",
-    "embedding", "take_rows",
+    "embedding", "select_rows",
 };
 
 /* Argument kinds, in order. */
@@ -534,7 +534,7 @@ static const char *const SIGNATURES[OP_COUNT] = {
     "iiiiiiii",            /* rotary(positions, x, xs, T, heads, D, cos_sin, max_positions) */
     "iiiiiiiiii",          /* store_kv(k, ks, v, vs, k_cache, v_cache, slots, T, row, slots_n) */
     "iiiiiiii",            /* embedding(ids, n, table, row_stride, col_stride, V, H, out) */
-    "iiiiiii",             /* take_rows(x, xs, rows, H, indices, n, out) */
+    "iiiiiii",             /* select_rows(x, xs, rows, H, indices, n, out) */
 };
 
 #define P(k) ((void *)(intptr_t)a[k].i)
@@ -570,8 +570,8 @@ static int run_op(int64_t op, const Slot *a) {
                           a[9].i);
     case OP_EMBEDDING:
         return embedding_rows(P(0), a[1].i, P(2), a[3].i, a[4].i, a[5].i, a[6].i, P(7));
-    case OP_TAKE_ROWS:
-        return take_rows(P(0), a[1].i, a[2].i, a[3].i, P(4), a[5].i, P(6));
+    case OP_SELECT_ROWS:
+        return select_rows(P(0), a[1].i, a[2].i, a[3].i, P(4), a[5].i, P(6));
     }
     return -100;
 }
@@ -607,42 +607,45 @@ static void describe(int64_t op, int rc, const Slot *a) {
         PyErr_Format(PyExc_ValueError, "a token id is outside the vocabulary (0..%lld)",
                      (long long)a[5].i - 1);
         return;
-    case OP_TAKE_ROWS:
+    case OP_SELECT_ROWS:
         PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
         return;
     }
     PyErr_Format(PyExc_ValueError, "native op %s failed (%d)", NAMES[op], rc);
 }
 
-/* Parses Python arguments into slots by the op's signature. */
-static int parse(int64_t op, PyObject *const *argv, Py_ssize_t argc, Slot *a) {
-    if (op <= 0 || op >= OP_COUNT) {
-        PyErr_Format(PyExc_ValueError, "unknown native op %lld", (long long)op);
+/* Parses (op, *args): the op code, and its arguments into slots by the op's signature. */
+static int parse(const char *usage, PyObject *const *argv, Py_ssize_t argc, int64_t *op,
+                 Slot *a) {
+    if (argc < 1) {
+        PyErr_SetString(PyExc_TypeError, usage);
         return -1;
     }
-    const char *kinds = SIGNATURES[op];
+    *op = PyLong_AsLongLong(argv[0]);
+    if (*op == -1 && PyErr_Occurred()) return -1;
+    if (*op <= 0 || *op >= OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown native op %lld", (long long)*op);
+        return -1;
+    }
+    const char *kinds = SIGNATURES[*op];
     Py_ssize_t want = (Py_ssize_t)strlen(kinds);
-    if (argc != want) {
-        PyErr_Format(PyExc_TypeError, "native %s takes %zd arguments, got %zd", NAMES[op],
-                     want, argc);
+    if (argc - 1 != want) {
+        PyErr_Format(PyExc_TypeError, "native %s takes %zd arguments, got %zd", NAMES[*op],
+                     want, argc - 1);
         return -1;
     }
-    for (Py_ssize_t k = 0; k < argc; k++) {
-        if (kinds[k] == 'd') a[k].d = PyFloat_AsDouble(argv[k]);
-        else a[k].i = PyLong_AsLongLong(argv[k]);
+    for (Py_ssize_t k = 0; k < want; k++) {
+        if (kinds[k] == 'd') a[k].d = PyFloat_AsDouble(argv[k + 1]);
+        else a[k].i = PyLong_AsLongLong(argv[k + 1]);
     }
     return PyErr_Occurred() ? -1 : 0;
 }
 
 /* call(op, *args): runs one op now. */
 static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc < 1) {
-        PyErr_SetString(PyExc_TypeError, "call(op, *args)");
-        return NULL;
-    }
-    int64_t op = PyLong_AsLongLong(argv[0]);
+    int64_t op;
     Slot a[MAX_SLOTS];
-    if ((op == -1 && PyErr_Occurred()) || parse(op, argv + 1, argc - 1, a)) return NULL;
+    if (parse("call(op, *args)", argv, argc, &op, a)) return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_op(op, a);
@@ -656,15 +659,8 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
 
 /* record(op, *args) -> bytes: one tape record (op code, then MAX_SLOTS slots). */
 static PyObject *py_record(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc < 1) {
-        PyErr_SetString(PyExc_TypeError, "record(op, *args)");
-        return NULL;
-    }
     int64_t record[1 + MAX_SLOTS] = {0};
-    record[0] = PyLong_AsLongLong(argv[0]);
-    if ((record[0] == -1 && PyErr_Occurred())
-        || parse(record[0], argv + 1, argc - 1, (Slot *)(record + 1)))
-        return NULL;
+    if (parse("record(op, *args)", argv, argc, record, (Slot *)(record + 1))) return NULL;
     return PyBytes_FromStringAndSize((const char *)record, sizeof record);
 }
 

@@ -8,7 +8,7 @@ OP_SILU_AND_MUL: int
 OP_ROTARY: int
 OP_STORE_KV: int
 OP_EMBEDDING: int
-OP_TAKE_ROWS: int
+OP_SELECT_ROWS: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

@@ -245,6 +245,6 @@ def select_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         raise NativeArgumentError(f"select_rows: indices {tuple(indices.shape)} are not 1-d")
     rows, hidden = x.shape
     out = torch.empty(indices.shape[0], hidden)
-    _run(_cpu.OP_TAKE_ROWS, (x.data_ptr(), x.stride(0), rows, hidden, indices.data_ptr(),
+    _run(_cpu.OP_SELECT_ROWS, (x.data_ptr(), x.stride(0), rows, hidden, indices.data_ptr(),
                              indices.shape[0], out.data_ptr()), x, indices, out)
     return out

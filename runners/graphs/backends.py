@@ -312,8 +312,9 @@ class NativeGraphBackend:
             try:
                 with attention_split(split):
                     outputs = as_outputs(fn())
-            finally:
-                last = self._tape.stop() if self._tape.ACTIVE is not None else None
-            if last is not None:
-                steps.append(NativeSegment(last))
+            except BaseException:
+                if self._tape.ACTIVE is not None:  # not stopped between two segments
+                    self._tape.stop()
+                raise
+            steps.append(NativeSegment(self._tape.stop()))
         return SegmentedProgram(steps, outputs)
