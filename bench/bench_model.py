@@ -88,7 +88,7 @@ def matmul_ms(model: torch.nn.Module, rows: int, reps: int) -> float:
     products: list[Callable[[], object]] = []
     for module in model.modules():
         if isinstance(module, Linear) and module is not model.lm_head:  # head: below
-            x = torch.randn(rows, module.rows().shape[1])
+            x = torch.randn(rows, module.in_features)
             products.append(lambda m=module, x=x: m(x))
     hidden = torch.randn(rows, model.config.hidden_size)
     products.append(lambda: model.compute_logits(hidden))

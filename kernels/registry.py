@@ -42,6 +42,10 @@ class KernelImpl:
     unavailable: Callable[[str], str | None] | None = None
     # Whether torch.compile can trace it (a call through raw addresses cannot).
     traceable: bool = True
+    # Whether it wants linear weights packed by ``pack_weight`` (an implementation of
+    # ``linear`` or ``embedding`` that sets this takes packed weights, and is faster with
+    # them): a runner whose table chose it packs the weights once, after loading.
+    packed_weights: bool = False
 
     def serves(self, platform: str, dtype: str, compiled: bool = False) -> str | None:
         """None when this implementation can serve (platform, dtype), in code that

@@ -16,6 +16,7 @@ import torch
 from interlock.kernels import MODEL_OPS, REGISTRY, KernelChoice
 from interlock.kernels.native import KERNELS as NATIVE_KERNELS
 from interlock.kernels.native import unavailable as native_unavailable
+from interlock.kernels.registry import REFERENCE_BACKEND
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,21 @@ class KernelTable:
             raise AttributeError(
                 f"no kernel op {op!r}; ops: {', '.join(self.__dict__.get('_fns', {}))}"
             ) from None
+
+    def choice(self, op: str) -> KernelChoice:
+        return next(c for c in self.choices if c.op == op)
+
+    @property
+    def packs_weights(self) -> bool:
+        """Whether the chosen ``linear`` wants its weights packed by ``pack_weight``."""
+        return self.choice("linear").impl.packed_weights
+
+    @property
+    def packed_embedding(self) -> bool:
+        """Whether the chosen ``embedding`` takes a table packed by ``pack_weight`` (the
+        reference takes any layout)."""
+        impl = self.choice("embedding").impl
+        return impl.packed_weights or impl.backend == REFERENCE_BACKEND
 
     def all_native(self) -> bool:
         """Whether every op the native CPU kernels implement was chosen native (what the

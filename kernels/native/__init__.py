@@ -1,9 +1,11 @@
 """Native CPU kernels, registered as backend ``native`` without loading them.
 
-A C extension (``_cpu.c``, built when interlock is installed): products of up to 32 rows
-that stream each weight once at the machine's read bandwidth, and the small per-layer ops
-in one call each; ``tape`` records their calls for the native graph backend to replay. The
-CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
+A C extension (``_cpu.c``, built when interlock is installed): products over weights
+packed in strips (``reference.pack_weight``; a runner packs them after loading), which
+stream each weight once at the machine's read bandwidth for a few rows and near the
+core's FMA rate for many; prefill attention over keys gathered into strips; and the small
+per-layer ops in one call each. ``tape`` records their calls for the native graph backend
+to replay. The CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and FMA;
 elsewhere, or where no C compiler built it, ``unavailable`` says why and the registry
 picks torch, with that reason. torch.compile cannot trace a call through raw addresses,
 so a compiled forward gets the torch references instead, and the reason says that too.
@@ -27,8 +29,10 @@ KERNELS = {
     "rotary_embedding": "interlock.kernels.native.ops:rotary_embedding",
     "store_kv_cache": "interlock.kernels.native.ops:store_kv_cache",
     "paged_decode_attention": "interlock.kernels.native.ops:paged_decode_attention",
+    "paged_attention": "interlock.kernels.native.ops:paged_attention",
     "embedding": "interlock.kernels.native.ops:embedding",
     "select_rows": "interlock.kernels.native.ops:select_rows",
+    "pack_weight": "interlock.kernels.native.ops:pack_weight",
 }
 """op -> lazy "module:function" target."""
 
@@ -48,5 +52,6 @@ def unavailable(platform: str) -> str | None:
 for _op, _target in KERNELS.items():
     REGISTRY.register(
         KernelImpl(_op, BACKEND, _target, frozenset({"cpu"}), frozenset({"float32"}),
-                   unavailable=unavailable, traceable=False)
+                   unavailable=unavailable, traceable=False,
+                   packed_weights=_op in ("linear", "embedding"))
     )

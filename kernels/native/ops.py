@@ -6,8 +6,10 @@ inside a row) and passes addresses; the C code checks the values it indexes with
 ``NativeArgumentError`` naming it: nothing is copied or converted behind the caller's
 back.
 
-``linear`` multiplies up to ``SMALL_ROWS`` rows itself, streaming each weight once; more
-rows go to torch's GEMM (the reference), which is the faster there.
+``linear`` multiplies through weights packed by ``pack_weight`` (a runner whose table chose
+native packs them after loading). A weight that is not packed (its outputs are not a
+multiple of 16) goes to torch's product, the reference, recorded on a tape as a foreign
+call.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from interlock.kernels.native import _cpu, tape
 from interlock.kernels.registry import KernelError
 
 F32 = torch.float32
-#: Up to this many rows ``linear`` runs its own kernels. Measured on one Zen 3 core over
-#: SmolLM2's 121 float32 weights (538 MB, streamed from memory), against torch 2.13's MKL:
-#: 1 row 0.85x the time, 8 rows 0.47x, 16 rows 0.66x, 32 rows 0.91x, 64 rows 1.14x.
-SMALL_ROWS = 32
+STRIP = reference.PACK_STRIP
+_reference_linear = tape.foreign(reference.linear)
+_reference_attention = tape.foreign(reference.paged_attention)
 
 
 class NativeArgumentError(KernelError, ValueError):
@@ -69,16 +70,16 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool
 ) -> torch.Tensor:
     _check("x", x, 2)
-    rows, features = x.shape
-    if rows > SMALL_ROWS:
-        return reference.linear(x, weight, bias, transposed)
+    if weight.dim() == 2:
+        return _reference_linear(x, weight, bias, transposed)
     _check_whole("weight", weight)
-    inputs, outputs = weight.shape if transposed else weight.shape[::-1]
-    if weight.dim() != 2 or inputs != features:
+    rows, features = x.shape
+    if weight.dim() != 3 or weight.shape[1:] != (features, STRIP):
         raise NativeArgumentError(
-            f"linear: weight {tuple(weight.shape)} ({'[in, out]' if transposed else '[out, in]'})"
-            f" does not take x with {features} features"
+            f"linear: weight {tuple(weight.shape)} is not packed [out / {STRIP}, in, {STRIP}] "
+            f"for x with {features} features"
         )
+    outputs = weight.shape[0] * STRIP
     if bias is not None:
         _check_whole("bias", bias)
         if bias.shape != (outputs,):
@@ -86,9 +87,20 @@ def linear(
     y = torch.empty(rows, outputs)
     _run(_cpu.OP_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(),
                           0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, features,
-                          outputs, int(transposed)),
+                          outputs),
          x, weight, y, *(() if bias is None else (bias,)))
     return y
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    _check_whole("weight", weight)
+    if weight.dim() != 2 or weight.shape[0] % STRIP:
+        raise NativeArgumentError(
+            f"pack_weight: weight {tuple(weight.shape)} is not [out, in] with a multiple of "
+            f"{STRIP} outputs")
+    outputs, inputs = weight.shape
+    _cpu.call(_cpu.OP_PACK_WEIGHT, weight.data_ptr(), inputs, outputs)
+    return weight.view(outputs // STRIP, inputs, STRIP)
 
 
 def _norm(
@@ -224,17 +236,67 @@ def paged_decode_attention(
     return out
 
 
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """A head size that is not a multiple of 16 goes to the reference (a foreign call)."""
+    _check_heads("q", q)
+    if q.shape[2] % STRIP:
+        return _reference_attention(q, k_cache, v_cache, block_tables, seq_lens,
+                                    query_start_loc, scale, sliding_window)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_whole(name, t)
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        _check_whole(name, t, torch.int32)
+    tokens, heads, head_dim = q.shape
+    blocks, block_size, kv_heads = k_cache.shape[:3]
+    batch = seq_lens.shape[0]
+    if (k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim or heads % kv_heads
+            or block_tables.dim() != 2 or block_tables.shape[0] != batch
+            or seq_lens.dim() != 1 or query_start_loc.shape != (batch + 1,)):
+        raise NativeArgumentError(
+            f"paged_attention: q {tuple(q.shape)}, caches {tuple(k_cache.shape)} / "
+            f"{tuple(v_cache.shape)}, block tables {tuple(block_tables.shape)}, seq_lens "
+            f"{tuple(seq_lens.shape)}, query_start_loc {tuple(query_start_loc.shape)}"
+        )
+    out = torch.empty(tokens, heads, head_dim)
+    _run(_cpu.OP_PREFILL_ATTENTION, (q.data_ptr(), q.stride(0), k_cache.data_ptr(),
+                                     v_cache.data_ptr(), block_tables.data_ptr(),
+                                     block_tables.shape[1], seq_lens.data_ptr(),
+                                     query_start_loc.data_ptr(), tokens, out.data_ptr(), batch,
+                                     heads, kv_heads, head_dim, block_size, blocks,
+                                     float(scale), sliding_window or 0),
+         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out)
+    return out
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check_whole("ids", ids, torch.int64)
-    if (table.dtype is not F32 or not table.is_cpu or table.dim() != 2 or ids.dim() != 1):
+    packed = table.dim() == 3
+    if (table.dtype is not F32 or not table.is_cpu or ids.dim() != 1
+            or not (table.dim() == 2 or packed and table.is_contiguous()
+                    and table.shape[2] == STRIP)):
         raise NativeArgumentError(
             f"embedding: ids {tuple(ids.shape)} into a table {tuple(table.shape)} "
-            f"{table.dtype} on {table.device}"
+            f"{table.dtype} on {table.device} (2-d, or packed [V / {STRIP}, H, {STRIP}])"
         )
-    vocab, hidden = table.shape
+    if packed:
+        vocab, hidden = table.shape[0] * STRIP, table.shape[1]
+        layout = (STRIP, table.stride(0), 1, STRIP)
+    else:
+        vocab, hidden = table.shape
+        layout = (1, table.stride(0), 0, table.stride(1))
     out = torch.empty(ids.shape[0], hidden)
-    _run(_cpu.OP_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(), table.stride(0),
-                             table.stride(1), vocab, hidden, out.data_ptr()), ids, table, out)
+    _run(_cpu.OP_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(), *layout, vocab,
+                             hidden, out.data_ptr()), ids, table, out)
     return out
 
 

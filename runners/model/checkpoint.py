@@ -437,6 +437,7 @@ def load_model(
     else:
         tensors = SafetensorsFiles(directory)
     load_weights(model, tensors)
+    model.pack_weights()
     return model.eval()
 
 

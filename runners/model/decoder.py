@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from interlock.kernels.reference import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
@@ -33,6 +34,7 @@ from interlock.runners.model.layers import (
     Linear,
     SelfAttention,
     empty_weight,
+    frozen,
     stored_transposed,
 )
 from interlock.runners.model.moe import SparseMoE
@@ -148,14 +150,15 @@ class CausalLM(nn.Module):
         self.shards = plan = plan_shards(config, tp.size)
         self.eps = config.rms_norm_eps
         # Tied, the table is also the LM head, which every decode step streams whole: it is
-        # then stored in the layout that streams faster for a few rows (``stored_transposed``:
-        # [hidden, vocab] in float32, where a lookup reads one strided column per token).
-        # ``embedding`` is [vocab, hidden] either way. Each rank holds its rows of the
-        # vocabulary (the last rank's past vocab_size are zero).
+        # then stored in the layout that streams faster for a few rows: packed after
+        # loading for a table that packs weights (``pack_weights``), else
+        # ``stored_transposed`` ([hidden, vocab] in float32, where a lookup reads one
+        # strided column per token). ``embedding`` gives it as the embedding op takes it.
+        # Each rank holds its rows of the vocabulary (the last rank's past vocab_size are
+        # zero).
         self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
-        self.head_transposed = config.tie_word_embeddings and stored_transposed(
-            config.hidden_size, plan.vocab_rows
-        )
+        self.head_transposed = (config.tie_word_embeddings and not ops.packs_weights
+                                and stored_transposed(config.hidden_size, plan.vocab_rows))
         shape = (config.hidden_size, plan.vocab_rows)
         self.embed_tokens = empty_weight(*(shape if self.head_transposed else shape[::-1]))
         self.register_buffer(
@@ -175,8 +178,22 @@ class CausalLM(nn.Module):
 
     @property
     def embedding(self) -> torch.Tensor:
-        """The embedding table as [vocab, hidden] (a view when stored transposed)."""
+        """The embedding table as [vocab, hidden] (a view when stored transposed), or
+        packed (``pack_weights``)."""
         return self.embed_tokens.t() if self.head_transposed else self.embed_tokens
+
+    def pack_weights(self) -> None:
+        """Pack every linear weight, and a tied LM head if the table's ``embedding`` takes
+        a packed table, if the table's ``linear`` wants them packed
+        (``KernelTable.packs_weights``): once, after loading."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        table = self.embed_tokens
+        if (self.config.tie_word_embeddings and self.ops.packs_weights
+                and self.ops.packed_embedding and table.dim() == 2
+                and table.shape[0] % PACK_STRIP == 0):
+            self.embed_tokens = frozen(self.ops.pack_weight(table))
 
     @property
     def attention_layers(self) -> list[Attention]:

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from interlock.kernels.reference import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
@@ -31,7 +31,11 @@ CheckpointSlots = Iterator[tuple[str, torch.Tensor, Shard | None]]
 
 def empty_weight(*shape: int) -> nn.Parameter:
     """An uninitialised frozen parameter in the current default dtype and device."""
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+    return frozen(torch.empty(*shape))
+
+
+def frozen(tensor: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor, requires_grad=False)
 
 
 def stored_transposed(in_features: int, out_features: int) -> bool:
@@ -49,15 +53,17 @@ def stored_transposed(in_features: int, out_features: int) -> bool:
 
 
 class Linear(nn.Module):
-    """y = x W^T + b, with W kept in whichever layout streams faster for decode
-    (:func:`stored_transposed`); ``rows`` gives the checkpoint-oriented view."""
+    """y = x W^T + b, with W loaded in whichever layout streams faster for decode
+    (:func:`stored_transposed`; ``rows`` gives the checkpoint-oriented view), then packed
+    if the kernel table wants it (``pack``)."""
 
     def __init__(
         self, in_features: int, out_features: int, ops: KernelTable, bias: bool = False
     ) -> None:
         super().__init__()
         self.ops = ops
-        self.transposed = stored_transposed(in_features, out_features)
+        self.in_features, self.out_features = in_features, out_features
+        self.transposed = not ops.packs_weights and stored_transposed(in_features, out_features)
         shape = (in_features, out_features) if self.transposed else (out_features, in_features)
         self.weight = empty_weight(*shape)
         self.bias = empty_weight(out_features) if bias else None
@@ -67,8 +73,18 @@ class Linear(nn.Module):
 
     def rows(self, rows: slice = slice(None)) -> torch.Tensor:
         """Output rows ``rows`` of W as an [out, in] view (what a checkpoint stores)."""
+        if self.weight.dim() != 2:
+            raise RuntimeError("a packed weight has no row views: load before packing")
         weight = self.weight.t() if self.transposed else self.weight
         return weight[rows]
+
+    def pack(self) -> None:
+        """Pack the loaded weight in place (``ops.pack_weight``) if the table's ``linear``
+        wants it (``KernelTable.packs_weights``: the weight then loaded [out, in]); a weight
+        whose outputs are not a multiple of ``PACK_STRIP`` stays as it is."""
+        weight = self.weight
+        if self.ops.packs_weights and weight.dim() == 2 and weight.shape[0] % PACK_STRIP == 0:
+            self.weight = frozen(self.ops.pack_weight(weight))
 
     def checkpoint_slots(
         self, name: str, rows: slice = slice(None), shard: Shard | None = None
@@ -98,8 +114,7 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        weight = self.weight
-        y = torch.matmul(x, weight) if self.transposed else F.linear(x, weight)
+        y = self.ops.linear(x, self.weight, None, self.transposed)
         if self.reduce:
             y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias

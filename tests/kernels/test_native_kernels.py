@@ -45,32 +45,128 @@ def test_the_native_kernels_are_built_wherever_they_can_be() -> None:
 def test_the_cpu_prefers_native_and_says_so() -> None:
     choice = REGISTRY.select("linear", "cpu", "float32")
     assert choice.impl.backend == "native" and choice.reason == "preferred native on cpu"
+    assert choice.impl.packed_weights, "native linear wants its weights packed"
     prefill = REGISTRY.select("paged_attention", "cpu", "float32")
-    assert prefill.impl.backend == "torch" and "no native implementation" in prefill.reason
+    assert prefill.impl.backend == "native"
     bf16 = REGISTRY.select("linear", "cpu", "bfloat16")
     assert bf16.impl.backend == "torch" and "native linear does not support bfloat16" in bf16.reason
 
 
+def packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] packed by the reference, leaving ``weight`` as it was."""
+    return reference("pack_weight")(weight.clone())
+
+
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 40), inputs=st.integers(1, 70), outputs=st.integers(1, 70),
-       transposed=st.booleans(), bias=st.booleans(), strided=st.booleans(), seed=SEEDS)
-def test_linear(rows: int, inputs: int, outputs: int, transposed: bool, bias: bool,
-                strided: bool, seed: int) -> None:
+@given(rows=st.integers(1, 60), inputs=st.integers(1, 70), strips=st.integers(1, 6),
+       bias=st.booleans(), strided=st.booleans(), seed=SEEDS)
+def test_linear(rows: int, inputs: int, strips: int, bias: bool, strided: bool,
+                seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     x = randn(gen, rows, inputs + 5 if strided else inputs)[:, :inputs]
-    weight = randn(gen, *((inputs, outputs) if transposed else (outputs, inputs)))
-    b = randn(gen, outputs) if bias else None
-    torch.testing.assert_close(native("linear")(x, weight, b, transposed),
-                               reference("linear")(x, weight, b, transposed), **SUMS)
+    weight = randn(gen, 16 * strips, inputs)
+    b = randn(gen, 16 * strips) if bias else None
+    expected = reference("linear")(x, weight, b, False)
+    torch.testing.assert_close(native("linear")(x, packed(weight), b, False), expected, **SUMS)
+    torch.testing.assert_close(reference("linear")(x, packed(weight), b, False), expected,
+                               **SUMS)
+    torch.testing.assert_close(reference("linear")(x, weight.t().contiguous(), b, True),
+                               expected, **SUMS)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(2, 60), seed=SEEDS)
+def test_a_row_comes_out_the_same_in_any_batch(rows: int, seed: int) -> None:
+    """Each output is one chain of FMAs over the inputs in order, whatever the number of
+    rows: a request's logits do not depend on what it is batched with."""
+    gen = torch.Generator().manual_seed(seed)
+    x, weight = randn(gen, rows, 50), packed(randn(gen, 48, 50))
+    whole = native("linear")(x, weight, None, False)
+    for row in range(rows):
+        assert torch.equal(whole[row], native("linear")(x[row : row + 1], weight, None, False)[0])
 
 
 @pytest.mark.parametrize("rows", [1, 7, 32])
-def test_linear_over_a_head_wider_than_its_column_chunks(rows: int) -> None:
-    """[in, out] products walk the outputs in chunks of 65,536 / rows columns."""
+def test_linear_over_a_head_as_wide_as_a_vocabulary(rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
-    x, weight, bias = randn(gen, rows, 9), randn(gen, 9, 70_001), randn(gen, 70_001)
-    torch.testing.assert_close(native("linear")(x, weight, bias, True),
-                               reference("linear")(x, weight, bias, True), **SUMS)
+    x, weight, bias = randn(gen, rows, 9), randn(gen, 70_000, 9), randn(gen, 70_000)
+    torch.testing.assert_close(native("linear")(x, packed(weight), bias, False),
+                               reference("linear")(x, weight, bias, False), **SUMS)
+
+
+def test_a_weight_that_is_not_packed_goes_to_torch() -> None:
+    """Outputs that are not a multiple of 16 stay unpacked: native linear hands them to the
+    reference, in either layout."""
+    gen = torch.Generator().manual_seed(5)
+    x, weight = randn(gen, 3, 8), randn(gen, 10, 8)
+    assert torch.equal(native("linear")(x, weight, None, False),
+                       reference("linear")(x, weight, None, False))
+    assert torch.equal(native("linear")(x, weight.t().contiguous(), None, True),
+                       reference("linear")(x, weight.t().contiguous(), None, True))
+
+
+@pytest.mark.parametrize("outputs, inputs", [(16, 1), (48, 50), (1024, 576)])
+def test_packing_is_in_place_and_the_same_in_both_backends(outputs: int, inputs: int) -> None:
+    gen = torch.Generator().manual_seed(outputs)
+    weight = randn(gen, outputs, inputs)
+    ours, theirs = weight.clone(), weight.clone()
+    got = native("pack_weight")(ours)
+    assert got.data_ptr() == ours.data_ptr() and got.shape == (outputs // 16, inputs, 16)
+    assert torch.equal(got, reference("pack_weight")(theirs))
+    strip, k, c = outputs // 16 - 1, inputs - 1, 5
+    assert got[strip, k, c] == weight[16 * strip + c, k]
+
+
+def test_packing_refuses_what_it_cannot_pack() -> None:
+    for pack in (native("pack_weight"), reference("pack_weight")):
+        with pytest.raises(ValueError, match="multiple of 16"):
+            pack(torch.ones(20, 4))
+        with pytest.raises(ValueError, match="contiguous"):
+            pack(torch.ones(4, 32).t())
+
+
+@pytest.mark.parametrize("vocab", [16, 64])
+def test_embedding_reads_rows_of_a_packed_table(vocab: int) -> None:
+    """A tied LM head packed for the products is also the embedding table."""
+    gen = torch.Generator().manual_seed(vocab)
+    table = randn(gen, vocab, 12)
+    ids = torch.tensor([0, vocab - 1, 17 % vocab, 3])
+    for op in (native("embedding"), reference("embedding")):
+        assert torch.equal(op(ids, packed(table)), table[ids])
+    with pytest.raises(ValueError, match=rf"outside the vocabulary \(0\.\.{vocab - 1}\)"):
+        native("embedding")(torch.tensor([vocab]), packed(table))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1,
+                     max_size=3),
+       kv_heads=st.integers(1, 2), group=st.integers(1, 3), head_dim=st.sampled_from([16, 32]),
+       window=st.sampled_from([None, 1, 7]), padding=st.integers(0, 2), seed=SEEDS)
+def test_paged_attention(seqs: list[tuple[int, int]], kv_heads: int, group: int,
+                         head_dim: int, window: int | None, padding: int, seed: int) -> None:
+    """Mixed batches: each sequence's new tokens (up to its length) at its last positions;
+    rows of no sequence (padding) are zero."""
+    gen = torch.Generator().manual_seed(seed)
+    block_size, width, blocks = 4, 11, 40
+    lens = [length for length, _ in seqs]
+    news = [min(new, length) for length, new in seqs]
+    k_cache, v_cache = (randn(gen, blocks, block_size, kv_heads, head_dim) for _ in "kv")
+    tables = torch.stack([torch.randperm(blocks, generator=gen)[:width] for _ in seqs]).int()
+    starts = torch.tensor([0, *torch.tensor(news).cumsum(0).tolist()], dtype=torch.int32)
+    fused = randn(gen, int(starts[-1]) + padding, (group + 2) * kv_heads, head_dim)
+    q = fused[:, : group * kv_heads]  # a view of a fused q/k/v projection, as models pass it
+    args = (q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), starts,
+            head_dim**-0.5, window)
+    torch.testing.assert_close(native("paged_attention")(*args),
+                               reference("paged_attention")(*args), **SUMS)
+
+
+def test_a_head_size_the_strips_do_not_divide_goes_to_torch() -> None:
+    gen = torch.Generator().manual_seed(1)
+    caches = randn(gen, 4, 4, 1, 20), randn(gen, 4, 4, 1, 20)
+    args = (randn(gen, 3, 2, 20), *caches, torch.tensor([[2, 0]], dtype=torch.int32),
+            torch.tensor([5], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32), 0.2)
+    assert torch.equal(native("paged_attention")(*args), reference("paged_attention")(*args))
 
 
 @settings(max_examples=25, deadline=None)
@@ -166,13 +262,25 @@ def test_out_of_range_indices_are_refused_before_anything_is_written() -> None:
         native("paged_decode_attention")(
             q, *caches, torch.tensor([[0, 1]], dtype=torch.int32),
             torch.tensor([5], dtype=torch.int32), 0.5)
+    wide = torch.ones(1, 2, 16)
+    wide_caches = torch.zeros(2, 2, 1, 16), torch.zeros(2, 2, 1, 16)
+    out = native("paged_attention")  # prefill
+    with pytest.raises(ValueError, match=r"block outside 0\.\.1"):
+        out(wide, *wide_caches, torch.tensor([[0, 2]], dtype=torch.int32),
+            torch.tensor([3], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), 0.5)
+    for lens, starts in (([1], [0, 2]), ([5], [0, 1]), ([1], [1, 0])):
+        with pytest.raises(ValueError, match="new tokens exceed q, its length or its block"):
+            out(wide, *wide_caches, torch.tensor([[0, 1]], dtype=torch.int32),
+                torch.tensor(lens, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32),
+                0.5)
 
 
 def test_arguments_outside_the_contract_are_named() -> None:
     with pytest.raises(KernelError, match=r"x as a 2-d torch.float32 CPU tensor.*torch.float64"):
         native("linear")(torch.ones(1, 4, dtype=torch.float64), torch.ones(4, 4), None, True)
-    with pytest.raises(KernelError, match=r"weight \(4, 3\) \(\[in, out\]\) does not take x"):
-        native("linear")(torch.ones(1, 5), torch.ones(4, 3), None, True)
+    with pytest.raises(KernelError, match=r"weight \(1, 4, 16\) is not packed \[out / 16, "
+                                          r"in, 16\] for x with 5 features"):
+        native("linear")(torch.ones(1, 5), torch.ones(1, 4, 16), None, False)
     with pytest.raises(KernelError, match="block_tables as a contiguous torch.int32"):
         native("paged_decode_attention")(
             torch.ones(1, 1, 4), torch.ones(2, 2, 1, 4), torch.ones(2, 2, 1, 4),

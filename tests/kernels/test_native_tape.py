@@ -18,18 +18,20 @@ def native(op: str):
 
 def block(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor,
           picks: torch.Tensor) -> torch.Tensor:
-    """An embedding, a norm, a product, SwiGLU and a row gather: native ops only."""
+    """An embedding, a norm, a product (``weight`` packed), SwiGLU and a row gather: native
+    ops only."""
     hidden = native("embedding")(ids, table)
     normed = native("rms_norm")(hidden, norm, 1e-5)
     return native("select_rows")(native("silu_and_mul")(
-        native("linear")(normed, weight, None, True)), picks)
+        native("linear")(normed, weight, None, False)), picks)
 
 
 def test_a_replay_reads_the_inputs_of_the_moment_and_writes_the_recorded_outputs() -> None:
     from interlock.kernels.native import tape
 
     gen = torch.Generator().manual_seed(0)
-    table, weight = torch.randn(50, 16, generator=gen), torch.randn(16, 24, generator=gen)
+    table = torch.randn(50, 16, generator=gen)
+    weight = native("pack_weight")(torch.randn(32, 16, generator=gen))
     norm = torch.randn(16, generator=gen)
     ids, picks = torch.tensor([3, 7, 11]), torch.tensor([2, 0])
     with tape.recording() as recorded:
