@@ -162,121 +162,6 @@ static int pack_strips(float *w, long K, long N) {
     return 0;
 }
 
-/* ---- attention ------------------------------------------------------------------ */
-
-/* The keys (or values) first .. first + n - 1 of a sequence, for KV head g: each cache
- * block's run of rows, found with one division per block rather than per key. */
-typedef struct {
-    const float *cache;
-    const int32_t *table;
-    long BS, block_stride, slot_stride, g, D;
-} Rows;
-
-static inline const float *run_of(const Rows *r, long t, long end, long *count) {
-    long in_block = t % r->BS;
-    *count = r->BS - in_block < end - t ? r->BS - in_block : end - t;
-    return r->cache + r->table[t / r->BS] * r->block_stride + in_block * r->slot_stride
-           + r->g * r->D;
-}
-
-/* scores[i] = scale * q . k(first + i) for i < n: four keys at a time, four independent
- * accumulators (one dependent chain of FMAs would wait on its own latency). */
-AVX2 static void score_keys(const float *q, const Rows *r, long first, long n, float scale,
-                            float *scores) {
-    long D = r->D, d8 = D & ~7L, step = r->slot_stride;
-    for (long t = first; t < first + n;) {
-        long count;
-        const float *k = run_of(r, t, first + n, &count);
-        float *out = scores + (t - first);
-        long i = 0;
-        for (; i + 4 <= count; i += 4, k += 4 * step) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (long d = 0; d < d8; d += 8) {
-                __m256 qv = _mm256_loadu_ps(q + d);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + step + d), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * step + d), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * step + d), a3);
-            }
-            out[i] = (hsum8(a0) + dot_tail(q, k, d8, D)) * scale;
-            out[i + 1] = (hsum8(a1) + dot_tail(q, k + step, d8, D)) * scale;
-            out[i + 2] = (hsum8(a2) + dot_tail(q, k + 2 * step, d8, D)) * scale;
-            out[i + 3] = (hsum8(a3) + dot_tail(q, k + 3 * step, d8, D)) * scale;
-        }
-        for (; i < count; i++, k += step) {
-            __m256 acc = _mm256_setzero_ps();
-            for (long d = 0; d < d8; d += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
-            out[i] = (hsum8(acc) + dot_tail(q, k, d8, D)) * scale;
-        }
-        t += count;
-    }
-}
-
-/* out = sum_i p[i] v(first + i), the running sums kept in registers 64 features at a time. */
-AVX2 static void weigh_values(const float *p, const Rows *r, long first, long n, float *out) {
-    long D = r->D, step = r->slot_stride, d = 0;
-    for (; d + 64 <= D; d += 64) {
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        for (long t = first; t < first + n;) {
-            long count;
-            const float *v = run_of(r, t, first + n, &count) + d;
-            for (long i = 0; i < count; i++, v += step) {
-                __m256 w = _mm256_set1_ps(p[t - first + i]);
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * j), acc[j]);
-            }
-            t += count;
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + d + 8 * j, acc[j]);
-    }
-    for (; d < D; d++) {
-        float sum = 0.0f;
-        for (long t = first; t < first + n;) {
-            long count;
-            const float *v = run_of(r, t, first + n, &count) + d;
-            for (long i = 0; i < count; i++, v += step) sum = fmaf(p[t - first + i], *v, sum);
-            t += count;
-        }
-        out[d] = sum;
-    }
-}
-
-/* One query per sequence over its paged keys and values: per query head, the scores in
- * float32, softmax with the maximum subtracted, then the weighted sum of the values.
- * scores holds the keys of the longest sequence. */
-AVX2 static int decode_attention(
-    const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
-    long width, const int32_t *lens, float *out, long B, long Hq, long Hk, long D,
-    long BS, long NB, float scale, long window, float *scores, long max_keys) {
-    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * slot_stride;
-    for (long b = 0; b < B; b++) {
-        long len = lens[b];
-        float *ob = out + b * Hq * D;
-        if (len <= 0) {
-            memset(ob, 0, sizeof(float) * Hq * D);
-            continue;
-        }
-        if (len > max_keys || (len + BS - 1) / BS > width) return -1;
-        const int32_t *table = tables + b * width;
-        for (long i = 0; i < (len + BS - 1) / BS; i++)
-            if (table[i] < 0 || table[i] >= NB) return -2;
-        long first = (window > 0 && len > window) ? len - window : 0, keys = len - first;
-        for (long h = 0; h < Hq; h++) {
-            Rows k_rows = {kc, table, BS, block_stride, slot_stride, h / group, D};
-            Rows v_rows = {vc, table, BS, block_stride, slot_stride, h / group, D};
-            score_keys(q + b * qs + h * D, &k_rows, first, keys, scale, scores);
-            float best = -INFINITY, total = 0.0f;
-            for (long i = 0; i < keys; i++) best = scores[i] > best ? scores[i] : best;
-            for (long i = 0; i < keys; i++) total += (scores[i] = expf(scores[i] - best));
-            for (long i = 0; i < keys; i++) scores[i] /= total;
-            weigh_values(scores, &v_rows, first, keys, ob + h * D);
-        }
-    }
-    return 0;
-}
-
 /* ---- elementwise, vectorised ------------------------------------------------------- */
 
 /* e^x for eight floats: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its degree-6 Taylor
@@ -358,11 +243,12 @@ AVX2 static void rms_norm_avx2(const float *x, long xs, long heads, const float 
 
 #endif /* NATIVE_X86 */
 
-/* ---- prefill attention ------------------------------------------------------------ */
+/* ---- attention ------------------------------------------------------------------ */
 
 /* A row of scores for keys start .. start + span - 1 (span a multiple of 8) becomes the
  * exponentials of scale * score less the row's largest, zero outside keys lowest .. pos;
- * returns their sum. Only the 8-key pieces that hold an edge are masked. */
+ * returns their sum (a caller divides its output by it once, as a flash kernel does).
+ * Only the 8-key pieces that hold an edge are masked. */
 AVX2 static float softmax_row(float *row, long span, long start, long lowest, long pos,
                               float scale) {
     const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), sc = _mm256_set1_ps(scale);
@@ -394,6 +280,121 @@ AVX2 static float softmax_row(float *row, long span, long start, long lowest, lo
     }
     return hsum8(total);
 }
+
+/* The keys (or values) first .. first + n - 1 of a sequence, for KV head g: each cache
+ * block's run of rows, found with one division per block rather than per key. */
+typedef struct {
+    const float *cache;
+    const int32_t *table;
+    long BS, block_stride, slot_stride, g, D;
+} Rows;
+
+static inline const float *run_of(const Rows *r, long t, long end, long *count) {
+    long in_block = t % r->BS;
+    *count = r->BS - in_block < end - t ? r->BS - in_block : end - t;
+    return r->cache + r->table[t / r->BS] * r->block_stride + in_block * r->slot_stride
+           + r->g * r->D;
+}
+
+/* scores[i] = scale * q . k(first + i) for i < n: four keys at a time, four independent
+ * accumulators (one dependent chain of FMAs would wait on its own latency). */
+AVX2 static void score_keys(const float *q, const Rows *r, long first, long n, float scale,
+                            float *scores) {
+    long D = r->D, d8 = D & ~7L, step = r->slot_stride;
+    for (long t = first; t < first + n;) {
+        long count;
+        const float *k = run_of(r, t, first + n, &count);
+        float *out = scores + (t - first);
+        long i = 0;
+        for (; i + 4 <= count; i += 4, k += 4 * step) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long d = 0; d < d8; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + step + d), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * step + d), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * step + d), a3);
+            }
+            out[i] = (hsum8(a0) + dot_tail(q, k, d8, D)) * scale;
+            out[i + 1] = (hsum8(a1) + dot_tail(q, k + step, d8, D)) * scale;
+            out[i + 2] = (hsum8(a2) + dot_tail(q, k + 2 * step, d8, D)) * scale;
+            out[i + 3] = (hsum8(a3) + dot_tail(q, k + 3 * step, d8, D)) * scale;
+        }
+        for (; i < count; i++, k += step) {
+            __m256 acc = _mm256_setzero_ps();
+            for (long d = 0; d < d8; d += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+            out[i] = (hsum8(acc) + dot_tail(q, k, d8, D)) * scale;
+        }
+        t += count;
+    }
+}
+
+/* out = sum_i p[i] v(first + i), the running sums kept in registers 64 features at a time. */
+AVX2 static void weigh_values(const float *p, const Rows *r, long first, long n, float *out) {
+    long D = r->D, step = r->slot_stride, d = 0;
+    for (; d + 64 <= D; d += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (long t = first; t < first + n;) {
+            long count;
+            const float *v = run_of(r, t, first + n, &count) + d;
+            for (long i = 0; i < count; i++, v += step) {
+                __m256 w = _mm256_set1_ps(p[t - first + i]);
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * j), acc[j]);
+            }
+            t += count;
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + d + 8 * j, acc[j]);
+    }
+    for (; d < D; d++) {
+        float sum = 0.0f;
+        for (long t = first; t < first + n;) {
+            long count;
+            const float *v = run_of(r, t, first + n, &count) + d;
+            for (long i = 0; i < count; i++, v += step) sum = fmaf(p[t - first + i], *v, sum);
+            t += count;
+        }
+        out[d] = sum;
+    }
+}
+
+/* One query per sequence over its paged keys and values: per query head, the scores in
+ * float32, their exponentials less the largest (softmax_row), the weighted sum of the
+ * values, divided by the exponentials' sum. scores holds the keys of the longest sequence,
+ * rounded up to 8. */
+AVX2 static int decode_attention(
+    const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
+    long width, const int32_t *lens, float *out, long B, long Hq, long Hk, long D,
+    long BS, long NB, float scale, long window, float *scores, long max_keys) {
+    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * slot_stride;
+    for (long b = 0; b < B; b++) {
+        long len = lens[b];
+        float *ob = out + b * Hq * D;
+        if (len <= 0) {
+            memset(ob, 0, sizeof(float) * Hq * D);
+            continue;
+        }
+        if ((len + 7) / 8 * 8 > max_keys || (len + BS - 1) / BS > width) return -1;
+        const int32_t *table = tables + b * width;
+        for (long i = 0; i < (len + BS - 1) / BS; i++)
+            if (table[i] < 0 || table[i] >= NB) return -2;
+        long first = (window > 0 && len > window) ? len - window : 0, keys = len - first;
+        for (long h = 0; h < Hq; h++) {
+            Rows k_rows = {kc, table, BS, block_stride, slot_stride, h / group, D};
+            Rows v_rows = {vc, table, BS, block_stride, slot_stride, h / group, D};
+            float *oh = ob + h * D;
+            score_keys(q + b * qs + h * D, &k_rows, first, keys, scale, scores);
+            float total = softmax_row(scores, (keys + 7) / 8 * 8, first, first, len - 1, 1.0f);
+            weigh_values(scores, &v_rows, first, keys, oh);
+            for (long d = 0; d < D; d++) oh[d] /= total;
+        }
+    }
+    return 0;
+}
+
+/* ---- prefill attention ------------------------------------------------------------ */
 
 /* Causal attention of a batch's new tokens (sequence b owns rows starts[b] .. starts[b+1]
  * - 1 of q, at the last positions of its lens[b] tokens) over the paged cache, which

@@ -226,7 +226,7 @@ def paged_decode_attention(
         )
     width = block_tables.shape[1]
     out = torch.empty(batch, heads, head_dim)
-    scratch = torch.empty(width * block_size)
+    scratch = torch.empty(-(-width * block_size // 8) * 8)  # the scores, in pieces of 8
     _run(_cpu.OP_DECODE_ATTENTION, (q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                                     v_cache.data_ptr(), block_tables.data_ptr(), width,
                                     seq_lens.data_ptr(), out.data_ptr(), batch, heads, kv_heads,
