@@ -52,6 +52,7 @@ class KernelTable:
             ) from None
 
     def choice(self, op: str) -> KernelChoice:
+        """The implementation chosen for ``op``, with its reason."""
         return next(c for c in self.choices if c.op == op)
 
     @property

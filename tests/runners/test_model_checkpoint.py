@@ -13,8 +13,10 @@ from interlock.core.errors import InputError
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
+from interlock.kernels.native import unavailable
 from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
 from interlock.runners.model.config import ConfigError
+from interlock.runners.model.layers import Linear
 
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65]
@@ -110,6 +112,31 @@ def test_tied_checkpoint_may_carry_an_lm_head_copy(tiny_models, tmp_path):
     embedding = "model.embed_tokens.weight"
     rewrite(directory, lambda t: t.update({"lm_head.weight": t[embedding].clone()}))
     assert tokens(directory) == expected
+
+
+@pytest.mark.skipif(unavailable("cpu") is not None, reason="the native kernels are not built")
+def test_a_native_table_packs_the_loaded_weights_and_generates_the_same_tokens(
+    tiny_models, monkeypatch
+):
+    """Every projection and the tied head are packed once loaded (native linear wants
+    them so); torch's table keeps them as loaded; both generate the same tokens."""
+    def load() -> LLM:
+        return LLM(str(tiny_models.path("qwen3")), num_blocks=16, max_model_len=64,
+                   decision=EAGER)
+
+    def layouts(llm: LLM) -> set[int]:
+        model = llm.engine.runner.model
+        assert model.config.tie_word_embeddings
+        return {m.weight.dim() for m in model.modules() if isinstance(m, Linear)} | {
+            model.embed_tokens.dim()}
+
+    native = load()
+    assert layouts(native) == {3}
+    monkeypatch.setenv("INTERLOCK_KERNELS", "torch")
+    reference = load()
+    assert layouts(reference) == {2}
+    assert (native.generate([PROMPT], GREEDY)[0].token_ids
+            == reference.generate([PROMPT], GREEDY)[0].token_ids)
 
 
 def test_half_precision_dtypes_load_and_auto_follows_the_checkpoint(llama_dir):
