@@ -57,11 +57,12 @@ static float dot_tail(const float *a, const float *b, long from, long to) {
  * contiguous run of K lines, which the prefetchers follow.
  *
  * A product keeps a tile of y in registers for all of K: up to 6 rows by one strip, or
- * (for 1-3 rows) 2-4 strips, so that every weight line loaded feeds at least 4 and at most
- * 12 FMAs and at least 8 chains run at once. Each output is one FMA chain over
- * k = 0 .. K-1 whatever the number of rows: a row's result does not depend on the batch
- * it is in. Measured on one Zen 3 core over SmolLM2's 538 MB of weights, against MKL
- * through torch 2.13: 1 row 0.85x its time, 16 rows 0.5x, 512 rows 0.9-1.0x. */
+ * (for 1-3 rows) 2-4 strips, so that each weight line loaded feeds 2 to 12 FMAs and 6 to
+ * 12 independent chains run at once. Each output is one FMA chain over k = 0 .. K-1
+ * whatever the number of rows: a row's result does not depend on the batch it is in.
+ * Measured on one Zen 3 core over SmolLM2's 538 MB of weights against MKL through torch
+ * 2.13 (bench/bench_cpu_products.py): 1 row 0.84x its time, 4-16 rows 0.4-0.5x, 512 rows
+ * 0.9-1.06x. */
 
 #define STRIP 16
 #define TILE_ROWS 6
@@ -110,6 +111,7 @@ AVX2 static inline __attribute__((always_inline)) void tile(
     TILE_RS(OUT)
 }
 
+/* The tile shapes the products and attention use, each compiled with its constants. */
 AVX2 static void tile_of(int mr, int ns, const float *x, long xs, const float *b, long K,
                          const float *bias, float *y, long ys, const float *prefetch, int every) {
 #define TILE_CASE(m, n) case m * 8 + n: \
@@ -401,10 +403,10 @@ AVX2 static int decode_attention(
  * holds their K/V already. For each sequence and KV head, the keys are gathered once
  * into strips, as a packed weight (K^T: [keys / 16][D][16]; V: [D / 16][keys][16]); then
  * for each query head of the group, six rows at a time, the scores are a packed product,
- * the softmax two passes of exp8 per row, and the output a packed product over the
- * exponentials, divided by their sum. Rows of no sequence are zero. -1: a sequence's rows or length do not
- * fit q or its block table; -2: a block table names a block outside the cache; -3: the
- * scratch cannot be allocated. */
+ * the softmax two passes of exp8 per row (softmax_row), and the output a packed product
+ * over the exponentials, divided by their sum. Rows of no sequence are zero. -1: a
+ * sequence's rows or length do not fit q or its block table; -2: a block table names a
+ * block outside the cache; -3: the scratch cannot be allocated. */
 AVX2 static int prefill_attention(
     const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
     long width, const int32_t *lens, const int32_t *starts, long T, float *out, long B,
@@ -432,7 +434,8 @@ AVX2 static int prefill_attention(
         long keys16 = (len + STRIP - 1) / STRIP * STRIP;
         for (long g = 0; g < Hk; g++) {
             for (long j = 0; j < keys16; j++) {
-                long at = j < len ? table[j / BS] * block_stride + j % BS * slot_stride + g * D : -1;
+                long at = j < len
+                          ? table[j / BS] * block_stride + j % BS * slot_stride + g * D : -1;
                 for (long d = 0; d < D; d++) {
                     float kv = at < 0 ? 0.0f : kc[at + d], vv = at < 0 ? 0.0f : vc[at + d];
                     kp[(j / STRIP * D + d) * STRIP + j % STRIP] = kv;
