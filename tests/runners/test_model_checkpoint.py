@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from interlock.core.errors import InputError
+from interlock.kernels.native import unavailable
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.kernels.native import unavailable
 from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
 from interlock.runners.model.config import ConfigError
 from interlock.runners.model.layers import Linear
