@@ -6,8 +6,9 @@ and the tape keeps each tensor the call named alive; ``Tape.replay`` then runs t
 sequence in one C call, reading whatever the named buffers hold by then. It is the CPU's
 counterpart of a CUDA graph, and the native graph backend's segment.
 
-Ops of other backends that run while recording (prefill attention, the MoE routing: a
-kernel table wraps them with ``foreign``) are recorded as Python calls: a replay runs the
+Ops of other backends that run while recording (the MoE ops, a plugin's kernels: a kernel
+table wraps them with ``foreign``; torch's product for a weight that is not packed: native
+``linear`` calls it so) are recorded as Python calls: a replay runs the
 native records between them in C, calls them again on the same buffers and copies what
 they return over what they returned at capture. Any other torch op that computes (not a
 view, not an allocation) while recording raises ``TapeError`` naming it: a replay would
