@@ -150,15 +150,15 @@ class CausalLM(nn.Module):
         self.shards = plan = plan_shards(config, tp.size)
         self.eps = config.rms_norm_eps
         # Tied, the table is also the LM head, which every decode step streams whole: it is
-        # then stored in the layout that streams faster for a few rows: packed after
-        # loading for a table that packs weights (``pack_weights``), else
-        # ``stored_transposed`` ([hidden, vocab] in float32, where a lookup reads one
-        # strided column per token). ``embedding`` gives it as the embedding op takes it.
-        # Each rank holds its rows of the vocabulary (the last rank's past vocab_size are
-        # zero).
+        # then stored in the layout that streams faster for a few rows
+        # (``stored_transposed``: [hidden, vocab] in float32, where a lookup reads one
+        # strided column per token), or packed after loading (``pack_weights``).
+        # ``embedding`` gives it as the embedding op takes it. Each rank holds its rows of
+        # the vocabulary (the last rank's past vocab_size are zero).
         self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
-        self.head_transposed = (config.tie_word_embeddings and not ops.packs_weights
-                                and stored_transposed(config.hidden_size, plan.vocab_rows))
+        self.head_transposed = config.tie_word_embeddings and stored_transposed(
+            config.hidden_size, plan.vocab_rows, ops
+        )
         shape = (config.hidden_size, plan.vocab_rows)
         self.embed_tokens = empty_weight(*(shape if self.head_transposed else shape[::-1]))
         self.register_buffer(

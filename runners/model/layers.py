@@ -38,9 +38,11 @@ def frozen(tensor: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(tensor, requires_grad=False)
 
 
-def stored_transposed(in_features: int, out_features: int) -> bool:
-    """Whether a weight made now (in the current default dtype) is stored [in, out] rather
-    than the checkpoint's [out, in]: the layout that streams faster for decode.
+def stored_transposed(in_features: int, out_features: int, ops: KernelTable) -> bool:
+    """Whether a weight made now (in the current default dtype) for the kernel table ``ops``
+    is stored [in, out] rather than the checkpoint's [out, in]: the layout that streams
+    faster for decode. Never for a table that packs weights: they load [out, in], then are
+    packed (``Linear.pack``).
 
     A decode step multiplies a few rows by every weight, so it is bound by how fast the
     weight is read. In float32, for projections wider than their input, BLAS reads an
@@ -49,7 +51,8 @@ def stored_transposed(in_features: int, out_features: int) -> bool:
     ``F.linear`` over [out, in] reaches torch's reduced-precision GEMV, and a one-row
     ``mm`` over [in, out] measured 8x slower for a gate/up weight and 20x for the LM head
     (AVX2 CPU without native bfloat16)."""
-    return out_features > in_features and torch.get_default_dtype() == torch.float32
+    return (not ops.packs_weights and out_features > in_features
+            and torch.get_default_dtype() == torch.float32)
 
 
 class Linear(nn.Module):
@@ -63,7 +66,7 @@ class Linear(nn.Module):
         super().__init__()
         self.ops = ops
         self.in_features, self.out_features = in_features, out_features
-        self.transposed = not ops.packs_weights and stored_transposed(in_features, out_features)
+        self.transposed = stored_transposed(in_features, out_features, ops)
         shape = (in_features, out_features) if self.transposed else (out_features, in_features)
         self.weight = empty_weight(*shape)
         self.bias = empty_weight(out_features) if bias else None

@@ -23,9 +23,10 @@ from interlock.runners.model.layers import Linear, stored_transposed
     [(torch.float32, True, False), (torch.bfloat16, False, False), (torch.float16, False, False)],
 )
 def test_only_wide_float32_weights_are_stored_transposed(dtype, wide, narrow) -> None:
+    ops = build_kernel_table("cpu", str(dtype).removeprefix("torch."), ["torch"])
     with default_dtype(dtype):
-        assert stored_transposed(576, 1536) is wide
-        assert stored_transposed(1536, 576) is narrow
+        assert stored_transposed(576, 1536, ops) is wide
+        assert stored_transposed(1536, 576, ops) is narrow
 
 
 NATIVE = pytest.mark.skipif(unavailable("cpu") is not None, reason="native kernels not built")
