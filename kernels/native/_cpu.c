@@ -298,6 +298,16 @@ static inline const float *run_of(const Rows *r, long t, long end, long *count) 
            + r->g * r->D;
 }
 
+/* Whether a sequence's len tokens fit its block table row (width blocks of BS slots), -1
+ * if not, and every block it names is one of the cache's NB, -2 if not: 0 when both hold. */
+static int check_blocks(const int32_t *table, long len, long width, long BS, long NB) {
+    long blocks = (len + BS - 1) / BS;
+    if (blocks > width) return -1;
+    for (long i = 0; i < blocks; i++)
+        if (table[i] < 0 || table[i] >= NB) return -2;
+    return 0;
+}
+
 /* scores[i] = scale * q . k(first + i) for i < n: four keys at a time, four independent
  * accumulators (one dependent chain of FMAs would wait on its own latency). */
 AVX2 static void score_keys(const float *q, const Rows *r, long first, long n, float scale,
@@ -378,10 +388,10 @@ AVX2 static int decode_attention(
             memset(ob, 0, sizeof(float) * Hq * D);
             continue;
         }
-        if ((len + 7) / 8 * 8 > max_keys || (len + BS - 1) / BS > width) return -1;
+        if ((len + 7) / 8 * 8 > max_keys) return -1;
         const int32_t *table = tables + b * width;
-        for (long i = 0; i < (len + BS - 1) / BS; i++)
-            if (table[i] < 0 || table[i] >= NB) return -2;
+        int rc = check_blocks(table, len, width, BS, NB);
+        if (rc) return rc;
         long first = (window > 0 && len > window) ? len - window : 0, keys = len - first;
         for (long h = 0; h < Hq; h++) {
             Rows k_rows = {kc, table, BS, block_stride, slot_stride, h / group, D};
@@ -416,9 +426,9 @@ AVX2 static int prefill_attention(
         long lo = starts[b], hi = starts[b + 1], len = lens[b];
         if (lo < 0 || hi < lo || hi > T) return -1;
         if (hi == lo || len <= 0) continue;
-        if (hi - lo > len || (len + BS - 1) / BS > width) return -1;
-        for (long i = 0; i < (len + BS - 1) / BS; i++)
-            if (tables[b * width + i] < 0 || tables[b * width + i] >= NB) return -2;
+        if (hi - lo > len) return -1;
+        int rc = check_blocks(tables + b * width, len, width, BS, NB);
+        if (rc) return rc;
         longest = len > longest ? len : longest;
     }
     memset(out, 0, sizeof(float) * T * Hq * D);

@@ -200,6 +200,38 @@ def store_kv_cache(
          k, v, k_cache, v_cache, slot_mapping)
 
 
+def _check_paged(
+    op: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    batch: int,
+    query_start_loc: torch.Tensor | None = None,
+) -> None:
+    """What both attentions take besides q [T, Hq, D]: caches [NB, BS, Hk, D] of q's head
+    size with Hk dividing Hq; a block table row and a length for each of ``batch``
+    sequences; and, for prefill, where each sequence's rows start ([batch + 1])."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_whole(name, t)
+    _check_whole("block_tables", block_tables, torch.int32)
+    _check_whole("seq_lens", seq_lens, torch.int32)
+    if query_start_loc is not None:
+        _check_whole("query_start_loc", query_start_loc, torch.int32)
+    if (k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]
+            or q.shape[1] % k_cache.shape[2] or block_tables.dim() != 2
+            or block_tables.shape[0] != batch or seq_lens.shape != (batch,)
+            or query_start_loc is not None and query_start_loc.shape != (batch + 1,)):
+        starts = ("" if query_start_loc is None
+                  else f", query_start_loc {tuple(query_start_loc.shape)}")
+        raise NativeArgumentError(
+            f"{op}: q {tuple(q.shape)}, caches {tuple(k_cache.shape)} / "
+            f"{tuple(v_cache.shape)}, block tables {tuple(block_tables.shape)}, seq_lens "
+            f"{tuple(seq_lens.shape)}{starts}"
+        )
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -210,20 +242,10 @@ def paged_decode_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     _check_heads("q", q)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_whole(name, t)
-    _check_whole("block_tables", block_tables, torch.int32)
-    _check_whole("seq_lens", seq_lens, torch.int32)
+    _check_paged("paged_decode_attention", q, k_cache, v_cache, block_tables, seq_lens,
+                 q.shape[0])
     batch, heads, head_dim = q.shape
     blocks, block_size, kv_heads = k_cache.shape[:3]
-    if (k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim or heads % kv_heads
-            or block_tables.dim() != 2 or block_tables.shape[0] != batch
-            or seq_lens.shape != (batch,)):
-        raise NativeArgumentError(
-            f"paged_decode_attention: q {tuple(q.shape)}, caches {tuple(k_cache.shape)} / "
-            f"{tuple(v_cache.shape)}, block tables {tuple(block_tables.shape)}, seq_lens "
-            f"{tuple(seq_lens.shape)}"
-        )
     width = block_tables.shape[1]
     out = torch.empty(batch, heads, head_dim)
     scratch = torch.empty(-(-width * block_size // 8) * 8)  # the scores, in pieces of 8
@@ -251,22 +273,11 @@ def paged_attention(
     if q.shape[2] % STRIP:
         return _reference_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                     query_start_loc, scale, sliding_window)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_whole(name, t)
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
-                    ("query_start_loc", query_start_loc)):
-        _check_whole(name, t, torch.int32)
+    batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1  # -1: lengths fit no batch
+    _check_paged("paged_attention", q, k_cache, v_cache, block_tables, seq_lens, batch,
+                 query_start_loc)
     tokens, heads, head_dim = q.shape
     blocks, block_size, kv_heads = k_cache.shape[:3]
-    batch = seq_lens.shape[0]
-    if (k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim or heads % kv_heads
-            or block_tables.dim() != 2 or block_tables.shape[0] != batch
-            or seq_lens.dim() != 1 or query_start_loc.shape != (batch + 1,)):
-        raise NativeArgumentError(
-            f"paged_attention: q {tuple(q.shape)}, caches {tuple(k_cache.shape)} / "
-            f"{tuple(v_cache.shape)}, block tables {tuple(block_tables.shape)}, seq_lens "
-            f"{tuple(seq_lens.shape)}, query_start_loc {tuple(query_start_loc.shape)}"
-        )
     out = torch.empty(tokens, heads, head_dim)
     _run(_cpu.OP_PREFILL_ATTENTION, (q.data_ptr(), q.stride(0), k_cache.data_ptr(),
                                      v_cache.data_ptr(), block_tables.data_ptr(),
