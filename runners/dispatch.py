@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from interlock.kernels import MODEL_OPS, REGISTRY, KernelChoice
+from interlock.kernels.native import BACKEND as NATIVE
 from interlock.kernels.native import KERNELS as NATIVE_KERNELS
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.kernels.registry import REFERENCE_BACKEND
@@ -38,7 +39,7 @@ class KernelTable:
         if self.taped:
             from interlock.kernels.native.tape import foreign as wrap
         object.__setattr__(self, "_fns", {
-            c.op: c.fn if wrap is None or c.impl.backend == "native" else wrap(c.fn)
+            c.op: c.fn if wrap is None or c.impl.backend == NATIVE else wrap(c.fn)
             for c in self.choices
         })
 
@@ -70,7 +71,7 @@ class KernelTable:
     def all_native(self) -> bool:
         """Whether every op the native CPU kernels implement was chosen native (what the
         native graph backend can tape)."""
-        return all(c.impl.backend == "native" for c in self.choices if c.op in NATIVE_KERNELS)
+        return all(c.impl.backend == NATIVE for c in self.choices if c.op in NATIVE_KERNELS)
 
     def describe(self) -> dict[str, tuple[str, str]]:
         """op -> (implementation label, reason it was chosen)."""
