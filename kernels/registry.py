@@ -57,7 +57,8 @@ class KernelImpl:
         if compiled and not self.traceable:
             return f"{self.backend} {self.op} cannot be traced by torch.compile"
         if self.unavailable is not None:
-            return self.unavailable(platform)
+            why = self.unavailable(platform)
+            return None if why is None else f"{self.backend}: {why}"
         return None
 
     def load(self) -> Callable:

@@ -24,13 +24,46 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* The x86 kernels are compiled only where they apply; elsewhere the module still builds,
+ * serves the portable ops, and says why the rest is missing (UNSUPPORTED). Defining
+ * INTERLOCK_NATIVE_PORTABLE compiles an x86-64 machine as if it were not one: CI checks
+ * the portable build that way (make native-check). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(INTERLOCK_NATIVE_PORTABLE)
 #define NATIVE_X86 1
 #include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma")))
 #else
 #define NATIVE_X86 0
 #endif
+
+/* The machine, for the reason a portable build gives. */
+#if defined(__x86_64__)
+#define CPU_NAME "x86_64"
+#elif defined(__aarch64__)
+#define CPU_NAME "aarch64"
+#elif defined(__arm__)
+#define CPU_NAME "arm"
+#elif defined(__i386__)
+#define CPU_NAME "i386"
+#elif defined(__powerpc64__)
+#define CPU_NAME "ppc64"
+#elif defined(__riscv)
+#define CPU_NAME "riscv"
+#elif defined(__s390x__)
+#define CPU_NAME "s390x"
+#else
+#define CPU_NAME "unknown"
+#endif
+
+/* Copies n floats; n == 0 touches neither pointer (either may be NULL then). */
+static inline void copy_floats(float *to, const float *from, long n) {
+    if (n > 0) memcpy(to, from, sizeof(float) * (size_t)n);
+}
+
+static inline void zero_floats(float *to, long n) {
+    if (n > 0) memset(to, 0, sizeof(float) * (size_t)n);
+}
 
 #if NATIVE_X86
 
@@ -156,7 +189,7 @@ static int pack_strips(float *w, long K, long N) {
     if (strip == NULL) return -1;
     for (long s = 0; s < N / STRIP; s++) {
         float *ws = w + s * K * STRIP;
-        memcpy(strip, ws, sizeof(float) * STRIP * K);
+        copy_floats(strip, ws, STRIP * K);
         for (long k = 0; k < K; k++)  /* written in order: measured 1.9x the other way */
             for (long c = 0; c < STRIP; c++) ws[k * STRIP + c] = strip[c * K + k];
     }
@@ -242,8 +275,6 @@ AVX2 static void rms_norm_avx2(const float *x, long xs, long heads, const float 
         for (long i = h8; i < H; i++) ot[i] = weight[i] * (xt[i] * inv);
     }
 }
-
-#endif /* NATIVE_X86 */
 
 /* ---- attention ------------------------------------------------------------------ */
 
@@ -385,7 +416,7 @@ AVX2 static int decode_attention(
         long len = lens[b];
         float *ob = out + b * Hq * D;
         if (len <= 0) {
-            memset(ob, 0, sizeof(float) * Hq * D);
+            zero_floats(ob, Hq * D);
             continue;
         }
         if ((len + 7) / 8 * 8 > max_keys) return -1;
@@ -431,7 +462,7 @@ AVX2 static int prefill_attention(
         if (rc) return rc;
         longest = len > longest ? len : longest;
     }
-    memset(out, 0, sizeof(float) * T * Hq * D);
+    zero_floats(out, T * Hq * D);
     long L16 = (longest + STRIP - 1) / STRIP * STRIP;
     float *kp = malloc(sizeof(float) * (L16 * D * 2 + TILE_ROWS * L16 + 1));
     if (kp == NULL) return -3;
@@ -486,6 +517,8 @@ AVX2 static int prefill_attention(
     return 0;
 }
 
+#endif /* NATIVE_X86 */
+
 /* ---- rotary and the KV store (portable C; rounding as the torch references) ------- */
 
 /* Neox rotary in place on x [T, heads, D] (row stride xs, head stride D). */
@@ -514,8 +547,8 @@ static int store_rows(const float *k, long ks, const float *v, long vs, float *k
         if (slots[t] < -1 || slots[t] >= num_slots) return -1;
     for (long t = 0; t < T; t++) {
         if (slots[t] < 0) continue; /* padding */
-        memcpy(k_cache + slots[t] * row, k + t * ks, sizeof(float) * row);
-        memcpy(v_cache + slots[t] * row, v + t * vs, sizeof(float) * row);
+        copy_floats(k_cache + slots[t] * row, k + t * ks, row);
+        copy_floats(v_cache + slots[t] * row, v + t * vs, row);
     }
     return 0;
 }
@@ -534,7 +567,7 @@ static int embedding_rows(const int64_t *ids, long n, const float *table, long g
     for (long i = 0; i < n; i++) {
         const float *row = table + ids[i] / group * group_stride + ids[i] % group * row_stride;
         float *o = out + i * H;
-        if (col_stride == 1) memcpy(o, row, sizeof(float) * H);
+        if (col_stride == 1) copy_floats(o, row, H);
         else for (long h = 0; h < H; h++) o[h] = row[h * col_stride];
     }
     return 0;
@@ -545,7 +578,7 @@ static int select_rows(const float *x, long xs, long rows, long H, const int64_t
                      long n, float *out) {
     for (long i = 0; i < n; i++)
         if (indices[i] < 0 || indices[i] >= rows) return -1;
-    for (long i = 0; i < n; i++) memcpy(out + i * H, x + indices[i] * xs, sizeof(float) * H);
+    for (long i = 0; i < n; i++) copy_floats(out + i * H, x + indices[i] * xs, H);
     return 0;
 }
 
@@ -559,34 +592,46 @@ static int select_rows(const float *x, long xs, long rows, long H, const int64_t
 #define MAX_SLOTS 20
 typedef union { int64_t i; double d; } Slot;
 
-enum {
-    OP_LINEAR = 1, OP_DECODE_ATTENTION, OP_RMS_NORM, OP_SILU_AND_MUL, OP_ROTARY,
-    OP_STORE_KV, OP_EMBEDDING, OP_SELECT_ROWS, OP_PACK_WEIGHT, OP_PREFILL_ATTENTION, OP_COUNT
-};
+/* Every op: its code's name, its name, and its argument kinds in order. The enum, the
+ * names, the signatures Python sees (SIGNATURES) and the static checks below all come from
+ * this one table; tests/kernels check each call site in ops.py against SIGNATURES. */
+#define OP_TABLE(X)                                                                        \
+    /* linear(x, x_row_stride, packed w, bias|0, y, T, K, N) */                            \
+    X(LINEAR, "linear", "iiiiiiii")                                                        \
+    /* decode_attention(q, qs, kc, vc, tables, width, lens, out, B, Hq, Hk, D, BS, NB,     \
+       scale, window|0, scratch, scratch_len) */                                           \
+    X(DECODE_ATTENTION, "decode_attention", "iiiiiiiiiiiiiidiii")                          \
+    /* rms_norm(x, xs, heads, residual|0, rs, summed|0, w, out, T, H, eps) */              \
+    X(RMS_NORM, "rms_norm", "iiiiiiiiiid")                                                 \
+    /* silu_and_mul(x, xs, out, T, I) */                                                   \
+    X(SILU_AND_MUL, "silu_and_mul", "iiiii")                                               \
+    /* rotary(positions, x, xs, T, heads, D, cos_sin, max_positions) */                    \
+    X(ROTARY, "rotary", "iiiiiiii")                                                        \
+    /* store_kv(k, ks, v, vs, k_cache, v_cache, slots, T, row, slots_n) */                 \
+    X(STORE_KV, "store_kv", "iiiiiiiiii")                                                  \
+    /* embedding(ids, n, table, group, group_stride, row_stride, col_stride, V, H, out) */ \
+    X(EMBEDDING, "embedding", "iiiiiiiiii")                                                \
+    /* select_rows(x, xs, rows, H, indices, n, out) */                                     \
+    X(SELECT_ROWS, "select_rows", "iiiiiii")                                               \
+    /* pack_weight(w, K, N): in place */                                                   \
+    X(PACK_WEIGHT, "pack_weight", "iii")                                                   \
+    /* prefill_attention(q, qs, kc, vc, tables, width, lens, starts, T, out, B, Hq, Hk, D, \
+       BS, NB, scale, window|0) */                                                         \
+    X(PREFILL_ATTENTION, "prefill_attention", "iiiiiiiiiiiiiiiidi")
 
-static const char *const NAMES[OP_COUNT] = {
-    NULL, "linear", "decode_attention", "rms_norm", "silu_and_mul", "rotary", "store_kv",
-    "embedding", "select_rows", "pack_weight", "prefill_attention",
-};
+#define AS_ENUM(code, name, kinds) OP_##code,
+enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
 
-/* Argument kinds, in order. */
-static const char *const SIGNATURES[OP_COUNT] = {
-    NULL,
-    "iiiiiiii",            /* linear(x, x_row_stride, packed w, bias|0, y, T, K, N) */
-    "iiiiiiiiiiiiiidiii",  /* decode_attention(q, qs, kc, vc, tables, width, lens, out, B,
-                              Hq, Hk, D, BS, NB, scale, window|0, scratch, scratch_len) */
-    "iiiiiiiiiid",         /* rms_norm(x, xs, heads, residual|0, rs, summed|0, w, out, T, H,
-                              eps) */
-    "iiiii",               /* silu_and_mul(x, xs, out, T, I) */
-    "iiiiiiii",            /* rotary(positions, x, xs, T, heads, D, cos_sin, max_positions) */
-    "iiiiiiiiii",          /* store_kv(k, ks, v, vs, k_cache, v_cache, slots, T, row, slots_n) */
-    "iiiiiiiiii",          /* embedding(ids, n, table, group, group_stride, row_stride,
-                              col_stride, V, H, out) */
-    "iiiiiii",             /* select_rows(x, xs, rows, H, indices, n, out) */
-    "iii",                 /* pack_weight(w, K, N): in place */
-    "iiiiiiiiiiiiiiiidi",  /* prefill_attention(q, qs, kc, vc, tables, width, lens, starts,
-                              T, out, B, Hq, Hk, D, BS, NB, scale, window|0) */
-};
+#define AS_NAME(code, name, kinds) name,
+static const char *const NAMES[OP_COUNT] = {NULL, OP_TABLE(AS_NAME)};
+
+#define AS_KINDS(code, name, kinds) kinds,
+static const char *const SIGNATURES[OP_COUNT] = {NULL, OP_TABLE(AS_KINDS)};
+
+/* A signature fits a tape record's slots, and holds only ints and doubles. */
+#define FITS(code, name, kinds) \
+    _Static_assert(sizeof(kinds) - 1 <= MAX_SLOTS, name ": more arguments than MAX_SLOTS");
+OP_TABLE(FITS)
 
 #define P(k) ((void *)(intptr_t)a[k].i)
 
@@ -705,7 +750,7 @@ static int parse(const char *usage, PyObject *const *argv, Py_ssize_t argc, int6
 }
 
 /* call(op, *args): runs one op now. */
-static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+static PyObject *py_call(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {
     int64_t op;
     Slot a[MAX_SLOTS];
     if (parse("call(op, *args)", argv, argc, &op, a)) return NULL;
@@ -721,14 +766,14 @@ static PyObject *py_call(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
 }
 
 /* record(op, *args) -> bytes: one tape record (op code, then MAX_SLOTS slots). */
-static PyObject *py_record(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+static PyObject *py_record(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {
     int64_t record[1 + MAX_SLOTS] = {0};
     if (parse("record(op, *args)", argv, argc, record, (Slot *)(record + 1))) return NULL;
     return PyBytes_FromStringAndSize((const char *)record, sizeof record);
 }
 
 /* run_tape(records: bytes): runs every record in order; stops at the first error. */
-static PyObject *py_run_tape(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+static PyObject *py_run_tape(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 1 || !PyBytes_Check(argv[0])) {
         PyErr_SetString(PyExc_TypeError, "run_tape(records: bytes)");
         return NULL;
@@ -762,6 +807,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_cpu",
     "interlock's native CPU kernels (float32; x86-64 with AVX2 and FMA).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__cpu(void) {
@@ -771,9 +817,9 @@ PyMODINIT_FUNC PyInit__cpu(void) {
 #if NATIVE_X86
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        unsupported = "this CPU has no AVX2 and FMA";
+        unsupported = "this CPU has no AVX2 and FMA (" CPU_NAME ")";
 #else
-    unsupported = "the native kernels are built for x86-64 only";
+    unsupported = "not built for this CPU (" CPU_NAME ")";
 #endif
     PyObject *why = unsupported ? PyUnicode_FromString(unsupported) : Py_NewRef(Py_None);
     if (why == NULL || PyModule_AddObject(m, "UNSUPPORTED", why) < 0) {
@@ -781,14 +827,25 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         Py_DECREF(m);
         return NULL;
     }
-    for (int op = 1; op < OP_COUNT; op++) {
-        char name[32];
-        snprintf(name, sizeof name, "OP_%s", NAMES[op]);
-        for (char *c = name; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
-        if (PyModule_AddIntConstant(m, name, op) < 0) {
-            Py_DECREF(m);
-            return NULL;
-        }
+    PyObject *signatures = PyDict_New();
+    if (signatures == NULL || PyModule_AddObject(m, "SIGNATURES", signatures) < 0) {
+        Py_XDECREF(signatures);
+        Py_DECREF(m);
+        return NULL;
     }
+#define ADD(code, name, kinds)                                                             \
+    if (PyModule_AddIntConstant(m, "OP_" #code, OP_##code) < 0) goto fail;                 \
+    {                                                                                      \
+        PyObject *k = PyUnicode_FromString(kinds);                                         \
+        if (k == NULL || PyDict_SetItemString(signatures, name, k) < 0) {                  \
+            Py_XDECREF(k);                                                                 \
+            goto fail;                                                                     \
+        }                                                                                  \
+        Py_DECREF(k);                                                                      \
+    }
+    OP_TABLE(ADD)
     return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
 }

@@ -1,6 +1,12 @@
 # The C extension (kernels/native/_cpu.c). Every op takes raw addresses and sizes, checked
 # by interlock.kernels.native.ops; the OP_* codes name them, in calls and in tape records.
+# tests/kernels/test_native_build.py holds this stub to the module and each call site in
+# ops.py to SIGNATURES.
+
+# Why the kernels cannot run here (a portable build, or a CPU without AVX2 and FMA), or None.
 UNSUPPORTED: str | None
+# op name -> its argument kinds in order: "i" an int (address, size, stride), "d" a float.
+SIGNATURES: dict[str, str]
 OP_LINEAR: int
 OP_DECODE_ATTENTION: int
 OP_RMS_NORM: int
@@ -9,6 +15,8 @@ OP_ROTARY: int
 OP_STORE_KV: int
 OP_EMBEDDING: int
 OP_SELECT_ROWS: int
+OP_PACK_WEIGHT: int
+OP_PREFILL_ATTENTION: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

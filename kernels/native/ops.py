@@ -301,13 +301,14 @@ def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         )
     if packed:
         vocab, hidden = table.shape[0] * STRIP, table.shape[1]
-        layout = (STRIP, table.stride(0), 1, STRIP)
+        group, group_stride, row_stride, col_stride = STRIP, table.stride(0), 1, STRIP
     else:
         vocab, hidden = table.shape
-        layout = (1, table.stride(0), 0, table.stride(1))
+        group, group_stride, row_stride, col_stride = 1, table.stride(0), 0, table.stride(1)
     out = torch.empty(ids.shape[0], hidden)
-    _run(_cpu.OP_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(), *layout, vocab,
-                             hidden, out.data_ptr()), ids, table, out)
+    _run(_cpu.OP_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(), group,
+                             group_stride, row_stride, col_stride, vocab, hidden,
+                             out.data_ptr()), ids, table, out)
     return out
 
 
