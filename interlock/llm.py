@@ -30,29 +30,22 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from tokenizers import Tokenizer
-
-from interlock.core.errors import InputError, ModelError
-from interlock.core.files import FileProblem, decode_utf8, read_json, read_regular
-from interlock.core.platform import detect_platform
-from interlock.model_run import (
-    GIVEN_BY_CALLER,
-    LOGGED_FIELDS,
-    decided_by,
-    decision_line,
-    device_for,
-    process_env,
-    resolve_model_run,
+from interlock.app.outputs import (
+    CompletionOutput,
+    GenerationInterrupted,
+    Message,
+    OnTokens,
+    Prompt,
+    as_prompt_list,
 )
-from interlock.plugins.capabilities import TENSOR_PARALLEL
-from interlock.policy.context import has_triton_fact
-from interlock.policy.loader import load_policy
+from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
+from interlock.app.tokenizer import load_chat_template, load_tokenizer
+from interlock.core.errors import InputError
+from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport
 from interlock.runners.engine.engine import Engine, EngineConfig
 from interlock.runners.engine.kv_cache import plan_kv_cache
@@ -63,26 +56,14 @@ from interlock.runners.model.sharding import plan_shards
 from interlock.runners.parallel.executor import TensorParallelRunner
 
 if TYPE_CHECKING:
-    from interlock.plugins.kernels import KernelInstall
     from interlock.policy.resolution import Resolution
 
-Prompt = str | Sequence[int]
-Message = Mapping[str, str]  # {"role": ..., "content": ...}
-#: Called during generation with (prompt index, every token generated for it so far,
-#: its finish reason: None until it has finished).
-OnTokens = Callable[[int, tuple[int, ...], str | None], None]
+__all__ = [
+    "LLM", "CompletionOutput", "GenerationInterrupted", "Message", "OnTokens", "Prompt",
+    "install_plugin_kernels",
+]
+
 LOG = logging.getLogger("interlock")
-
-
-@dataclass(frozen=True)
-class CompletionOutput:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    text: str | None  # None without a tokenizer
-    finish_reason: str  # "length" | "stop" | "aborted"
-    ttft_s: float  # arrival to first token
-    tpot_s: float  # mean time per output token after the first (0 for one token)
 
 
 class LLM:
@@ -123,7 +104,7 @@ class LLM:
                     "decision=Decision(...) saying how to run it (the policy decides only "
                     "for the runners plugins register)"
                 )
-            self.resolution: Resolution | None = _resolve(
+            self.resolution: Resolution | None = resolve_for_device(
                 source.name, device, policy, overrides, tensor_parallel_size
             )
             decision = self.resolution.decision
@@ -135,7 +116,7 @@ class LLM:
                     "decision= they would be ignored: give one or the other"
                 )
             self.resolution = None
-            decided = _given_by_caller(decision)
+            decided = given_by_caller(decision)
         LOG.info("LLM %s: %s", os.fspath(model), decided)
         self.plugin_kernels = install_plugin_kernels()
         config = source.config
@@ -152,7 +133,7 @@ class LLM:
             name=source.name,
             config=config,
             dtype=resolved_dtype,
-            device=device or _detected_device(),
+            device=device or detected_device(),
             load_format=load_format,
             seed=seed,
             max_model_len=max_model_len,
@@ -165,8 +146,8 @@ class LLM:
             num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
             tensor_parallel_size=tensor_parallel_size,
         )
-        self.tokenizer = _load_tokenizer(source.directory)
-        self.chat_template = _load_chat_template(source.directory)
+        self.tokenizer = load_tokenizer(source.directory)
+        self.chat_template = load_chat_template(source.directory)
         if runner is None:
             runner = (
                 runner_from_plugin(decision.runner) if tensor_parallel_size == 1
@@ -196,7 +177,7 @@ class LLM:
         All requests are validated before any runs: one that cannot fit the
         engine even alone raises ``RequestRejected`` and nothing is run.
         """
-        batch = _as_prompt_list(prompts)
+        batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
         else:
@@ -308,191 +289,6 @@ class LLM:
         )
 
 
-def install_plugin_kernels() -> KernelInstall:
-    """Put every ok plugin's kernel implementations into ``kernels.REGISTRY``, before any
-    runner (built-in or a plugin's) builds its kernel table, so each of them can dispatch
-    to them and ``INTERLOCK_KERNELS`` can name their backends. Idempotent. A kernel that
-    cannot be installed is logged as a warning and left out (its plugin's other kernels
-    still install); with ``INTERLOCK_PLUGINS_STRICT=1`` it raises ``PluginError``."""
-    from interlock.kernels import REGISTRY
-    from interlock.plugins.kernels import install_plugin_kernels as install
-
-    report = install(REGISTRY)
-    for failure in report.failed:
-        LOG.warning("plugin kernel not installed: %s", failure)
-    return report
-
-
-class GenerationInterrupted(KeyboardInterrupt):
-    """Ctrl-C during ``generate``: ``outputs`` holds what each prompt generated so far
-    (unfinished ones with finish reason ``aborted``)."""
-
-    def __init__(self, outputs: list[CompletionOutput]) -> None:
-        super().__init__()
-        self.outputs = outputs
-
-
 def _without_request_id(exc: Exception) -> str:
     text = str(exc)
     return text.split(": ", 1)[1] if text.startswith("request ") and ": " in text else text
-
-
-def runner_factory(name: str) -> str:
-    """The import path of runner ``name``'s factory, from the plugin that registers it; an
-    unknown or ambiguous name is a ``plugins.PluginError`` saying why."""
-    from interlock.plugins import load_registry
-
-    return load_registry().runner(name).spec.factory
-
-
-def runner_from_plugin(name: str) -> Runner:
-    """A fresh runner object from the plugin that registers runner ``name`` (its spec's
-    factory); an unknown or ambiguous name is a ``interlock.plugins.PluginError`` saying why."""
-    from interlock.plugins import PluginError, load_import_path, load_registry
-    from interlock.plugins.discovery import summarize
-    from interlock.plugins.isolation import plugin_code
-
-    registered = load_registry().runner(name)
-    try:
-        with plugin_code():
-            runner = load_import_path(registered.spec.factory)()
-    except Exception as exc:  # the plugin's code: quarantined for this run, with its line
-        raise PluginError(
-            f"runner {name!r} cannot be created: its factory {registered.spec.factory} (plugin "
-            f"{registered.plugin.provider}) failed: {summarize(exc)}; choose another runner "
-            f"(--set runner=...) or fix or disable the plugin"
-        ) from exc
-    if not isinstance(runner, Runner):
-        raise PluginError(
-            f"runner {name!r}: {registered.spec.factory} (plugin {registered.plugin.provider}) "
-            f"built a {type(runner).__name__}, which does not implement "
-            "interlock.runners.contract.Runner (load, execute, report)"
-        )
-    return runner
-
-
-def _resolve(
-    model: str | Path,
-    device: str | None,
-    policy_paths: Sequence[str | os.PathLike[str]] | None,
-    overrides: Mapping[str, Any] | None,
-    tensor_parallel_size: int,
-) -> Resolution:
-    """The policy's decision for ``model``: the platform is the given device's, else detected;
-    the run's tensor_parallel_size is a given feature."""
-    policy = load_policy(policy_paths)
-    env, sources = process_env(policy)
-    platform = None
-    features: dict[str, Any] = {TENSOR_PARALLEL: tensor_parallel_size}
-    sources[f"features.{TENSOR_PARALLEL}"] = (
-        f"given (tensor_parallel_size={tensor_parallel_size})"
-    )
-    kind = torch.device(device).type if device is not None else None
-    if kind in ("cpu", "xpu"):  # cuda is detected: the device cannot tell CUDA from ROCm
-        platform = kind
-        sources["platform"] = f"given (device={device!r})"
-        # This machine runs it, so Triton is probed, not assumed as for a named platform.
-        features["has_triton"], sources["features.has_triton"] = has_triton_fact(True)
-    return resolve_model_run(
-        policy, model, overrides, platform=platform, features=features, env=env, sources=sources
-    )
-
-
-def _given_by_caller(decision: Decision) -> str:
-    values = {name: getattr(decision, name) for name in LOGGED_FIELDS}
-    return decision_line(values, dict.fromkeys(LOGGED_FIELDS, GIVEN_BY_CALLER))
-
-
-def _detected_device() -> str:
-    return device_for(detect_platform()[0])
-
-
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if not isinstance(prompts, Sequence):
-        raise InputError(
-            f"prompts must be text, a list of token ids, or a list of those; got "
-            f"{type(prompts).__name__}"
-        )
-    prompts = list(prompts)
-    if prompts and all(isinstance(p, int) for p in prompts):
-        return [prompts]  # one prompt given as token ids
-    return prompts
-
-
-#: A tokenizer.json larger than this is refused unread (large vocabularies are ~20 MB).
-MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
-
-
-def _load_tokenizer(directory: Path | None) -> Tokenizer | None:
-    path = None if directory is None else directory / "tokenizer.json"
-    if path is None or not os.path.lexists(path):
-        return None
-    try:
-        text = decode_utf8(read_regular(path, MAX_TOKENIZER_BYTES), str(path))
-        return Tokenizer.from_str(text)
-    except FileProblem as exc:
-        raise ModelError(f"cannot read the tokenizer: {exc}") from None
-    except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise ModelError(
-            f"{path}: not a tokenizer the `tokenizers` library can load: "
-            f"{' '.join(str(exc).split())[:300]}"
-        ) from None
-
-
-class ChatTemplate:
-    """A model's Jinja chat template, rendered in a sandbox: the template comes from the
-    model's files, so it may not reach Python objects beyond the values given to it."""
-
-    def __init__(self, source: str, special_tokens: Mapping[str, str], origin: str) -> None:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        environment.globals["raise_exception"] = raise_exception
-        self.origin = origin
-        self.special_tokens = dict(special_tokens)
-        try:
-            self.template = environment.from_string(source)
-        except TemplateError as exc:
-            raise ModelError(f"{origin}: chat_template is not a valid template: {exc}") from None
-
-    def render(self, messages: Sequence[Message]) -> str:
-        from jinja2 import TemplateError
-
-        for i, message in enumerate(messages):
-            if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
-                raise InputError(
-                    f"message {i} is {message!r}; a message is a mapping with string 'role' "
-                    "and 'content'"
-                )
-        try:
-            return self.template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=True,
-                **self.special_tokens,
-            )
-        except TemplateError as exc:
-            raise ModelError(f"{self.origin}: chat_template failed: {exc}") from None
-
-
-def _load_chat_template(directory: Path | None) -> ChatTemplate | None:
-    """The chat template of ``tokenizer_config.json`` (None when there is none)."""
-    path = None if directory is None else directory / "tokenizer_config.json"
-    if path is None or not path.is_file():
-        return None
-    try:
-        config = read_json(path, MAX_TOKENIZER_BYTES)
-    except FileProblem as exc:
-        raise ModelError(f"cannot read the chat template: {exc}") from None
-    template = config.get("chat_template") if isinstance(config, dict) else None
-    if template is None:
-        return None
-    if not isinstance(template, str):
-        raise ModelError(f"{path}: chat_template must be a string (one template)")
-    special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-    return ChatTemplate(template, special, str(path))

@@ -7,7 +7,7 @@ torch is imported only where the platform is detected (``interlock.policy.contex
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from interlock.policy.model import Policy
 from interlock.policy.trace import Provenance
 
 if TYPE_CHECKING:
+    from interlock.core.decision import Decision
     from interlock.policy.resolution import Resolution
 
 DEMO = "demo"
@@ -58,6 +59,41 @@ def resolve_model_run(
     return resolve(policy, context, overrides, capabilities=capability_stage())
 
 
+def resolve_for_device(
+    model: str | os.PathLike[str],
+    device: str | None,
+    policy_paths: Sequence[str | os.PathLike[str]] | None,
+    overrides: Mapping[str, Any] | None,
+    tensor_parallel_size: int,
+) -> Resolution:
+    """``LLM``'s decision for ``model``: under the layered policy (``policy_paths``, else
+    ``$INTERLOCK_POLICY``, else the shipped one) with the process environment's bindings; the
+    platform is the given torch device's, else detected; the run's tensor_parallel_size is a
+    given feature."""
+    import torch
+
+    from interlock.plugins.capabilities import TENSOR_PARALLEL
+    from interlock.policy.context import has_triton_fact
+    from interlock.policy.loader import load_policy
+
+    policy = load_policy(policy_paths)
+    env, sources = process_env(policy)
+    platform = None
+    features: dict[str, Any] = {TENSOR_PARALLEL: tensor_parallel_size}
+    sources[f"features.{TENSOR_PARALLEL}"] = (
+        f"given (tensor_parallel_size={tensor_parallel_size})"
+    )
+    kind = torch.device(device).type if device is not None else None
+    if kind in ("cpu", "xpu"):  # cuda is detected: the device cannot tell CUDA from ROCm
+        platform = kind
+        sources["platform"] = f"given (device={device!r})"
+        # This machine runs it, so Triton is probed, not assumed as for a named platform.
+        features["has_triton"], sources["features.has_triton"] = has_triton_fact(True)
+    return resolve_model_run(
+        policy, model, overrides, platform=platform, features=features, env=env, sources=sources
+    )
+
+
 def process_env(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
     """``(env, sources)``: the values the process environment gives the policy's bindings."""
     env = {name: os.environ[name] for name in policy.env if name in os.environ}
@@ -81,6 +117,13 @@ def device_for(platform: str) -> str:
     return platform if platform in ("cpu", "xpu") else "cuda"
 
 
+def detected_device() -> str:
+    """The torch device type of the platform this process sees."""
+    from interlock.core.platform import detect_platform
+
+    return device_for(detect_platform()[0])
+
+
 def decided_by(resolution: Resolution) -> str:
     """``runner=mrv2 (defaults, policies.yaml:59), ...``: each field with who chose it."""
     decision = resolution.decision.to_dict()
@@ -95,6 +138,12 @@ def decision_line(values: Mapping[str, Any], choosers: Mapping[str, str]) -> str
     return ", ".join(
         f"{name}={show_scalar(values[name])} ({choosers[name]})" for name in LOGGED_FIELDS
     )
+
+
+def given_by_caller(decision: Decision) -> str:
+    """That line for a decision the caller gave: every field chosen by the caller."""
+    values = {name: getattr(decision, name) for name in LOGGED_FIELDS}
+    return decision_line(values, dict.fromkeys(LOGGED_FIELDS, GIVEN_BY_CALLER))
 
 
 def _chooser(prov: Provenance) -> str:

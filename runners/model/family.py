@@ -8,8 +8,9 @@ families themselves live one per module in ``interlock.runners.model.families``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from interlock.runners.model.config import Bad, MoEConfig, RawConfig
 
@@ -41,6 +42,24 @@ class CheckpointNames:
 
     moe_block: str = "mlp"  # the routed MLP's prefix
     experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
+
+
+@dataclass(frozen=True)
+class GGUFFacts:
+    """How llama.cpp's GGUF files write a family: the ``general.architecture`` name, and what
+    its conversion to config.json and Hugging Face weights needs beyond the shared keys."""
+
+    name: str  # general.architecture, e.g. "llama"
+    #: llama.cpp permuted the q/k rows (rotary on interleaved pairs, where Hugging Face
+    #: rotates the two halves of each head): the conversion undoes it.
+    permuted_qk: bool = False
+    #: config.json key -> the metadata key (after ``{name}.``) whose value it takes
+    metadata_keys: Mapping[str, str] = field(default_factory=dict)
+    #: config.json keys every conversion of this family writes as they are
+    fixed_keys: Mapping[str, Any] = field(default_factory=dict)
+    #: Whether the family's ``bias_key`` is written from the file (true when the file has
+    #: query biases).
+    bias_from_tensors: bool = False
 
 
 def no_windows(cfg: RawConfig, window: int | None, bad: Bad) -> tuple[int | None, ...]:
@@ -152,3 +171,4 @@ class Family:
     windows: WindowRule = no_windows
     moe: MoERule | None = None  # None: dense MLP in every layer
     names: CheckpointNames = field(default_factory=CheckpointNames)
+    gguf: GGUFFacts | None = None  # None: no GGUF conversion for this family

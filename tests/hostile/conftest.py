@@ -99,9 +99,10 @@ def tiny_model(tmp_path: Path) -> Path:
     from safetensors.torch import save_file
 
     from interlock.runners.dispatch import build_kernel_table
-    from interlock.runners.model.checkpoint import build_model, checkpoint_shapes
+    from interlock.runners.model.checkpoint import build_model
     from interlock.runners.model.config import parse_config
     from interlock.runners.model.dummy import DummyTensors
+    from interlock.runners.model.weights import checkpoint_shapes
 
     directory = tmp_path / "tiny"
     directory.mkdir()

@@ -182,7 +182,7 @@ headers = st.one_of(
 def test_safetensors_header_parser(tmp_path_factory, header, body, honest_length) -> None:  # type: ignore[no-untyped-def]
     import torch
 
-    from interlock.runners.model.checkpoint import FLOAT_DTYPES, SafetensorsFiles
+    from interlock.runners.model.weights import FLOAT_DTYPES, SafetensorsFiles
 
     directory = tmp_path_factory.mktemp("st")
     length = len(header) if honest_length else len(header) + 1000

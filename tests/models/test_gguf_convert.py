@@ -31,6 +31,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from interlock.runners.model import gguf as converter
 from interlock.runners.model.config import parse_config
+from interlock.runners.model.families import gguf_registry
+from interlock.runners.model.gguf.tensors import TENSOR_TYPES, unpermute_rotary
+from interlock.runners.model.gguf.tokenizer import build_tokenizer
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 VOCAB = train_vocab()
@@ -96,7 +99,7 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{index}.{LAYER_NAMES[rest]}"
 
 
-@pytest.mark.parametrize("kind", converter.TENSOR_TYPES)
+@pytest.mark.parametrize("kind", TENSOR_TYPES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_tensor_is_the_reference_dequantization_in_hf_layout(converted, arch, kind):
     model, out = converted(arch, kind)
@@ -133,12 +136,12 @@ def test_unquantized_weights_come_back_exactly_in_hf_layout(converted, arch):
 )
 def test_rotary_unpermutation_inverts_llama_cpps_permutation(heads, half, cols, seed):
     rows = np.random.default_rng(seed).normal(size=(heads * 2 * half, cols))
-    np.testing.assert_array_equal(converter.unpermute_rotary(llama_cpp_permute(rows, heads),
+    np.testing.assert_array_equal(unpermute_rotary(llama_cpp_permute(rows, heads),
                                                              heads), rows)
-    np.testing.assert_array_equal(llama_cpp_permute(converter.unpermute_rotary(rows, heads),
+    np.testing.assert_array_equal(llama_cpp_permute(unpermute_rotary(rows, heads),
                                                     heads), rows)
     bias = rows[:, 0]  # a 1-D bias permutes like the rows
-    np.testing.assert_array_equal(converter.unpermute_rotary(llama_cpp_permute(bias, heads),
+    np.testing.assert_array_equal(unpermute_rotary(llama_cpp_permute(bias, heads),
                                                              heads), bias)
 
 
@@ -147,7 +150,7 @@ def test_the_config_describes_the_model(converted, arch):
     model, out = converted(arch, "Q8_0")
     raw = json.loads((out / "config.json").read_text())
     config = parse_config(raw)
-    assert config.architecture == converter.ARCHITECTURES[arch]
+    assert config.architecture == gguf_registry()[arch].architecture
     assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads,
             config.head_dim, config.intermediate_size) == (HIDDEN, LAYERS, HEADS, KV_HEADS,
                                                            head_dim(arch), 256)
@@ -288,7 +291,7 @@ def test_special_tokens_and_the_chat_template_are_kept(converted):
 def refused(path: Path) -> str:
     with pytest.raises(converter.GGUFError) as info:
         model = converter.read_gguf(path)
-        converter.build_tokenizer(model)
+        build_tokenizer(model.tokenizer, model.path)
     return str(info.value)
 
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from interlock.runners.contract import KVCacheSpec
-from interlock.runners.model import checkpoint
-from interlock.runners.model.checkpoint import CheckpointError, SafetensorsFiles
+from interlock.runners.model import weights
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.kv_cache import allocate_kv_cache
+from interlock.runners.model.weights import CheckpointError, SafetensorsFiles
 
 TENSORS = {
     "f32": torch.randn(37, 11),
@@ -36,7 +36,7 @@ def files(tmp_path) -> SafetensorsFiles:
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "float32", "bfloat16"])
 def test_every_slot_layout_gets_the_stored_values(files, monkeypatch, name, layout) -> None:
     # A 64-byte staging buffer: every staged tensor is read in several chunks.
-    monkeypatch.setattr(checkpoint, "STAGING_BYTES", 64)
+    monkeypatch.setattr(weights, "STAGING_BYTES", 64)
     stored = TENSORS[name]
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(layout, stored.dtype)
     if layout == "transposed" and stored.dim() == 2:
@@ -82,7 +82,7 @@ def test_the_cpu_kv_cache_is_zeroed_and_writable() -> None:
 def test_any_tensor_reads_into_any_slot_as_safetensors_gives_it(
     tmp_path_factory, monkeypatch, rows, cols, stored, wanted, transposed, staging
 ) -> None:
-    monkeypatch.setattr(checkpoint, "STAGING_BYTES", staging)
+    monkeypatch.setattr(weights, "STAGING_BYTES", staging)
     directory = tmp_path_factory.mktemp("reader")
     tensor = torch.randn(rows, cols).to(stored)
     save_file({"w": tensor, "pad": torch.zeros(3)}, directory / "model.safetensors")

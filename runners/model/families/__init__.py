@@ -38,6 +38,12 @@ def registry() -> Mapping[str, Family]:
     return found
 
 
+@functools.cache
+def gguf_registry() -> Mapping[str, Family]:
+    """GGUF ``general.architecture`` name -> the family its files convert to."""
+    return {f.gguf.name: f for f in registry().values() if f.gguf is not None}
+
+
 def family(architecture: str) -> Family | None:
     """The family serving ``architecture``, or None."""
     return registry().get(architecture)

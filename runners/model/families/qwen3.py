@@ -1,6 +1,6 @@
 """Qwen3: Qwen2 without the q/k/v bias, with per-head q/k norms."""
 
-from interlock.runners.model.family import Defaults, Family, qwen_windows
+from interlock.runners.model.family import Defaults, Family, GGUFFacts, qwen_windows
 
 FAMILIES = (
     Family(
@@ -9,5 +9,6 @@ FAMILIES = (
                  sliding_window=4096),
         bias_key="attention_bias", bias_on_output=True, qk_norm=True,
         windows=qwen_windows(lambda layer, max_window_layers: layer >= max_window_layers),
+        gguf=GGUFFacts("qwen3", fixed_keys={"use_sliding_window": False}),
     ),
 )

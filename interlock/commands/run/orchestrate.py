@@ -1,0 +1,218 @@
+"""``policy run``'s run: check the inputs, decide, load the model, generate, show it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+from interlock.commands.common import context_flags_of, load, overrides_of, write_json
+from interlock.commands.run.capture import cap_capture_sizes, step_tokens
+from interlock.commands.run.render import (
+    header,
+    output_dict,
+    render_outputs,
+    render_tail,
+    run_document,
+)
+from interlock.commands.run.stream import Stream
+from interlock.core.errors import InputError, InterlockError
+
+DEFAULT_PROMPT = (1, 2, 3)
+TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
+IDS_MAX_TOKENS = 16
+
+
+def run(args: argparse.Namespace) -> int:
+    worker = _torchrun_worker()
+    if worker is not None:
+        return worker
+    from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
+    from interlock.plugins import load_registry
+    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.model.checkpoint import resolve_model
+
+    if args.chat and not args.prompt:
+        raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")
+    policy = load(args)
+    check_runs_here(args.platform)
+    # Everything the user gave is checked before the decision is logged: the model's form
+    # (a config.json it cannot run is still explained, then refused), the sampling values.
+    model = model_target(args.model)
+    if model != "demo" and not Path(model, "config.json").is_file():
+        resolve_model(model)  # raises the error naming every accepted form
+    max_tokens = args.max_tokens
+    if max_tokens is None:
+        max_tokens = TEXT_MAX_TOKENS if args.prompt else IDS_MAX_TOKENS
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    flags = context_flags_of(args, policy)
+    flags["features"], flags["sources"] = _with_tensor_parallel(args, flags)
+    resolution = resolve_model_run(policy, model, overrides_of(args), **flags)
+    print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
+    plugin = load_registry().runner(resolution.decision.runner).plugin
+    prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
+    # Text replies stream to a terminal as they are generated; the header comes first.
+    stream = Stream(sys.stdout, resolution, plugin.provider, args) if (
+        args.prompt and not args.json and sys.stdout.isatty()
+    ) else None
+    try:
+        # Plugin code (the runner) prints to stderr: stdout is this command's output.
+        with _debug_graphs(args.debug_graphs), redirect_stdout(sys.stderr):
+            result = _execute(args, resolution, model, prompts, params, stream)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C: show what was generated so far (exit 130 is the command line's).
+        partial = [output_dict(o) for o in getattr(exc, "outputs", ())]
+        if partial and args.json:
+            exc.details = {"outputs": partial}  # type: ignore[attr-defined]
+        elif partial:
+            sys.stdout.write(render_outputs(partial))
+        raise
+    outputs, report, metrics, trace = result
+    document = run_document(resolution, plugin.provider, outputs, report, metrics, trace,
+                         verbose=args.verbose, prompts=args.prompt, chat=args.chat)
+    if args.json:
+        write_json(document)
+    elif stream is not None:  # the header and the text replies are out already
+        token_ids = [o for o in document["outputs"] if "prompt" not in o]
+        sys.stdout.write(render_outputs(token_ids)
+                         + render_tail(document, trace, verbose=args.verbose))
+    else:
+        sys.stdout.write(header(resolution, plugin.provider, report) + "\n"
+                         + render_outputs(document["outputs"])
+                         + render_tail(document, trace, verbose=args.verbose))
+    return 0
+
+
+@contextmanager
+def _debug_graphs(enabled: bool) -> Iterator[None]:
+    """Force the debug graph backend for this run only (runners read it when they load)."""
+    from interlock.runners.graphs.backends import DEBUG_ENV
+
+    previous = os.environ.get(DEBUG_ENV)
+    if enabled:
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = previous
+
+
+def _execute(
+    args: argparse.Namespace,
+    resolution: Any,
+    model: str,
+    prompts: list[Any],
+    params: Any,
+    stream: Stream | None,
+) -> tuple[Any, Any, dict[str, Any], tuple[Any, ...]]:
+    """Run the prompts (with ``--chat`` the text ones as user messages), streaming text
+    replies to ``stream``; returns (outputs, runner report, metrics, the trace with this
+    run's own steps)."""
+    import torch
+
+    from interlock.llm import LLM
+    from interlock.model_run import device_for
+
+    device = device_for(resolution.context.platform)
+    decision = resolution.decision
+    steps, trace = step_tokens(prompts), resolution.trace
+    if decision.capture_sizes is not None and steps is not None:
+        decision, note = cap_capture_sizes(decision, steps)
+        trace = (*trace, note) if note is not None else trace
+    start = time.perf_counter()
+    try:
+        llm = LLM(
+            model,
+            dtype=args.dtype,
+            device=device,
+            seed=args.seed,
+            max_num_seqs=len(prompts),
+            **({} if steps is None else {"max_num_batched_tokens": min(2048, steps)}),
+            decision=decision,
+            tensor_parallel_size=args.tensor_parallel_size,
+        )
+        loaded = time.perf_counter()
+        if args.chat:
+            first = len(args.prompt_token_ids)
+            prompts = [*prompts[:first], *(
+                llm.apply_chat_template([{"role": "user", "content": text}])
+                for text in prompts[first:]
+            )]
+        on_tokens = None
+        if stream is not None:
+            on_tokens = stream.start(llm)
+        outputs = llm.generate(prompts, params, on_tokens=on_tokens)
+    except torch.OutOfMemoryError as exc:
+        raise RunFailed(f"out of memory on {device}: {' '.join(str(exc).split())[:300]}") from exc
+    if device == "cuda":
+        torch.cuda.synchronize()
+    done = time.perf_counter()
+    generated = sum(len(o.token_ids) for o in outputs)
+    decoding = [o for o in outputs if len(o.token_ids) > 1]
+    metrics = {
+        "ttft_ms": round(1e3 * sum(o.ttft_s for o in outputs) / len(outputs), 3),
+        "tpot_ms": round(1e3 * sum(o.tpot_s for o in decoding) / len(decoding), 3)
+        if decoding else None,
+        "requests": len(outputs),
+        "output_tokens": generated,
+        "generate_s": round(done - loaded, 4),
+        "output_tokens_per_s": round(generated / (done - loaded), 2),
+        "load_s": round(loaded - start, 4),
+    }
+    report = llm.report()
+    llm.close()  # the other tensor-parallel ranks, if any
+    return outputs, report, metrics, trace
+
+
+class RunFailed(InterlockError):
+    """The run itself failed (exit 4)."""
+
+    kind = "runtime"
+
+
+def _torchrun_worker() -> int | None:
+    """Under torchrun every rank runs this command; a rank other than 0 serves rank 0's
+    orders (interlock.runners.parallel.worker) and returns its exit status."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK", "0") == "0":
+        return None
+    from interlock.runners.parallel.distributed import Rendezvous, TensorParallelError
+    from interlock.runners.parallel.worker import serve
+
+    try:
+        rdzv = Rendezvous.from_torchrun()
+    except TensorParallelError as exc:
+        raise InputError(str(exc)) from None
+    assert rdzv is not None
+    return serve(rdzv)
+
+
+def _with_tensor_parallel(
+    args: argparse.Namespace, flags: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The context's features and sources with the run's tensor_parallel_size given."""
+    from interlock.plugins.capabilities import TENSOR_PARALLEL
+
+    features, sources = dict(flags["features"]), dict(flags["sources"])
+    given = features.get(TENSOR_PARALLEL, args.tensor_parallel_size)
+    if given != args.tensor_parallel_size:
+        raise InputError(
+            f"--feature {TENSOR_PARALLEL}={given} disagrees with --tensor-parallel-size "
+            f"{args.tensor_parallel_size}; policy run splits the model as "
+            "--tensor-parallel-size says, so give that alone"
+        )
+    features[TENSOR_PARALLEL] = args.tensor_parallel_size
+    sources[f"features.{TENSOR_PARALLEL}"] = "given (--tensor-parallel-size)"
+    return features, sources
+
+

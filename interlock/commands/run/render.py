@@ -1,0 +1,152 @@
+"""``policy run``'s output: the JSON document, and the text a terminal shows (the header,
+the outputs, the metrics and with ``--verbose`` the trace, kernels and graphs)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from interlock.core.fields import show_scalar
+
+
+def output_dict(o: Any) -> dict[str, Any]:
+    return {
+        "prompt_token_ids": list(o.prompt_token_ids),
+        "token_ids": list(o.token_ids),
+        "text": o.text,
+        "finish_reason": o.finish_reason,
+    }
+
+
+def render_outputs(outputs: list[dict[str, Any]]) -> str:
+    """Token-id prompts as ids (and text); text prompts as the reply's text, as it streams.
+    Each text reply, and each run of token-id prompts, ends with a blank line."""
+    lines: list[str] = []
+    for i, out in enumerate(outputs):
+        if "prompt" in out:
+            lines += [prompt_label(i, out["prompt"], out["chat"]), out["text"],
+                      finish_line(out["token_ids"], out["finish_reason"]), ""]
+            continue
+        lines += [f"[{i}] prompt {out['prompt_token_ids']}",
+                  f"    -> {out['token_ids']} ({out['finish_reason']})"]
+        if out["text"] is not None:
+            lines.append(f"    text: {out['text']!r}")
+        if i + 1 == len(outputs) or "prompt" in outputs[i + 1]:
+            lines.append("")
+    return "".join(line + "\n" for line in lines)
+
+
+def prompt_label(index: int, text: str, chat: bool) -> str:
+    return f"[{index}] {'user' if chat else 'prompt'}: {text}"
+
+
+def finish_line(tokens: Any, reason: str | None) -> str:
+    why = {"stop": "end of sequence", "length": "max tokens"}.get(reason or "", reason)
+    return f"[{len(tokens)} tokens, {why}]"
+
+
+def run_document(
+    resolution: Any,
+    provider: str,
+    outputs: Any,
+    report: Any,
+    metrics: dict[str, Any],
+    trace: tuple[Any, ...],
+    *,
+    verbose: bool,
+    prompts: list[str],
+    chat: bool,
+) -> dict[str, Any]:
+    resolved = resolution.to_dict()
+    graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    rows = [output_dict(o) for o in outputs]
+    for row, text in zip(rows[len(rows) - len(prompts):], prompts, strict=True):
+        row["prompt"], row["chat"] = text, chat  # text prompts follow the token-id ones
+    document: dict[str, Any] = {
+        "decision": resolved["decision"],
+        "provenance": resolved["provenance"],
+        "context": resolved["context"],
+        "runner": {
+            "name": report.runner, "plugin": provider, "device": report.device,
+            "dtype": report.dtype,
+        },
+        "outputs": rows,
+        "metrics": metrics,
+        "kernels": {k.op: k.implementation for k in report.kernels},
+        "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
+        "tensor_parallel": asdict(report.tensor_parallel) if report.tensor_parallel else None,
+    }
+    if verbose:
+        document["trace"] = [step.to_dict() for step in trace]
+        document["kernel_choices"] = {
+            k.op: {"implementation": k.implementation, "reason": k.reason} for k in report.kernels
+        }
+    return document
+
+
+def header(resolution: Any, provider: str, report: Any) -> str:
+    """Which runner runs the model, and how (before the outputs, streamed or not)."""
+    ctx, decision = resolution.context, resolution.decision
+    graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    lines = [
+        f"{ctx.architecture} on {ctx.platform}: runner {report.runner} from "
+        f"plugin {provider}, {report.device}, {report.dtype}",
+        f"graphs: cudagraph={decision.cudagraph} breakable={show_scalar(decision.breakable)} "
+        f"compile={show_scalar(decision.compile)}; {_graph_summary(graphs)}",
+    ]
+    lines += [f"  fallback: {fallback}" for fallback in report.fallbacks]
+    tp = report.tensor_parallel
+    if tp is not None:
+        lines.append(
+            f"tensor parallel: {tp.size} ranks ({tp.backend}, {tp.launcher}), "
+            f"{tp.heads_per_rank} attention head(s) and {tp.kv_heads_per_rank} KV head(s) "
+            "per rank"
+        )
+        lines += [f"  {note}" for note in tp.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -> str:
+    """The metrics (and with ``verbose`` the trace, kernels and graphs)."""
+    from interlock.policy.explain import render_trace
+
+    graphs, metrics = doc["graphs"], doc["metrics"]
+    tpot = "-" if metrics["tpot_ms"] is None else f"{metrics['tpot_ms']:.2f} ms"
+    lines = [
+        f"ttft {metrics['ttft_ms']:.2f} ms, tpot {tpot}, {metrics['output_tokens']} tokens in "
+        f"{metrics['generate_s']:.3f} s ({metrics['output_tokens_per_s']:.1f} tokens/s); "
+        f"load {metrics['load_s']:.2f} s",
+    ]
+    if verbose:
+        lines += ["", "trace", *render_trace(trace)]
+        lines += ["", "kernels"]
+        width = max(len(op) for op in doc["kernel_choices"])
+        for op, choice in doc["kernel_choices"].items():
+            lines.append(f"  {op:<{width}}  {choice['implementation']}  ({choice['reason']})")
+        lines += ["", "graphs"]
+        for name, sizes in graphs.get("sizes", {}).items():
+            lines.append(f"  sizes {name}: {', '.join(map(str, sizes)) or '-'}")
+        for graph in graphs.get("captured", []):
+            lines.append(
+                f"  captured {graph['key']}: {graph['segments']} segment(s), "
+                f"{graph['breaks']} eager break(s)"
+            )
+        for key, why in graphs.get("failed", {}).items():
+            lines.append(f"  failed {key}: {why}")
+        for key, count in graphs.get("replays", {}).items():
+            lines.append(f"  replayed {key}: {count} step(s)")
+        for why, count in graphs.get("eager_steps", {}).items():
+            lines.append(f"  eager: {why}: {count} step(s)")
+    return "\n".join(lines) + "\n"
+
+
+def _graph_summary(graphs: dict[str, Any]) -> str:
+    if not graphs or graphs.get("backend") == "none":
+        return "nothing to capture"
+    captured = graphs["captured_sizes"]
+    failed = len(graphs["failed"])
+    sizes = ", ".join(map(str, captured)) or "none"
+    return (
+        f"{graphs['backend']} backend, captured sizes {sizes} in {graphs['capture_s']:.2f} s"
+        + (f", {failed} capture(s) failed" if failed else "")
+    )
