@@ -134,8 +134,11 @@ def _merge(layers: list[_Layer], revision: str) -> Policy:
     missing = [f for f in REQUIRED_FIELDS if f not in defaults]
     if missing:
         last = layers[-1].file.path
+        # Usually a site policy given alone: say how to layer it on the shipped one.
         raise PolicyError(
-            f"defaults must set {', '.join(missing)} (in at least one of the layered files)",
+            f"defaults must set {', '.join(missing)} (in at least one of the layered files); "
+            f"to layer {last} on the shipped policy, give --policy @shipped --policy {last} "
+            f"(or INTERLOCK_POLICY=@shipped:{last})",
             file=last,
             path="defaults",
         )

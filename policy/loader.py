@@ -33,23 +33,60 @@ def shipped_policy_path() -> Path:
     return _PACKAGE_DIR / SHIPPED_NAME
 
 
-def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[tuple[str, Path]]:
-    """``(display name, path)`` of the files to layer: the given ones, else ``$INTERLOCK_POLICY``
-    (an ``os.pathsep`` list), else the shipped policy."""
-    if paths:
-        if any(os.fspath(p) == "" for p in paths):
-            raise PolicyError("--policy '': an empty path names no policy file")
-        return [(os.fspath(p), Path(p)) for p in paths]
-    env = os.environ.get("INTERLOCK_POLICY", "")
-    listed = [p for p in env.split(os.pathsep) if p]
-    if listed:
-        return [(p, Path(p)) for p in listed]
-    if env:  # set, yet naming nothing (":::"): not a reason to use another policy silently
+#: Names the shipped policy wherever a policy path is taken (``--policy @shipped``,
+#: ``INTERLOCK_POLICY=@shipped:site.yaml``, ``policy diff @shipped @shipped:site.yaml``).
+SHIPPED_ALIAS = "@shipped"
+
+
+def shipped_display() -> str:
+    """How locations name the shipped policy: relative to the current directory when it is
+    below it (``policies.yaml`` in a checkout), else its absolute path, so that
+    ``file:line`` opens from wherever the command ran."""
+    real = shipped_policy_path().resolve()
+    try:
+        return str(real.relative_to(Path.cwd()))
+    except ValueError:
+        return str(real)
+
+
+def parse_stack(text: str, origin: str) -> list[tuple[str, Path]]:
+    """``(display name, path)`` of each file of one policy stack written as
+    ``INTERLOCK_POLICY`` writes it: paths separated by ``os.pathsep``, bottom first, where
+    :data:`SHIPPED_ALIAS` is the shipped policy. ``origin`` names where the text came from
+    (``--policy``, ``INTERLOCK_POLICY``) for the error when it names no file."""
+    files = []
+    for item in text.split(os.pathsep):
+        if item == SHIPPED_ALIAS:
+            files.append((shipped_display(), shipped_policy_path()))
+        elif item.startswith("@"):
+            from interlock.core.suggest import hint
+
+            raise PolicyError(
+                f"{origin}: unknown policy alias {item!r}; the one alias is {SHIPPED_ALIAS} "
+                f"(the shipped policy)" + hint(item, [SHIPPED_ALIAS])
+            )
+        elif item:
+            files.append((item, Path(item)))
+    if not text:
+        raise PolicyError(f"{origin} '': an empty path names no policy file")
+    if not files:
         raise PolicyError(
-            f"INTERLOCK_POLICY={env!r} names no policy file; give file paths separated by "
-            f"{os.pathsep!r}, or unset it for the shipped policy"
+            f"{origin}={text!r} names no policy file; give file paths separated by "
+            f"{os.pathsep!r} ({SHIPPED_ALIAS} is the shipped policy)"
         )
-    return [(SHIPPED_NAME, shipped_policy_path())]
+    return files
+
+
+def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[tuple[str, Path]]:
+    """``(display name, path)`` of the files to layer: the given ones (each may be a stack,
+    see :func:`parse_stack`), else ``$INTERLOCK_POLICY``, else the shipped policy."""
+    if paths:
+        return [f for p in paths for f in parse_stack(os.fspath(p), "--policy")]
+    if "INTERLOCK_POLICY" in os.environ:
+        env = os.environ["INTERLOCK_POLICY"]
+        if env:  # set and empty: as if unset, as shells leave it after `INTERLOCK_POLICY=`
+            return parse_stack(env, "INTERLOCK_POLICY")
+    return [(shipped_display(), shipped_policy_path())]
 
 
 def read_source(path: Path, name: str, limit: int = MAX_FILE_BYTES) -> bytes:

@@ -26,7 +26,8 @@ def add_policy_args(parser: argparse.ArgumentParser) -> None:
         "--policy",
         action="append",
         metavar="FILE",
-        help="policy file; repeat to layer (default: $INTERLOCK_POLICY, else the shipped one)",
+        help="policy file, or a stack a.yaml:b.yaml as INTERLOCK_POLICY writes it (@shipped is "
+        "the shipped policy); repeat to layer (default: $INTERLOCK_POLICY, else the shipped one)",
     )
 
 

@@ -1,8 +1,11 @@
 """``policy diff OLD NEW``: every decision that changes between two policies, grouped by change.
 
-OLD and NEW are policy files, or git revisions: ``git:REV`` is the repository's
-``policies.yaml`` at REV, ``git:REV:path`` another file (relative to the
-repository root). The repository is the one holding the current directory.
+OLD and NEW are policy stacks written as ``INTERLOCK_POLICY`` writes them
+(``policies.yaml:site.yaml``, with ``@shipped`` for the shipped policy), so
+``policy diff @shipped @shipped:site.yaml`` is what layering site.yaml changes;
+or git revisions: ``git:REV`` is the repository's ``policies.yaml`` at REV,
+``git:REV:path`` another file (relative to the repository root). The repository
+is the one holding the current directory; a ``git:`` side is one file, not a stack.
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "platform, x feature values x env states) and print the decisions that differ, grouped "
         "by change, with the rule that decided each side. Prints nothing when they agree.",
     )
-    parser.add_argument("old", metavar="OLD", help="policy file, git:REV or git:REV:path")
-    parser.add_argument("new", metavar="NEW", help="policy file, git:REV or git:REV:path")
+    for side in ("old", "new"):
+        parser.add_argument(
+            side, metavar=side.upper(),
+            help="policy file or stack (a.yaml:b.yaml, @shipped the shipped policy), "
+            "git:REV or git:REV:path",
+        )
     parser.add_argument("--json", action="store_true", help="print the changes as JSON")
     parser.add_argument(
         "--exit-code", action="store_true", help="exit 1 when the policies differ (for CI)"
@@ -78,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from interlock.policy.diff import diff_policies, render_text, to_json
     from interlock.policy.loader import load_policy_sources
 
-    old = load_policy_sources([read_policy_arg(args.old)])
-    new = load_policy_sources([read_policy_arg(args.new)])
+    old = load_policy_sources(read_policy_arg(args.old))
+    new = load_policy_sources(read_policy_arg(args.new))
     if args.measure and args.model is None:
         raise PolicyError("--measure needs --model PATH|demo: the model to run the decisions on")
     if not args.measure and (args.model is not None or args.max_regression is not None):
@@ -221,12 +228,13 @@ def _measure_text(measured: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_policy_arg(spec: str) -> tuple[str, bytes]:
-    """``(display name, content)`` of a policy file or a ``git:REV[:path]`` revision."""
+def read_policy_arg(spec: str) -> list[tuple[str, bytes]]:
+    """``(display name, content)`` of each file of a policy stack, or of a ``git:REV[:path]``
+    revision."""
     if not spec.startswith(GIT_PREFIX):
-        from interlock.policy.loader import read_source
+        from interlock.policy.loader import parse_stack, read_source
 
-        return spec, read_source(Path(spec), spec)
+        return [(name, read_source(path, name)) for name, path in parse_stack(spec, "policy diff")]
     rev, _, path = spec[len(GIT_PREFIX) :].partition(":")
     if not rev:
         raise PolicyError(f"{spec!r}: expected git:REV or git:REV:path, e.g. git:HEAD~1")
@@ -242,7 +250,7 @@ def read_policy_arg(spec: str) -> tuple[str, bytes]:
         raise PolicyError(
             f"{spec!r}: the path {path!r} must be relative to the repository root, without '..'"
         )
-    return f"{rev}:{path}", _git_show(rev, path, spec)
+    return [(f"{rev}:{path}", _git_show(rev, path, spec))]
 
 
 def _git_show(rev: str, path: str, spec: str) -> bytes:
