@@ -1,7 +1,10 @@
 """pytest plugin (entry point ``pytest11``): collects ``*.tests.yaml`` policy tests files.
 
-Each case becomes one test item, run against the policy beside its file
-(``X.yaml`` for ``X.tests.yaml``). The project's pytest collects the shipped
+Each case becomes one test item, run against the policy the file names
+(``policy: ["@shipped", site.yaml]``), else the policy beside it (``X.yaml`` for
+``X.tests.yaml``): a tests file says what it tests, so ``INTERLOCK_POLICY`` is not
+read here. A case that warns (an architecture outside the catalog) emits a pytest
+warning at the case's line. The project's pytest collects the shipped
 ``policies.tests.yaml`` through ``testpaths``. pytest imports this module at
 every start, so it imports nothing of the policy engine until a file matches.
 """
@@ -40,15 +43,28 @@ class PolicyTestsFile(pytest.File):
         from interlock.policy.testfile import load_tests, policy_path_for
 
         name = self._display(self.path)
-        policy_path = policy_path_for(self.path)
-        if not policy_path.is_file():
-            raise self.CollectError(f"{name}: no policy {policy_path.name} beside it to test")
         try:
             tests = load_tests(self.path, name)
-            policy_name = self._display(policy_path)
-            policy = load_policy_sources([(policy_name, read_source(policy_path, policy_name))])
         except PolicyError as exc:
             raise self.CollectError(str(exc)) from None
+        files = tests.policy
+        if files is None:
+            policy_path = policy_path_for(self.path)
+            if not policy_path.is_file():
+                raise self.CollectError(
+                    f"{name}: no policy {policy_path.name} beside it to test; name the policy "
+                    f'in the file, e.g. policy: ["@shipped", site.yaml]'
+                )
+            files = ((self._display(policy_path), policy_path),)
+        try:
+            policy = load_policy_sources([(n, read_source(p, n)) for n, p in files])
+        except PolicyError as exc:
+            layer = (
+                f'; to test it layered on the shipped policy, add policy: ["@shipped", '
+                f"{files[0][1].name}] to {name}"
+                if tests.policy is None and "defaults must set" in str(exc) else ""
+            )
+            raise self.CollectError(str(exc) + layer) from None
         run = self.config.stash.setdefault(_RUNS, {})[name] = TestRun(policy)
         return [
             PolicyCaseItem.from_parent(self, name=case.name, case=case, run=run)
@@ -75,6 +91,8 @@ class PolicyCaseItem(pytest.Item):
 
         result = run_case(self.run.policy, self.case, capabilities=capability_stage())
         self.run.results.append(result)
+        for warning in result.warnings:
+            self.warn(pytest.PytestWarning(warning))
         if not result.passed:
             raise PolicyCaseFailed("\n".join(render_result(result)))
 

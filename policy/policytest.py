@@ -9,6 +9,7 @@ A rule is covered when it decided at least one field of some case's decision.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ class CaseResult:
     error: str | None = None
     #: Fields whose trace the report shows.
     failing_fields: tuple[str, ...] = ()
+    #: What looks wrong without failing the case (``--strict`` fails it), at file:line.
+    warnings: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -93,6 +96,29 @@ def run_case(
     """Resolve one case and compare. Names the case cannot use (an env variable the policy
     does not bind, a rule id it does not have) fail it at their file:line, next to any value
     that differs."""
+    result = _run_case(policy, loaded, capabilities)
+    warnings = _warnings(policy, loaded)
+    return dataclasses.replace(result, warnings=warnings) if warnings else result
+
+
+def _warnings(policy: Policy, loaded: LoadedCase) -> tuple[str, ...]:
+    """An architecture outside the catalog is usually a typo of one in it (the case then
+    tests the defaults, and passes for the wrong reason), unless the case says it means it."""
+    given = loaded.case.given
+    if given.outside_catalog or given.architecture in policy.catalog:
+        return ()
+    message = (
+        f"warning: architecture {given.architecture!r} is not in the policy's catalog, so the "
+        f"case tests an unknown model{hint(given.architecture, policy.catalog)} (set "
+        f"`outside_catalog: true` in `given` if that is what it means)"
+    )
+    where = loaded.at("given", "architecture")
+    return (f"{where.file}:{where.line}:{where.col}: {message}",)
+
+
+def _run_case(
+    policy: Policy, loaded: LoadedCase, capabilities: CapabilityCheck | None
+) -> CaseResult:
     case = loaded.case
     problems = _unknown_names(policy, loaded)
     given = case.given
@@ -178,9 +204,10 @@ def field_steps(resolution: Resolution, name: str) -> tuple[Step, ...]:
 def render_result(result: CaseResult, *, color: bool = False) -> list[str]:
     where = result.case.at()
     head = f"{'PASS' if result.passed else 'FAIL'}  {result.case.name}"
+    warnings = [f"      {w}" for w in result.warnings]
     if result.passed:
-        return [head]
-    lines = [f"{head}  ({where.file}:{where.line})"]
+        return [head, *warnings]
+    lines = [f"{head}  ({where.file}:{where.line})", *warnings]
     lines += [f"      {problem}" for problem in result.problems]
     res = result.resolution
     if res is not None:
@@ -190,6 +217,30 @@ def render_result(result: CaseResult, *, color: bool = False) -> list[str]:
             lines.append(f"      trace of {name}:")
             lines += [f"    {line}" for line in render_trace(field_steps(res, name), color=color)]
     return lines
+
+
+def result_to_dict(result: CaseResult) -> dict[str, Any]:
+    """One case's outcome as ``policy test --json`` prints it."""
+    where = result.case.at()
+    res = result.resolution
+    return {
+        "name": result.case.name,
+        "location": where.to_dict(),
+        "passed": result.passed,
+        "problems": list(result.problems),
+        "warnings": list(result.warnings),
+        "decision": None if res is None else res.decision.to_dict(),
+        "error": result.error,
+    }
+
+
+def coverage_to_dict(run: TestRun) -> dict[str, Any]:
+    return {
+        "percent": round(run.coverage(), 2),
+        "covered": run.covered(),
+        "uncovered": run.uncovered(),
+        "rules": len(run.policy.rules),
+    }
 
 
 def _decision_items(res: Resolution) -> list[tuple[str, Any]]:

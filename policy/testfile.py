@@ -12,6 +12,11 @@ the rule that set those fields, or an error::
 The file is validated like a policy (unknown keys, bad values: errors at
 file:line:col); names that must exist in the policy (env bindings, rule ids)
 are checked against it when the cases run.
+
+A tests file may name the policy it tests, as a stack bottom first: a site's
+tests say ``policy: ["@shipped", site.yaml]`` (``@shipped`` is quoted: YAML
+reserves a leading ``@``). Relative paths are relative to the tests file's
+folder. Without the key, the file tests the policy beside it (``X.yaml``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Given(_Model):
     env: dict[EnvName, StrictStr] = {}
     #: Explicit overrides (stage 4), like ``--set``.
     set: DecisionFields = DecisionFields()
+    #: The architecture is meant to be outside the policy's catalog (no typo warning).
+    outside_catalog: bool = False
 
 
 class Expect(DecisionFields):
@@ -89,6 +96,11 @@ class Case(_Model):
 
 class TestsFileModel(_Model):
     schema_version: Literal[TESTS_SCHEMA_VERSION]  # type: ignore[valid-type]
+    policy: Annotated[list[StrictStr], Field(min_length=1)] | None = Field(
+        default=None,
+        description="the policy the cases test, bottom first (paths relative to this file, "
+        "'@shipped' the shipped policy); default: X.yaml beside X.tests.yaml",
+    )
     cases: Annotated[list[Case], Field(min_length=1)]
 
 
@@ -116,17 +128,24 @@ class LoadedCase:
 class TestsFile:
     name: str
     cases: tuple[LoadedCase, ...]
+    #: ``(display name, path)`` of the files of the policy the file names, or None.
+    policy: tuple[tuple[str, Path], ...] | None = None
 
 
 def load_tests(path: str | os.PathLike[str], name: str | None = None) -> TestsFile:
     """Read and validate a tests file; raises :class:`PolicyError` at file:line:col."""
     display = name or os.fspath(path)
-    return parse_tests(read_source(Path(path), display), display)
+    return parse_tests(read_source(Path(path), display), display, Path(path).parent)
 
 
-def parse_tests(content: bytes, name: str) -> TestsFile:
+def parse_tests(content: bytes, name: str, folder: Path | None = None) -> TestsFile:
+    """Validate a tests file's ``content``; ``folder`` is where its relative policy paths
+    start (default: the folder of ``name``)."""
     doc = parse_yaml(content, name)
     model = validate_doc(TestsFileModel, doc)
+    policy = None
+    if model.policy is not None:
+        policy = _policy_files(model.policy, doc, Path(name).parent if folder is None else folder)
     seen: dict[str, int] = {}
     for i, case in enumerate(model.cases):
         if case.name in seen:
@@ -137,7 +156,35 @@ def parse_tests(content: bytes, name: str) -> TestsFile:
                 "cases in reports and pytest",
             )
         seen[case.name] = i
-    return TestsFile(name, tuple(LoadedCase(case, i, doc) for i, case in enumerate(model.cases)))
+    cases = tuple(LoadedCase(case, i, doc) for i, case in enumerate(model.cases))
+    return TestsFile(name, cases, policy)
+
+
+def _policy_files(
+    items: list[str], doc: SourceDoc, folder: Path
+) -> tuple[tuple[str, Path], ...]:
+    from interlock.policy.loader import parse_stack, shipped_policy_path
+
+    files = []
+    for i, item in enumerate(items):
+        try:
+            stack = parse_stack(item, "policy")
+        except PolicyError as exc:
+            raise doc.error(("policy", i), exc.message) from None
+        for display, path in stack:
+            if path != shipped_policy_path() and not path.is_absolute():
+                path = Path(os.path.normpath(folder / path))
+                display = _shown(path)
+            files.append((display, path))
+    return tuple(files)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory when below it (shorter locations)."""
+    try:
+        return str(path.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def tests_path_for(policy_path: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from interlock.commands.common import add_policy_args
 
@@ -13,10 +14,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "test",
         help="run policy test cases (policies.tests.yaml)",
-        description="Run the cases of policy tests files against the policy (--policy, else "
-        "$INTERLOCK_POLICY, else the shipped one). Without FILES, the tests file beside the "
-        "policy: X.tests.yaml for X.yaml. Prints each case, 'N passed, M failed' and rule "
-        "coverage; exit 1 when a case fails or coverage is below --min-coverage.",
+        description="Run the cases of policy tests files against the policy: --policy when "
+        "given, else the stack the tests file names (`policy: [\"@shipped\", site.yaml]`), "
+        "else $INTERLOCK_POLICY, else the shipped one. Without FILES, the tests file beside "
+        "the policy: X.tests.yaml for X.yaml. Prints each case, 'N passed, M failed' and rule "
+        "coverage; a case whose architecture is not in the catalog gets a warning. Exit 1 "
+        "when a case fails (or warns, under --strict) or coverage is below --min-coverage.",
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="policy tests files")
     add_policy_args(parser)
@@ -27,6 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="PCT",
         help="fail when fewer than PCT %% of the rules decided a field in some case",
     )
+    parser.add_argument("--strict", action="store_true", help="fail a case that warns")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(run=run)
 
 
@@ -41,15 +46,20 @@ def _percent(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.commands.common import load
+    from interlock.commands.common import load, write_json
     from interlock.core.errors import PolicyError
     from interlock.core.terminal import use_color
     from interlock.plugins.capabilities import capability_stage
-    from interlock.policy.loader import policy_paths
-    from interlock.policy.policytest import render_result, render_summary, run_cases
+    from interlock.policy.loader import load_policy_sources, policy_paths, read_source
+    from interlock.policy.policytest import (
+        TestRun,
+        coverage_to_dict,
+        render_result,
+        render_summary,
+        run_cases,
+    )
     from interlock.policy.testfile import load_tests, tests_path_for
 
-    policy = load(args)
     paths = [Path(f) for f in args.files]
     if not paths:
         name, path = policy_paths(args.policy)[-1]
@@ -57,20 +67,71 @@ def run(args: argparse.Namespace) -> int:
         if not default.is_file():
             raise PolicyError(f"no tests file beside the policy {name}: expected {default}")
         paths = [_relative(default)]
-    cases = [case for path in paths for case in load_tests(path).cases]
-    results = run_cases(policy, cases, capabilities=capability_stage())
-    color = use_color(sys.stdout)
-    for result in results.results:
-        print("\n".join(render_result(result, color=color)))
-    print("\n".join(render_summary(results)))
-    below = results.coverage() < args.min_coverage
-    if below:
+    # Cases grouped by the policy they test: --policy for all, else each file's own stack.
+    groups: dict[tuple[tuple[str, Path], ...] | None, list[Any]] = {}
+    for path in paths:
+        tests = load_tests(path)
+        key = None if args.policy else tests.policy
+        groups.setdefault(key, []).extend(tests.cases)
+    stage = capability_stage()
+    runs: list[TestRun] = []
+    for key, cases in groups.items():
+        if key is None:
+            policy = load(args)
+        else:
+            policy = load_policy_sources([(name, read_source(p, name)) for name, p in key])
+        runs.append(run_cases(policy, cases, capabilities=stage))
+    failed = sum(run.failed for run in runs)
+    warned = sum(bool(r.warnings) for run in runs for r in run.results if r.passed)
+    if args.strict:
+        failed += warned
+    below = [run for run in runs if run.coverage() < args.min_coverage]
+    if args.json:
+        write_json(_document(runs, args, failed, below, coverage_to_dict))
+    else:
+        color = use_color(sys.stdout)
+        for run in runs:
+            if len(runs) > 1:
+                print(f"policy {' + '.join(f.path for f in run.policy.files)}:")
+            for result in run.results:
+                print("\n".join(render_result(result, color=color)))
+            print("\n".join(render_summary(run)))
+        if warned and args.strict:
+            print(f"policy: error: {warned} case(s) warn, and --strict fails them",
+                  file=sys.stderr)
+    for run in below:
         print(
-            f"policy: error: rule coverage {results.coverage():.1f} % is below "
+            f"policy: error: rule coverage {run.coverage():.1f} % is below "
             f"--min-coverage {args.min_coverage:g} %",
             file=sys.stderr,
         )
-    return 1 if results.failed or below else 0
+    return 1 if failed or below else 0
+
+
+def _document(
+    runs: list[Any], args: argparse.Namespace, failed: int, below: list[Any], coverage: Any
+) -> dict[str, Any]:
+    from interlock.policy.policytest import result_to_dict
+
+    return {
+        "ok": not failed and not below,
+        "passed": sum(run.passed for run in runs),
+        "failed": failed,
+        "strict": args.strict,
+        "min_coverage": args.min_coverage,
+        "runs": [
+            {
+                "policy": {
+                    "files": [f.path for f in run.policy.files],
+                    "version": run.policy.version,
+                    "revision": run.policy.revision,
+                },
+                "cases": [result_to_dict(r) for r in run.results],
+                "coverage": coverage(run),
+            }
+            for run in runs
+        ],
+    }
 
 
 def _relative(path: Path) -> Path:
