@@ -1,4 +1,4 @@
-"""Resolution: the decision pipeline of DESIGN.md over a draft that remembers provenance.
+"""Resolution: the decision pipeline (docs/policy-reference.md) over a provenance draft.
 
 Stages: defaults -> rules (file order, later wins per field) -> env bindings ->
 explicit overrides -> capabilities (stage 5, supplied by the plugin layer as a

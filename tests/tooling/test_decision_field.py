@@ -1,6 +1,7 @@
 """Adding a decision field touches the vocabulary and the runner declaration, nothing else.
 
-A copy of the package gets the two blocks the README's "Adding a decision field" shows (the
+A copy of the package gets the two blocks the policy reference's "Adding a decision field"
+(docs/policy-reference.md) shows (the
 field in ``interlock/core/decision.py``, what runners declare of it in
 ``interlock/plugins/spec.py``); a test plugin declares a runner serving it (the third file: the
 runner that acts on it). The rest follows: the policy file's schema, overrides, stage 5's
@@ -129,8 +130,8 @@ print("ok")
 
 
 def readme_edits() -> dict[str, str]:
-    """The README section's python blocks: file named on the first line -> the lines to add."""
-    text = (REPO / "README.md").read_text()
+    """The docs section's python blocks: file named on the first line -> the lines to add."""
+    text = (REPO / "docs" / "policy-reference.md").read_text()
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     section = text[start : end if end != -1 else len(text)]
@@ -149,7 +150,7 @@ def test_a_new_decision_field_needs_two_package_files_and_its_runner(tmp_path: P
         where, anchor = PLACES[name]
         path = root / name
         source = path.read_text()
-        assert source.count(anchor) == 1, f"{name}: the anchor of the README's block moved"
+        assert source.count(anchor) == 1, f"{name}: the anchor of the docs' block moved"
         added = body + anchor if where == "before" else anchor + body
         path.write_text(source.replace(anchor, added))
     assert _changed(REPO / "interlock", root / "interlock") == sorted(PLACES)
