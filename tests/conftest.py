@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from checkout import PACKAGE_FOLDERS, REPO
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=50, deadline=None)
@@ -69,10 +70,9 @@ def write(tmp_path: Path) -> Callable[[str, str], Path]:
     return _write
 
 
-#: What the wheel is built from: the package and the root folders and file it links.
+#: What the wheel is built from: the package's folders, and the files beside them it needs.
 WHEEL_SOURCES = (
-    "pyproject.toml", "README.md", "policies.yaml", "interlock", "policy", "plugins", "runners",
-    "kernels",
+    "pyproject.toml", "README.md", "policies.yaml", *PACKAGE_FOLDERS,
 )
 
 
@@ -84,12 +84,11 @@ def interlock_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
     work = tmp_path_factory.mktemp("wheel")
     src = work / "src"
     src.mkdir()
     for name in WHEEL_SOURCES:
-        path = repo / name
+        path = REPO / name
         if path.is_dir() and not path.is_symlink():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
             shutil.copytree(path, src / name, symlinks=True, ignore=ignore)

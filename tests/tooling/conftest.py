@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from checkout import REPO, layout
 
 from interlock.policy import Policy, load_policy
 
-REPO = Path(__file__).resolve().parents[2]
 HISTORY = REPO / "examples" / "history"
 BEFORE_51653 = HISTORY / "2026-08-12-before-vllm-51653.yaml"
 BEFORE_53155 = HISTORY / "2026-08-31-before-vllm-53155.yaml"
@@ -59,12 +58,9 @@ def shipped() -> Policy:
 
 
 def copy_package(dest: Path) -> Path:
-    """A copy of the ``interlock`` package as the wheel lays it out (the root folders it links,
-    resolved into it) with pyproject.toml beside it; returns ``dest``, to put on PYTHONPATH."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "interlock", dest / "interlock", ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", dest)
-    return dest
+    """A copy of the ``interlock`` package laid out as an install has it (``interlock/policy/``
+    ...) with pyproject.toml beside it; returns ``dest``, to put on PYTHONPATH."""
+    return layout.assemble(dest)
 
 
 def python_in(

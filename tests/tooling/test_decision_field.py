@@ -153,7 +153,8 @@ def test_a_new_decision_field_needs_two_package_files_and_its_runner(tmp_path: P
         assert source.count(anchor) == 1, f"{name}: the anchor of the docs' block moved"
         added = body + anchor if where == "before" else anchor + body
         path.write_text(source.replace(anchor, added))
-    assert _changed(REPO / "interlock", root / "interlock") == sorted(PLACES)
+    original = copy_package(tmp_path / "original")
+    assert _changed(original / "interlock", root / "interlock") == sorted(PLACES)
     site = tmp_path / "site"
     _plugin_distribution(site)
     work = tmp_path / "work"
@@ -168,8 +169,7 @@ def test_a_new_decision_field_needs_two_package_files_and_its_runner(tmp_path: P
 
 
 def _changed(a: Path, b: Path) -> list[str]:
-    """Files that differ between two trees (symlinked folders followed), as paths under b's
-    parent."""
+    """Files that differ between two trees, as paths under b's parent."""
     compared = filecmp.dircmp(a, b, ignore=["__pycache__"])
     changed: list[str] = []
 

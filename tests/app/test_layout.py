@@ -1,0 +1,107 @@
+"""One path per file: each module of the package is one git-tracked file, under one name.
+
+The root folders policy/, runners/, kernels/ and plugins/ are the packages interlock.policy, ...
+through pyproject.toml's package-dir mapping (no links). Python, mypy (tools/typecheck.py),
+import-linter (tools/lint_imports.py) and coverage all read that one mapping.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from checkout import REPO, copy_checkout, layout
+
+BARE = {"kernels", "policy", "plugins", "runners"}
+
+
+def _git_files() -> set[Path]:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    return {REPO / name for name in listed.split("\0") if name}
+
+
+def test_every_module_is_one_tracked_file_without_a_link() -> None:
+    tracked = _git_files()
+    modules = layout.module_files()
+    assert {"interlock.policy.loader", "interlock.kernels.native._cpu"} <= set(modules)
+    for name, path in modules.items():
+        assert path.resolve() == path, f"{name}: {path} goes through a link"
+        assert path in tracked, f"{name}: {path} is not tracked by git"
+    links = [p for p in tracked if p.is_symlink()]
+    # The one link is data, not a module: the shipped policy inside its package is the
+    # repository's top-level policies.yaml (the wheel carries it as a regular file).
+    assert links == [REPO / "policy" / "policies.yaml"]
+
+
+def test_python_imports_each_module_from_that_file() -> None:
+    for name, path in layout.module_files().items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        origin = Path(spec.origin)
+        if path.suffix == ".pyi":  # typed extension module: the built library lies beside it
+            assert origin.parent == path.parent and origin.name.startswith(path.stem + "."), name
+        else:
+            assert origin == path, f"{name}: imported from {origin}, not {path}"
+
+
+def test_the_acceptance_command_prints_the_tracked_path(tmp_path: Path) -> None:
+    code = "import interlock.policy.loader as m; print(m.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == str(REPO / "policy" / "loader.py")
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    dirs = layout.package_dirs()
+    for name in layout.mapped_packages():
+        for init in dirs[name].rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                assert init.parent in dirs.values(), f"{init.parent}: add it to packages"
+
+
+def test_coverage_measures_the_package_and_each_mapped_folder() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["coverage"]["run"]
+    assert config["source_pkgs"] == [layout.PACKAGE, *layout.mapped_packages()]
+
+
+def test_no_test_imports_a_bare_root_folder() -> None:
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0] in BARE]
+    assert found == [], "import these as interlock.<name>"
+
+
+@pytest.mark.slow
+def test_mypy_reports_a_mapped_module_by_its_path(tmp_path: Path) -> None:
+    root = copy_checkout(tmp_path / "checkout")
+    trace = root / "policy" / "trace.py"
+    line = len(trace.read_text().splitlines()) + 1
+    trace.write_text(trace.read_text() + 'wrong: int = "not an int"\n')
+    done = subprocess.run(
+        [sys.executable, str(root / "tools" / "typecheck.py"), "interlock.policy"], cwd=root,
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"policy/trace.py:{line}: error: Incompatible types in assignment" in done.stdout
