@@ -339,6 +339,102 @@ def _cpu_decode_attention(
     return out if min(lengths) > 0 else out.nan_to_num(0.0)
 
 
+@torch_op("store_latent_cache")
+def store_latent_cache(
+    latent: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write MLA's per-token entries into cache [NB, BS, L + R] at flat slots: the
+    compressed KV latent [T, L] then the rotary key [T, R]; slot -1 is padding."""
+    flat = cache.view(-1, cache.shape[-1])
+    entries = torch.cat([latent, k_pe], dim=-1)
+    if slot_mapping.device.type == "cpu" and min(slot_mapping.tolist(), default=0) >= 0:
+        flat.index_copy_(0, slot_mapping, entries)
+        return
+    keep = slot_mapping >= 0
+    flat[slot_mapping[keep]] = entries[keep]
+
+
+def _absorbed_query(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_b: torch.Tensor) -> torch.Tensor:
+    """[B, H, Dn] and [B, H, R] with kv_b [H, Dn + Dv, L] -> [B, H, L + R]: W_UK folded into
+    the query (q_nope W_UK), so it scores the latent itself."""
+    w_uk = kv_b[:, : q_nope.shape[2]]  # [H, Dn, L]
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [B, H, L]
+    return torch.cat([q_latent, q_pe], dim=-1)
+
+
+@torch_op("mla_decode_attention")
+def mla_decode_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """MLA decode in the absorbed form: one query per sequence, q_nope [B, H, Dn] and its
+    rotary part q_pe [B, H, R], over the latent cache [NB, BS, L + R]; kv_b [H, Dn + Dv, L]
+    is kv_b_proj per head (W_UK rows, then W_UV rows). -> [B, H, Dv]; seq_len 0 gives zeros.
+
+    Each head scores the cached latent with (q_nope W_UK, q_pe), attends over the latent
+    itself (one shared "KV head" of L + R / L features), and W_UV maps the attended latent to
+    the head's values: no per-head K or V is ever built. On the CPU only the blocks the
+    longest sequence uses are read; elsewhere the whole block table (no host sync)."""
+    rank = kv_b.shape[2]
+    query = _absorbed_query(q_nope, q_pe, kv_b)
+    if block_tables.device.type == "cpu":
+        longest = max(seq_lens.tolist(), default=0)
+        if longest == 0:
+            shape = (q_nope.shape[0], q_nope.shape[1], kv_b.shape[1] - q_nope.shape[2])
+            return q_nope.new_zeros(shape)
+        block_tables = block_tables[:, : -(-longest // cache.shape[1])]
+    latent = _gather_blocks(cache, block_tables)[:, None]  # [B, 1, S, L + R]
+    allowed = _visible(seq_lens.long() - 1, latent.shape[2], None)[:, None, None, :]
+    attended = torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, None, :], latent, latent[..., :rank], attn_mask=allowed, scale=scale,
+        enable_gqa=True,
+    )[:, :, 0]  # [B, H, L]
+    # A padding row (seq_len 0) has every key masked: SDPA yields NaN there.
+    attended = attended.nan_to_num(0.0)
+    w_uv = kv_b[:, q_nope.shape[2]:]  # [H, Dv, L]
+    return torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+
+
+@torch_op("mla_attention")
+def mla_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """MLA for a mixed prefill/decode batch, expanded: each sequence's cached latents
+    become per-head keys (W_UK c, then the shared rotary key) and values (W_UV c), and
+    causal attention runs over them as ``paged_attention`` does. q_nope [T, H, Dn], q_pe
+    [T, H, R] (sequences back to back, query_start_loc [B+1]), cache [NB, BS, L + R], kv_b
+    [H, Dn + Dv, L] -> [T, H, Dv]."""
+    heads, width, rank = kv_b.shape
+    nope = q_nope.shape[2]
+    out = q_nope.new_zeros(q_nope.shape[0], heads, width - nope)
+    starts = query_start_loc.tolist()
+    expand = kv_b.reshape(heads * width, rank)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        lo, hi = starts[b], starts[b + 1]
+        if hi == lo or seq_len == 0:
+            continue
+        latent = _gather_sequence(cache, block_tables[b], seq_len)  # [S, L + R]
+        kv = (latent[:, :rank] @ expand.t()).view(seq_len, heads, width)
+        k_pe = latent[:, None, rank:].expand(seq_len, heads, latent.shape[1] - rank)
+        keys = torch.cat([kv[..., :nope], k_pe], dim=-1)
+        query = torch.cat([q_nope[lo:hi], q_pe[lo:hi]], dim=-1)
+        positions = torch.arange(seq_len - (hi - lo), seq_len, device=q_nope.device)
+        out[lo:hi] = _attend(query, keys, kv[..., nope:], positions, scale, None)
+    return out
+
+
 @torch_op("moe_route")
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
@@ -352,6 +448,69 @@ def moe_route(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+@torch_op("moe_grouped_route")
+def moe_grouped_route(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    scoring: str,
+    method: str,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-style routing: router_logits [T, E] -> (weights [T, k] float32, expert ids
+    [T, k] int64).
+
+    Scores are ``scoring`` (softmax or sigmoid) of the float32 logits. ``method``:
+
+    * ``greedy``: the k best scores;
+    * ``group_limited_greedy``: the experts split into ``n_group`` groups, each scored by its
+      best expert; the k best among the ``topk_group`` best groups (others scored 0);
+    * ``noaux_tc``: experts chosen by score + ``correction_bias``, groups scored by their two
+      best such values, the k best of the ``topk_group`` best groups (others excluded);
+      weights are the scores themselves, without the bias.
+
+    With ``renormalize`` the k weights are divided by their sum (+ 1e-20); then all k are
+    multiplied by ``scaling``."""
+    logits = router_logits.float()
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ValueError(f"moe_grouped_route: scoring {scoring!r} is not softmax or sigmoid")
+    tokens, experts = scores.shape
+    if method == "greedy":
+        weights, ids = torch.topk(scores, top_k, dim=-1)
+    elif method in ("group_limited_greedy", "noaux_tc"):
+        choice = scores if correction_bias is None else scores + correction_bias.float()
+        grouped = choice.view(tokens, n_group, experts // n_group)
+        if method == "noaux_tc":
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        else:
+            group_scores = grouped.max(dim=-1).values
+        groups = torch.topk(group_scores, topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, groups, True)
+        keep = keep[:, :, None].expand(grouped.shape).reshape(tokens, experts)
+        fill = float("-inf") if method == "noaux_tc" else 0.0
+        ids = torch.topk(choice.masked_fill(~keep, fill), top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+    else:
+        raise ValueError(f"moe_grouped_route: method {method!r} is not greedy, "
+                         "group_limited_greedy or noaux_tc")
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
+@torch_op("add")
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y, of one shape (a MoE block's routed and shared experts' outputs)."""
+    return x + y
 
 
 @torch_op("moe_experts")

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from interlock.core.errors import InputError
 from interlock.runners.contract import KVCacheSpec
+from interlock.runners.model.cache_spec import elements_per_token
 from interlock.runners.model.config import ModelConfig
-from interlock.runners.model.sharding import plan_shards
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_KV_CACHE_MEMORY = 512 * 2**20
@@ -27,10 +27,9 @@ class KVCacheError(InputError):
 def bytes_per_block(
     config: ModelConfig, dtype: str, block_size: int, tensor_parallel_size: int = 1
 ) -> int:
-    """K and V of every layer for one block, on one rank (its KV heads)."""
-    kv_heads = plan_shards(config, tensor_parallel_size).num_kv_heads
-    per_token = 2 * config.num_layers * kv_heads * config.head_dim * DTYPE_BYTES[dtype]
-    return per_token * block_size
+    """What every layer caches for one block, on one rank (``cache_spec``: its KV heads'
+    K and V, or an MLA layer's latent)."""
+    return elements_per_token(config, tensor_parallel_size) * DTYPE_BYTES[dtype] * block_size
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -40,7 +40,11 @@ from interlock.runners.graphs.segments import (
     SegmentFn,
     as_outputs,
 )
-from interlock.runners.model.attention import Attention, AttentionMetadata, attention_split
+from interlock.runners.model.attention import (
+    AttentionLayer,
+    AttentionMetadata,
+    attention_split,
+)
 
 if TYPE_CHECKING:
     from interlock.kernels.native.tape import Tape
@@ -168,12 +172,14 @@ class CudaGraphBackend:
         steps: list[Segment | AttentionBreak] = []
         graph = self._begin()
 
-        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        def split(
+            layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata
+        ) -> torch.Tensor:
             nonlocal graph
             graph.capture_end()
             steps.append(CudaSegment(graph))
             # Allocated between captures: outside the pool, never reused by a segment.
-            brk = AttentionBreak(layer, q, torch.empty_like(q))
+            brk = AttentionBreak(layer, q, layer.empty_output(q))
             brk.run(metadata)
             steps.append(brk)
             graph = self._begin()
@@ -223,7 +229,7 @@ class DebugBreakableProgram:
     def replay(self, metadata: AttentionMetadata) -> Outputs:
         pending = iter(self.steps)
 
-        def split(layer: Attention, q: torch.Tensor, _: AttentionMetadata) -> torch.Tensor:
+        def split(layer: AttentionLayer, q: torch.Tensor, _: AttentionMetadata) -> torch.Tensor:
             brk = next(pending, None)
             if brk is None or brk.layer is not layer:
                 raise CaptureError(
@@ -253,8 +259,10 @@ class DebugGraphBackend:
     def capture_breakable(self, fn: SegmentFn) -> Program:
         steps: list[AttentionBreak] = []
 
-        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-            brk = AttentionBreak(layer, torch.empty_like(q), torch.empty_like(q))
+        def split(
+            layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata
+        ) -> torch.Tensor:
+            brk = AttentionBreak(layer, torch.empty_like(q), layer.empty_output(q))
             brk.q.copy_(q)
             steps.append(brk)
             return brk.run(metadata)
@@ -299,9 +307,11 @@ class NativeGraphBackend:
     def capture_breakable(self, fn: SegmentFn) -> Program:
         steps: list[Segment | AttentionBreak] = []
 
-        def split(layer: Attention, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        def split(
+            layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata
+        ) -> torch.Tensor:
             steps.append(NativeSegment(self._tape.stop()))
-            brk = AttentionBreak(layer, q, torch.empty_like(q))
+            brk = AttentionBreak(layer, q, layer.empty_output(q))
             brk.run(metadata)
             steps.append(brk)
             self._tape.start()

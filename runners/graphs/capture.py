@@ -146,7 +146,7 @@ def _capture_pieces(
         if piece.split is None:
             return SegmentedProgram(steps, outputs)
         q, residual = outputs
-        brk = AttentionBreak(piece.split, q, torch.empty_like(q))
+        brk = AttentionBreak(piece.split, q, piece.split.empty_output(q))
         brk.run(inputs.metadata)
         steps.append(brk)
         attn_out = brk.out

@@ -112,7 +112,7 @@ class GraphRunner(ABC):
         self.block_size = kv_cache.block_size
         self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)
         self.kv_caches = allocate_kv_cache(
-            model.config, kv_cache, model.dtype, self.device, self.model.shards.num_kv_heads
+            model.config, kv_cache, model.dtype, self.device, tp.size
         )
         self.model.bind_kv_cache(self.kv_caches)
         self.setup(model, kv_cache)

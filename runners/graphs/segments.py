@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from interlock.runners.model.attention import Attention, AttentionMetadata
+from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 
 Outputs = tuple[torch.Tensor, ...]
 SegmentFn = Callable[[], Outputs]
@@ -37,7 +37,7 @@ class AttentionBreak:
     paged cache runs outside the graph.
     """
 
-    layer: Attention
+    layer: AttentionLayer
     q: torch.Tensor
     out: torch.Tensor
 

@@ -1,9 +1,10 @@
 """The one attention layer every model uses, its metadata, and the split point graph backends use.
 
-Every attention in every model goes through ``Attention``, in two calls:
+Every attention in every model goes through an ``AttentionLayer`` (``Attention`` for per-head
+K/V, ``interlock.runners.model.mla.LatentAttention`` for MLA), in two calls:
 
-1. ``store`` (the ``store_kv_cache`` op) writes this step's keys and values into the paged cache
-   (padding rows have slot -1 and are skipped);
+1. a store (``store_kv_cache``, or ``store_latent_cache`` for MLA) writes this step's keys and
+   values into the paged cache (padding rows have slot -1 and are skipped);
 2. the attention computation itself — ``Attention.attend``, which reads only
    the paged cache and the query — is the **split point**.
 
@@ -59,7 +60,7 @@ class AttentionSplit(Protocol):
     """Called at each attention split point instead of ``layer.attend(q, metadata)``."""
 
     def __call__(
-        self, layer: Attention, q: torch.Tensor, metadata: AttentionMetadata
+        self, layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor: ...
 
 
@@ -76,7 +77,41 @@ def attention_split(hook: AttentionSplit) -> Iterator[None]:
         _SPLIT.reset(token)
 
 
-class Attention(nn.Module):
+class AttentionLayer(nn.Module):
+    """What the runners and graph backends need of a layer's attention: bind its paged
+    cache, and the split point with what it computes (``attend``).
+
+    Subclasses: :class:`Attention` (per-head K/V) and
+    ``interlock.runners.model.mla.LatentAttention`` (MLA over a latent cache). Another kind
+    (a sparse attention over selected positions, say) subclasses this: ``bind_cache`` takes
+    the tensors its ``cache_spec.layer_cache`` declares, ``attend`` reads only them and the
+    query it is given, and ``empty_output`` says what ``attend`` returns for a query, so a
+    graph break can hold it in a static buffer.
+    """
+
+    layer_index: int
+
+    def bind_cache(self, *tensors: torch.Tensor) -> None:
+        """Bind this layer's cache tensors, in its ``cache_spec.layer_cache`` order."""
+        raise NotImplementedError
+
+    def split(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """The split point: ``attend``, or the active ``attention_split`` hook."""
+        hook = _SPLIT.get()
+        if hook is None:
+            return self.attend(q, metadata)
+        return hook(self, q, metadata)
+
+    def attend(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Attention of q over the paged cache (this step's entries already stored)."""
+        raise NotImplementedError
+
+    def empty_output(self, q: torch.Tensor) -> torch.Tensor:
+        """An uninitialised tensor shaped as ``attend(q, ...)`` returns."""
+        return torch.empty_like(q)
+
+
+class Attention(AttentionLayer):
     """Paged causal attention of one layer: store K/V, then attend (the split point)."""
 
     def __init__(
@@ -99,7 +134,8 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None  # [NB, BS, Hk, D], bound by the runner
         self.v_cache: torch.Tensor | None = None
 
-    def bind_kv_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def bind_cache(self, *tensors: torch.Tensor) -> None:
+        k_cache, v_cache = tensors
         expected = (self.num_kv_heads, self.head_dim)
         if tuple(k_cache.shape[2:]) != expected or k_cache.shape != v_cache.shape:
             raise ValueError(
@@ -113,13 +149,6 @@ class Attention(nn.Module):
         if self.k_cache is None:
             raise RuntimeError(f"layer {self.layer_index}: no KV cache bound (bind_kv_cache)")
         self.ops.store_kv_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
-
-    def split(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """The split point: ``attend``, or the active ``attention_split`` hook."""
-        hook = _SPLIT.get()
-        if hook is None:
-            return self.attend(q, metadata)
-        return hook(self, q, metadata)
 
     def attend(self, q: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """Attention of q over the paged cache (this step's K/V already stored)."""

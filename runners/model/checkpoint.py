@@ -124,7 +124,7 @@ def load_model(
     else:
         tensors = SafetensorsFiles(directory)
     load_weights(model, tensors)
-    model.pack_weights()
+    model.finish_loading()
     return model.eval()
 
 

@@ -50,14 +50,57 @@ class RopeConfig:
     truncate: bool = True  # yarn
 
 
+#: How a DeepSeek-style router scores experts, and how it picks them.
+SCORING_FUNCS = ("softmax", "sigmoid")
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """DeepSeek-style routing (``moe_grouped_route``): ``scoring`` in SCORING_FUNCS,
+    ``method`` in TOPK_METHODS; the experts split into ``n_group`` groups of which the
+    ``topk_group`` best are searched (group methods only); the chosen weights are scaled by
+    ``scaling``; ``correction_bias``: the router has an ``e_score_correction_bias`` added
+    to the scores for choosing only (noaux_tc). ``shared_experts`` ungated shared experts,
+    each ``MoEConfig.intermediate_size`` wide, run for every token."""
+
+    scoring: str
+    method: str
+    n_group: int
+    topk_group: int
+    scaling: float
+    correction_bias: bool
+    shared_experts: int
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     num_experts: int
     top_k: int
     intermediate_size: int
     norm_topk_prob: bool
-    shared_expert_intermediate_size: int  # 0: no shared expert
+    shared_expert_intermediate_size: int  # 0: no (gated, Qwen2-MoE) shared expert
     sparse_layers: tuple[int, ...]  # layers whose MLP is the routed block
+    routing: Routing | None = None  # None: softmax top-k (``moe_route``)
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek V2/V3): queries through an optional low-rank
+    ``q_lora_rank`` (None: a plain q_proj), keys and values from one ``kv_lora_rank``
+    latent per token plus a ``qk_rope_head_dim`` rotary key shared by all heads."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # the checkpoint's rotary dims are pairs (x0, x1), (x2, x3), ...
+    softmax_scale: float  # qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -80,10 +123,13 @@ class ModelConfig:
     qk_norm: bool
     sliding_windows: tuple[int | None, ...]  # per layer; None: full attention
     moe: MoEConfig | None
+    mla: MLAConfig | None  # None: per-head K/V attention (num_kv_heads x head_dim)
     dtype: str  # the checkpoint's own dtype (what dtype="auto" picks)
     initializer_range: float
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Multi-token-prediction layers after the decoder layers in the checkpoint (not run).
+    mtp_layers: int = 0
 
 
 #: ``bad(key, value, allowed)``: the error for an unsupported value, naming the file.
@@ -126,6 +172,24 @@ class RawConfig(BaseModel):
     norm_topk_prob: bool | None = None
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] | None = None
+    # DeepSeek V2/V3: multi-head latent attention and grouped routing (read only by the
+    # families whose ``mla`` / ``moe`` rules use them).
+    q_lora_rank: PositiveInt | None = None
+    kv_lora_rank: PositiveInt | None = None
+    qk_nope_head_dim: PositiveInt | None = None
+    qk_rope_head_dim: PositiveInt | None = None
+    v_head_dim: PositiveInt | None = None
+    rope_interleave: bool | None = None
+    n_routed_experts: int | None = None
+    n_shared_experts: int | None = None
+    first_k_dense_replace: int | None = None
+    moe_layer_freq: int | list[int] | None = None
+    routed_scaling_factor: float | None = None
+    n_group: int | None = None
+    topk_group: int | None = None
+    topk_method: str | None = None
+    scoring_func: str | None = None
+    num_nextn_predict_layers: int | None = None
     torch_dtype: str | None = None
     dtype: str | None = None
     initializer_range: float = 0.02
@@ -186,18 +250,26 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         raise bad("hidden_act", cfg.hidden_act, "silu")
     defaults = family.defaults
     num_heads = cfg.num_attention_heads
-    num_kv_heads = cfg.num_key_value_heads or defaults.num_key_value_heads or num_heads
-    if num_heads % num_kv_heads:
-        raise bad("num_key_value_heads", num_kv_heads,
-                  f"a divisor of num_attention_heads={num_heads}")
-    head_dim = cfg.head_dim or defaults.head_dim or cfg.hidden_size // num_heads
     max_positions = cfg.max_position_embeddings
     if max_positions is None:
         max_positions = defaults.max_position_embeddings
     elif max_positions < 1:  # 0 is not "unset": refuse it rather than guess
         raise bad("max_position_embeddings", max_positions, "an integer >= 1")
+    rope = _rope(cfg, defaults.rope_theta, max_positions, bad)
+    mla = None if family.mla is None else family.mla(cfg, rope, bad)
+    if mla is not None:
+        # Every head reads the one latent: num_key_value_heads means nothing to MLA (the
+        # configs transformers writes carry its default, 128, whatever the heads), and the
+        # rotary table spans the rope part of a head (transformers sets head_dim to it).
+        num_kv_heads, head_dim = num_heads, mla.qk_rope_head_dim
+    else:
+        num_kv_heads = cfg.num_key_value_heads or defaults.num_key_value_heads or num_heads
+        if num_heads % num_kv_heads:
+            raise bad("num_key_value_heads", num_kv_heads,
+                      f"a divisor of num_attention_heads={num_heads}")
+        head_dim = cfg.head_dim or defaults.head_dim or cfg.hidden_size // num_heads
     eps = defaults.rms_norm_eps if cfg.rms_norm_eps is None else cfg.rms_norm_eps
-    eps = _finite("rms_norm_eps", eps, bad, positive=True)
+    eps = finite("rms_norm_eps", eps, bad, positive=True)
     if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_hidden_layers:
         raise bad(
             "layer_types", f"<{len(cfg.layer_types)} entries>",
@@ -222,7 +294,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         head_dim=head_dim,
         rms_norm_eps=eps,
         max_position_embeddings=max_positions,
-        rope=_rope(cfg, defaults.rope_theta, max_positions, bad),
+        rope=rope,
         tie_word_embeddings=cfg.tie_word_embeddings,
         qkv_bias=qkv_bias,
         o_bias=qkv_bias and family.bias_on_output,
@@ -235,10 +307,12 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
             bad,
         ),
         moe=None if family.moe is None else family.moe(cfg, family, bad),
+        mla=mla,
         dtype=_checkpoint_dtype(cfg, bad),
-        initializer_range=_finite("initializer_range", cfg.initializer_range, bad),
+        initializer_range=finite("initializer_range", cfg.initializer_range, bad),
         bos_token_id=cfg.bos_token_id,
         eos_token_ids=_eos_ids(cfg.eos_token_id),
+        mtp_layers=(cfg.num_nextn_predict_layers or 0) if family.mtp_layers else 0,
     )
 
 
@@ -248,7 +322,7 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
     # ``rope_scaling or rope_parameters``); so do we, or the same file would be two models.
     params = dict(cfg.rope_scaling or cfg.rope_parameters or {})
     theta = params.get("rope_theta", cfg.rope_theta)
-    theta = _finite("rope_theta", theta if theta is not None else default_theta, bad)
+    theta = finite("rope_theta", theta if theta is not None else default_theta, bad)
     partial = params.get("partial_rotary_factor", cfg.partial_rotary_factor)
     if partial not in (None, 1, 1.0):
         raise bad("partial_rotary_factor", partial, "1.0 (full rotary)")
@@ -260,7 +334,7 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
 
     def number(key: str, default: float | None = None) -> float | None:
         value = params.get(key, default)
-        return None if value is None else _finite(f"rope {kind} {key}", value, bad)
+        return None if value is None else finite(f"rope {kind} {key}", value, bad)
 
     factor = number("factor")
     if factor is None:
@@ -284,7 +358,7 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
     )
 
 
-def _finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> float:
+def finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> float:
     """A finite number (NaN and infinities are refused; ``positive``: > 0 as well)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or (positive and value <= 0):

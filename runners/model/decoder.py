@@ -25,7 +25,7 @@ from torch import nn
 
 from interlock.kernels.reference import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
-from interlock.runners.model.attention import Attention, AttentionMetadata
+from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.families import checkpoint_names
 from interlock.runners.model.layers import (
@@ -37,7 +37,8 @@ from interlock.runners.model.layers import (
     frozen,
     stored_transposed,
 )
-from interlock.runners.model.moe import SparseMoE
+from interlock.runners.model.mla import MLASelfAttention
+from interlock.runners.model.moe import DeepseekMoE, SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
 from interlock.runners.model.sharding import ShardPlan, plan_shards
 from interlock.runners.parallel.group import SINGLE, TensorParallel
@@ -52,7 +53,7 @@ class ForwardPiece:
     ``(attention output before it, residual) -> (q of split, or final hidden; residual)``."""
 
     run: PieceFn
-    split: Attention | None  # the attention that ends this piece; None for the last
+    split: AttentionLayer | None  # the attention that ends this piece; None for the last
 
     def __call__(self, attn_out: Tensor | None, residual: Tensor | None) -> tuple[Tensor, Tensor]:
         return self.run(attn_out, residual)
@@ -73,13 +74,20 @@ class DecoderLayer(nn.Module):
         self.eps = config.rms_norm_eps
         self.input_norm = empty_weight(config.hidden_size)
         self.post_attention_norm = empty_weight(config.hidden_size)
-        self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
-        self.mlp: DenseMLP | SparseMoE
+        self.self_attn: SelfAttention | MLASelfAttention
+        if config.mla is not None:
+            self.self_attn = MLASelfAttention(config, index, ops, cos_sin, tp, plan)
+        else:
+            self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
+        self.mlp: DenseMLP | SparseMoE | DeepseekMoE
         self.mlp_prefix = "mlp"
         if config.moe is not None and index in config.moe.sparse_layers:
             names = checkpoint_names(config.architecture)
             self.mlp_prefix = names.moe_block
-            self.mlp = SparseMoE(config, ops, names.experts, tp)
+            if config.moe.routing is not None:
+                self.mlp = DeepseekMoE(config, ops, names.experts, tp)
+            else:
+                self.mlp = SparseMoE(config, ops, names.experts, tp)
         else:
             self.mlp = DenseMLP(
                 config.hidden_size, config.intermediate_size, ops, tp, config.mlp_bias
@@ -182,6 +190,14 @@ class CausalLM(nn.Module):
         packed (``pack_weights``)."""
         return self.embed_tokens.t() if self.head_transposed else self.embed_tokens
 
+    def finish_loading(self) -> None:
+        """Once, after the checkpoint's tensors are in their slots: MLA layers reorder rows
+        for the rotary op (``MLASelfAttention.arrange_loaded``), then ``pack_weights``."""
+        for module in self.modules():
+            if isinstance(module, MLASelfAttention):
+                module.arrange_loaded()
+        self.pack_weights()
+
     def pack_weights(self) -> None:
         """Pack every linear weight, and a tied LM head if the table's ``embedding`` takes
         a packed table, if the table's ``linear`` wants them packed
@@ -196,16 +212,17 @@ class CausalLM(nn.Module):
             self.embed_tokens = frozen(self.ops.pack_weight(table))
 
     @property
-    def attention_layers(self) -> list[Attention]:
+    def attention_layers(self) -> list[AttentionLayer]:
         return [layer.self_attn.attn for layer in self.layers]
 
-    def bind_kv_cache(self, caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Give each layer its (k_cache, v_cache) pair, each [NB, BS, Hk, D]."""
+    def bind_kv_cache(self, caches: Sequence[tuple[torch.Tensor, ...]]) -> None:
+        """Give each layer its cache tensors (``cache_spec.layer_cache``: (k_cache, v_cache),
+        each [NB, BS, Hk, D], or an MLA layer's (latent,) [NB, BS, L + R])."""
         layers = self.attention_layers
         if len(caches) != len(layers):
             raise ValueError(f"{len(caches)} KV caches for {len(layers)} attention layers")
-        for layer, (k_cache, v_cache) in zip(layers, caches, strict=True):
-            layer.bind_kv_cache(k_cache, v_cache)
+        for layer, tensors in zip(layers, caches, strict=True):
+            layer.bind_cache(*tensors)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata

@@ -8,17 +8,30 @@ families themselves live one per module in ``interlock.runners.model.families``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.runners.model.config import Bad, MoEConfig, RawConfig
+from interlock.runners.model.config import (
+    SCORING_FUNCS,
+    TOPK_METHODS,
+    Bad,
+    MLAConfig,
+    MoEConfig,
+    RawConfig,
+    RopeConfig,
+    Routing,
+    finite,
+)
 
 #: ``(config, window) -> per-layer windows``; window: the config's sliding_window, else
 #: the family's default.
 WindowRule = Callable[[RawConfig, int | None, Bad], tuple[int | None, ...]]
 #: ``(config, family) -> MoEConfig`` for a family with routed experts.
 MoERule = Callable[[RawConfig, "Family", Bad], MoEConfig]
+#: ``(config, rope) -> MLAConfig`` for a family with multi-head latent attention.
+MLARule = Callable[[RawConfig, RopeConfig, Bad], MLAConfig]
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,212 @@ def qwen_moe(expert_keys: tuple[str, ...], shared_expert: bool) -> MoERule:
 
 
 @dataclass(frozen=True)
+class MLADefaults:
+    """What transformers assumes for the MLA keys a config may omit (DeepSeek V2 and V3
+    agree on these)."""
+
+    q_lora_rank: int | None = 1536
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+
+
+def _given(cfg: RawConfig, key: str, default: object) -> object:
+    """The config's value of ``key``, or ``default`` when the key is absent (an explicit
+    null stays None: ``q_lora_rank: null`` means a plain q_proj)."""
+    return getattr(cfg, key) if key in cfg.model_fields_set else default
+
+
+def _positive(cfg: RawConfig, key: str, default: int | None, bad: Bad) -> int:
+    value = _given(cfg, key, default)
+    if not isinstance(value, int) or value < 1:
+        raise bad(key, value, "a positive integer")
+    return value
+
+
+def mla_attention(defaults: MLADefaults, interleave_key: bool) -> MLARule:
+    """DeepSeek's MLA keys. ``interleave_key``: the family reads ``rope_interleave``
+    (DeepSeek V3, default true); without it the rotary dims are always interleaved pairs
+    (DeepSeek V2 rotates them as complex numbers).
+
+    The softmax scale is ``qk_head_dim ** -0.5``, and for any rope scaling but the default
+    with a nonzero ``mscale_all_dim``, times ``(0.1 * mscale_all_dim * ln(factor) + 1) ** 2``
+    (1 for a factor <= 1): yarn's temperature, applied to the logits as transformers does."""
+
+    def rule(cfg: RawConfig, rope: RopeConfig, bad: Bad) -> MLAConfig:
+        q_lora = _given(cfg, "q_lora_rank", defaults.q_lora_rank)
+        if q_lora is not None:
+            q_lora = _positive(cfg, "q_lora_rank", defaults.q_lora_rank, bad)
+        nope = _positive(cfg, "qk_nope_head_dim", defaults.qk_nope_head_dim, bad)
+        rope_dim = _positive(cfg, "qk_rope_head_dim", defaults.qk_rope_head_dim, bad)
+        if rope_dim % 2:
+            raise bad("qk_rope_head_dim", rope_dim, "an even number (rotary pairs)")
+        interleave = True
+        if interleave_key and cfg.rope_interleave is not None:
+            interleave = cfg.rope_interleave
+        scale = (nope + rope_dim) ** -0.5
+        if rope.type != "default" and rope.mscale_all_dim:
+            factor = rope.factor
+            mscale = 1.0 if factor <= 1 else 0.1 * rope.mscale_all_dim * math.log(factor) + 1.0
+            scale *= mscale * mscale
+        return MLAConfig(
+            q_lora_rank=q_lora,
+            kv_lora_rank=_positive(cfg, "kv_lora_rank", defaults.kv_lora_rank, bad),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope_dim,
+            v_head_dim=_positive(cfg, "v_head_dim", defaults.v_head_dim, bad),
+            rope_interleave=interleave,
+            softmax_scale=scale,
+        )
+
+    return rule
+
+
+@dataclass(frozen=True)
+class DeepseekMoEDefaults:
+    """What transformers assumes for a DeepSeek family's MoE keys a config may omit."""
+
+    n_routed_experts: int
+    n_shared_experts: int
+    moe_intermediate_size: int
+    first_k_dense_replace: int
+    routed_scaling_factor: float
+    n_group: int | None
+    topk_group: int | None
+    num_experts_per_tok: int | None
+    norm_topk_prob: bool
+
+
+def deepseek_moe(
+    defaults: DeepseekMoEDefaults,
+    scoring: str,
+    methods: tuple[str, ...],
+    reads_norm_topk_prob: bool,
+    correction_bias: bool,
+) -> MoERule:
+    """DeepSeek's layout: dense MLPs in the first ``first_k_dense_replace`` layers, then
+    routed experts in every layer (``moe_layer_freq`` 1), ``n_shared_experts`` ungated
+    shared experts beside them.
+
+    What the family's transformers class implements is fixed by these arguments: its
+    ``scoring`` function, the ``topk_method`` values it routes with (the first is the
+    default), whether it renormalises the chosen weights when ``norm_topk_prob`` says so,
+    and whether its router has an ``e_score_correction_bias``. A config naming a scoring
+    function or a top-k method the family does not implement is refused, naming it:
+    running it otherwise would be another model than the one it describes."""
+
+    def rule(cfg: RawConfig, family: Family, bad: Bad) -> MoEConfig:
+        method = cfg.topk_method if cfg.topk_method is not None else methods[0]
+        if method not in methods:
+            known = "" if method in TOPK_METHODS else f" (known: {', '.join(TOPK_METHODS)})"
+            raise bad("topk_method", method,
+                      f"{', '.join(methods)}, what transformers' {family.architecture} "
+                      f"routes with{known}")
+        given_scoring = cfg.scoring_func if cfg.scoring_func is not None else scoring
+        if given_scoring != scoring:
+            known = ("" if given_scoring in SCORING_FUNCS
+                     else f" (known: {', '.join(SCORING_FUNCS)})")
+            raise bad("scoring_func", given_scoring,
+                      f"{scoring}, what transformers' {family.architecture} scores "
+                      f"experts with{known}")
+        freq = cfg.moe_layer_freq
+        if freq is not None and freq != 1:
+            raise bad("moe_layer_freq", freq,
+                      f"1 (transformers' {family.architecture} routes every layer from "
+                      "first_k_dense_replace on)")
+        experts = cfg.n_routed_experts
+        if experts is None:
+            experts = next((v for v in (cfg.num_local_experts, cfg.num_experts)
+                            if v is not None), defaults.n_routed_experts)
+        if experts < 1:
+            raise bad("n_routed_experts", experts, "a positive integer")
+        shared = _given(cfg, "n_shared_experts", defaults.n_shared_experts)
+        if not isinstance(shared, int) or shared < 0:
+            raise bad("n_shared_experts", shared, "an integer >= 0")
+        top_k = _positive(cfg, "num_experts_per_tok", defaults.num_experts_per_tok, bad)
+        if top_k > experts:
+            raise bad("num_experts_per_tok", top_k, f"at most n_routed_experts={experts}")
+        first_dense = _given(cfg, "first_k_dense_replace", defaults.first_k_dense_replace)
+        if not isinstance(first_dense, int) or first_dense < 0:
+            raise bad("first_k_dense_replace", first_dense, "an integer >= 0")
+        size = _positive(cfg, "moe_intermediate_size", defaults.moe_intermediate_size, bad)
+        scaling = finite("routed_scaling_factor",
+                         _given(cfg, "routed_scaling_factor", defaults.routed_scaling_factor),
+                         bad)
+        n_group, topk_group = 1, 1
+        if method != "greedy":
+            n_group = _positive(cfg, "n_group", defaults.n_group, bad)
+            topk_group = _positive(cfg, "topk_group", defaults.topk_group, bad)
+            if experts % n_group:
+                raise bad("n_group", n_group, f"a divisor of n_routed_experts={experts}")
+            if topk_group > n_group:
+                raise bad("topk_group", topk_group, f"at most n_group={n_group}")
+            # noaux_tc scores a group by its best two experts.
+            if method == "noaux_tc" and experts // n_group < 2:
+                raise bad("n_group", n_group,
+                          f"at most n_routed_experts / 2 = {experts // 2} (noaux_tc scores a "
+                          "group by its two best experts)")
+            if top_k > topk_group * (experts // n_group):
+                raise bad("num_experts_per_tok", top_k,
+                          f"at most the {topk_group * (experts // n_group)} experts of "
+                          f"topk_group={topk_group} groups")
+        norm = defaults.norm_topk_prob
+        if reads_norm_topk_prob:
+            norm = bool(_given(cfg, "norm_topk_prob", norm))
+        elif cfg.norm_topk_prob:
+            raise bad("norm_topk_prob", cfg.norm_topk_prob,
+                      f"false (transformers' {family.architecture} never renormalises)")
+        sparse = tuple(range(first_dense, cfg.num_hidden_layers))
+        routing = Routing(given_scoring, method, n_group, topk_group, scaling,
+                          correction_bias, shared)
+        return MoEConfig(experts, top_k, size, norm, 0, sparse, routing)
+
+    return rule
+
+
+_Q = ("q_lora_rank", "num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim")
+_EXPERT = ("moe_intermediate_size", "n_routed_experts")
+_SHARED = ("moe_intermediate_size", "n_shared_experts")
+#: DeepSeek V2/V3: the config keys that set each checkpoint tensor's shape (names under
+#: ``model.layers.N``, expert numbers left out), for the error naming them when a config
+#: and its checkpoint disagree.
+DEEPSEEK_SHAPE_KEYS: dict[str, tuple[str, ...]] = {
+    "self_attn.q_proj": _Q,
+    "self_attn.q_a_proj": ("q_lora_rank",),
+    "self_attn.q_a_layernorm": ("q_lora_rank",),
+    "self_attn.q_b_proj": _Q,
+    "self_attn.kv_a_proj_with_mqa": ("kv_lora_rank", "qk_rope_head_dim"),
+    "self_attn.kv_a_layernorm": ("kv_lora_rank",),
+    "self_attn.kv_b_proj": ("kv_lora_rank", "num_attention_heads", "qk_nope_head_dim",
+                            "v_head_dim"),
+    "self_attn.o_proj": ("num_attention_heads", "v_head_dim"),
+    "mlp.gate": ("n_routed_experts", "first_k_dense_replace"),
+    "mlp.experts.gate_proj": _EXPERT,
+    "mlp.experts.up_proj": _EXPERT,
+    "mlp.experts.down_proj": _EXPERT,
+    "mlp.shared_experts.gate_proj": _SHARED,
+    "mlp.shared_experts.up_proj": _SHARED,
+    "mlp.shared_experts.down_proj": _SHARED,
+    "mlp.gate_proj": ("intermediate_size", "first_k_dense_replace"),
+    "mlp.up_proj": ("intermediate_size", "first_k_dense_replace"),
+    "mlp.down_proj": ("intermediate_size", "first_k_dense_replace"),
+}
+
+
+def layer_tensor_kind(name: str) -> str | None:
+    """``model.layers.3.mlp.experts.7.up_proj.weight`` -> ``mlp.experts.up_proj``; None for
+    a tensor outside the layers."""
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) < 5:
+        return None
+    inner = parts[3:]
+    if inner[-1] in ("weight", "bias"):
+        inner = inner[:-1]
+    return ".".join(p for p in inner if not p.isdigit())
+
+
+@dataclass(frozen=True)
 class Family:
     """One ``architectures[0]`` name and how its config.json becomes a ``ModelConfig``.
 
@@ -170,5 +389,13 @@ class Family:
     qk_norm: bool = False  # per-head RMS norm of q and k before rotary
     windows: WindowRule = no_windows
     moe: MoERule | None = None  # None: dense MLP in every layer
+    mla: MLARule | None = None  # None: per-head K/V attention
+    #: ``layer_tensor_kind`` -> the config keys its shape follows (named in the error when a
+    #: checkpoint's shape disagrees with the config).
+    shape_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Whether ``num_nextn_predict_layers`` multi-token-prediction layers follow the decoder
+    #: layers in the checkpoint (DeepSeek-V3's layer 61): not run, so their tensors are
+    #: ignored, as transformers ignores them.
+    mtp_layers: bool = False
     names: CheckpointNames = field(default_factory=CheckpointNames)
     gguf: GGUFFacts | None = None  # None: no GGUF conversion for this family

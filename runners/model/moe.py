@@ -1,4 +1,5 @@
-"""Routed-experts MLP (Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE).
+"""Routed-experts MLPs: ``SparseMoE`` (Mixtral, Qwen2-MoE with its gated shared expert,
+Qwen3-MoE) and ``DeepseekMoE`` (DeepSeek V2/V3).
 
 Under tensor parallelism every rank holds every expert, each with its part of the
 intermediate features (tensor parallelism inside each expert), and the router whole:
@@ -77,3 +78,70 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             yield from self.shared_expert.checkpoint_slots(f"{prefix}.shared_expert")
             yield f"{prefix}.shared_expert_gate.weight", self.shared_expert_gate, None
+
+
+class DeepseekMoE(nn.Module):
+    """DeepSeek's MoE block: grouped routing (``moe_grouped_route``: softmax or sigmoid
+    scores, greedy, group-limited or bias-corrected group choice, renormalised and scaled),
+    the routed experts, plus ``n_shared_experts`` ungated shared experts, one SwiGLU MLP as
+    wide as all of them together (``shared_experts`` in the checkpoint) run for every token.
+
+    Every computation goes through the kernel table, so a native tape can record the block.
+    Under tensor parallelism, as ``SparseMoE``: every rank routes alike and holds its part of
+    every expert's (and the shared MLP's) intermediate features; one all-reduce sums them."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelTable,
+        expert_names: tuple[str, str, str],
+        tp: TensorParallel,
+    ) -> None:
+        super().__init__()
+        moe = config.moe
+        if moe is None or moe.routing is None:
+            raise ValueError(f"{config.architecture} has no DeepSeek routing configuration")
+        self.routing = routing = moe.routing
+        hidden, size = config.hidden_size, moe.intermediate_size // tp.size
+        self.shard = Shard(0, tp.rank * size, (tp.rank + 1) * size, moe.intermediate_size)
+        self.tp = tp
+        self.ops = ops
+        self.top_k = moe.top_k
+        self.renormalize = moe.norm_topk_prob
+        self.intermediate_size = size
+        self.expert_names = expert_names
+        self.router_weight = empty_weight(moe.num_experts, hidden)
+        self.correction_bias = empty_weight(moe.num_experts) if routing.correction_bias else None
+        self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate, then up
+        self.w2 = empty_weight(moe.num_experts, hidden, size)
+        # Built even with n_shared_experts 0: transformers then saves the shared MLP's
+        # zero-sized tensors, and they must load.
+        self.shared_experts = DenseMLP(
+            hidden, moe.intermediate_size * routing.shared_experts, ops, tp, reduce=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops, routing = self.ops, self.routing
+        logits = ops.linear(x, self.router_weight, None, False)
+        weights, ids = ops.moe_grouped_route(
+            logits, self.correction_bias, self.top_k, routing.scoring, routing.method,
+            routing.n_group, routing.topk_group, self.renormalize, routing.scaling,
+        )
+        out = ops.moe_experts(x, self.w13, self.w2, weights, ids)
+        if self.routing.shared_experts:
+            out = ops.add(out, self.shared_experts(x))
+        return self.tp.all_reduce(out)
+
+    def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
+        gate, up, down = self.expert_names
+        size, rows = self.intermediate_size, self.shard
+        columns = Shard(1, rows.start, rows.stop, rows.full)
+        yield f"{prefix}.gate.weight", self.router_weight, None
+        if self.correction_bias is not None:
+            yield f"{prefix}.gate.e_score_correction_bias", self.correction_bias, None
+        for expert in range(self.w13.shape[0]):
+            name = f"{prefix}.experts.{expert}"
+            yield f"{name}.{gate}.weight", self.w13[expert, :size], rows
+            yield f"{name}.{up}.weight", self.w13[expert, size:], rows
+            yield f"{name}.{down}.weight", self.w2[expert], columns
+        yield from self.shared_experts.checkpoint_slots(f"{prefix}.shared_experts")

@@ -23,7 +23,9 @@ from safetensors import SafetensorError, safe_open
 from interlock.core.errors import ModelError
 from interlock.core.files import FileProblem, check_regular, read_json
 from interlock.policy.context import MAX_CONFIG_BYTES
+from interlock.runners.model import families
 from interlock.runners.model.decoder import CausalLM
+from interlock.runners.model.family import layer_tensor_kind
 from interlock.runners.model.safetensors_format import data_offsets
 from interlock.runners.model.sharding import Shard
 
@@ -268,21 +270,30 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
     slots = {name: (view, shard) for name, view, shard in model.checkpoint_slots()}
     expected_shapes = {name: full_shape(view, shard) for name, (view, shard) in slots.items()}
     found = source.names()
-    ignored = {n for n in found if n.endswith(_IGNORED_SUFFIXES)}
-    if model.config.tie_word_embeddings:
+    config = model.config
+    mtp = tuple(f"model.layers.{config.num_layers + i}." for i in range(config.mtp_layers))
+    ignored = {n for n in found if n.endswith(_IGNORED_SUFFIXES) or n.startswith(mtp)}
+    if config.tie_word_embeddings:
         ignored.add("lm_head.weight")  # tied: the embedding is the head, as in transformers
+    family = families.family(config.architecture)
+    shape_keys = family.shape_keys if family is not None else {}
+
+    def keys(name: str) -> str:
+        named = shape_keys.get(layer_tensor_kind(name) or "")
+        return f" (shape from config.json: {', '.join(named)})" if named else ""
+
     problems = [
-        f"missing tensor {name} (expected shape {expected_shapes[name]})"
+        f"missing tensor {name} (expected shape {expected_shapes[name]}){keys(name)}"
         for name in sorted(set(slots) - found)
     ]
     problems += [
-        f"unexpected tensor {name} (shape {source.shape(name)})"
+        f"unexpected tensor {name} (shape {source.shape(name)}){keys(name)}"
         for name in sorted(found - set(slots) - ignored)
     ]
     for name in sorted(set(slots) & found):
         expected, actual = expected_shapes[name], source.shape(name)
         if expected != actual:
-            problems.append(f"tensor {name} has shape {actual}, expected {expected}")
+            problems.append(f"tensor {name} has shape {actual}, expected {expected}{keys(name)}")
     if problems:
         listed = problems[:_MAX_LISTED]
         if len(problems) > _MAX_LISTED:

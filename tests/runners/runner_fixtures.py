@@ -12,6 +12,15 @@ import torch
 from interlock.runners.graphs.buffers import ForwardInputs
 from interlock.runners.mrv1.runner import MRV1Runner
 
+# The MLA and MoE sizes of every DeepSeek config below.
+MLA: dict[str, Any] = {
+    "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+    "v_head_dim": 12, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "n_shared_experts": 1,
+    # transformers repeats the expanded per-head K/V by heads / num_key_value_heads.
+    "num_key_value_heads": 4,
+}
+
 # A different rope scaling, window and head layout per family, so together they cover
 # what these configs can vary.
 TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -42,6 +51,28 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
     }),
     "mixtral": ("mixtral", "MixtralForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2,
+    }),
+    # Multi-head latent attention with DeepSeek's routing: between them, q_lora_rank null and
+    # set, every topk_method, yarn with mscale / mscale_all_dim, interleaved and plain rotary
+    # layouts, dense first layers (first_k_dense_replace) and none.
+    "deepseek_v2": ("deepseek_v2", "DeepseekV2ForCausalLM", {
+        **MLA, "q_lora_rank": None, "topk_method": "greedy", "first_k_dense_replace": 1,
+        "n_shared_experts": 2, "routed_scaling_factor": 1.5,
+    }),
+    "deepseek_v2_grouped": ("deepseek_v2", "DeepseekV2ForCausalLM", {
+        **MLA, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+        "first_k_dense_replace": 0, "attention_bias": True,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 0.8, "original_max_position_embeddings": 64},
+    }),
+    "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM", {
+        **MLA, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+    }),
+    "deepseek_v3_plain_q": ("deepseek_v3", "DeepseekV3ForCausalLM", {
+        **MLA, "q_lora_rank": None, "rope_interleave": False, "n_group": 4, "topk_group": 2,
+        "first_k_dense_replace": 0, "norm_topk_prob": False, "n_shared_experts": 0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "mscale": 0.9,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 32},
     }),
 }
 
@@ -96,6 +127,10 @@ class TinyModels:
             config.architectures = [architecture]
             torch.manual_seed(0)
             model = AutoModelForCausalLM.from_config(config).eval()
+            for buffer_name, buffer in model.named_buffers():
+                # Initialised to zero: random, so that choosing with it differs from without.
+                if buffer_name.endswith("e_score_correction_bias"):
+                    buffer.uniform_(-0.2, 0.2)
             model.save_pretrained(self.root / name)
             self._models[name] = model
         return self._models[name]

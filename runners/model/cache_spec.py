@@ -1,0 +1,74 @@
+"""What one token slot of the paged cache holds, per layer: the spec the KV cache is
+allocated from and the scheduler's blocks are sized by. Torch-free.
+
+A layer's cache is a tuple of named tensors, each ``[num_blocks, block_size, *shape]``:
+
+* per-head attention: ``k`` and ``v``, each ``(kv_heads, head_dim)`` (this rank's KV heads);
+* multi-head latent attention (MLA): one ``latent`` of ``(kv_lora_rank + qk_rope_head_dim,)``,
+  the compressed KV then the rotary key, both shared by every head. It is the same on every
+  tensor-parallel rank: heads split across ranks, but each head reads the whole latent, so
+  sharding heads cannot shard it (production engines replicate it too).
+
+Extension point: a layer that keeps more per token (DSA's indexer keys, say) returns one more
+``CacheTensor`` from :func:`layer_cache`; allocation (``interlock.runners.model.kv_cache``),
+block sizing (``interlock.runners.engine.kv_cache``) and binding (each attention layer's
+``bind_cache`` receives the tensors in this order) follow from the spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.sharding import plan_shards
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    name: str
+    shape: tuple[int, ...]  # per token slot
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One layer's cache tensors, in the order its attention binds them."""
+
+    tensors: tuple[CacheTensor, ...]
+
+    @property
+    def elements_per_token(self) -> int:
+        return sum(t.elements for t in self.tensors)
+
+
+def layer_cache(config: ModelConfig, layer: int, tensor_parallel_size: int = 1) -> LayerCache:
+    """What layer ``layer`` caches per token on one rank."""
+    mla = config.mla
+    if mla is not None:
+        return LayerCache((CacheTensor("latent", (mla.kv_lora_rank + mla.qk_rope_head_dim,)),))
+    kv_heads = plan_shards(config, tensor_parallel_size).num_kv_heads
+    shape = (kv_heads, config.head_dim)
+    return LayerCache((CacheTensor("k", shape), CacheTensor("v", shape)))
+
+
+def layer_caches(config: ModelConfig, tensor_parallel_size: int = 1) -> tuple[LayerCache, ...]:
+    return tuple(layer_cache(config, i, tensor_parallel_size) for i in range(config.num_layers))
+
+
+def elements_per_token(config: ModelConfig, tensor_parallel_size: int = 1) -> int:
+    """Cache elements one token takes over every layer, on one rank."""
+    return sum(c.elements_per_token for c in layer_caches(config, tensor_parallel_size))
+
+
+def per_head_elements_per_token(config: ModelConfig) -> int:
+    """What the same model would cache per token (every layer, unsplit) with per-head K
+    and V: for MLA, K of ``qk_nope + qk_rope`` and V of ``v_head_dim`` per head, as the
+    expanded attention computes them."""
+    mla = config.mla
+    if mla is None:
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim
+    return config.num_layers * config.num_heads * (mla.qk_head_dim + mla.v_head_dim)
