@@ -205,12 +205,13 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
 
 
 def _generate(model: object, platform: str, runner: object, decision: object) -> list[list[int]]:
+    from interlock.core.platform import device_for
     from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams
 
     llm = LLM(
         model, load_format="dummy", dtype="float32",
-        device="cpu" if platform == "cpu" else "xpu" if platform == "xpu" else "cuda",
+        device=device_for(platform),
         max_num_seqs=len(TINY_PROMPTS), max_num_batched_tokens=8, max_model_len=64,
         runner=runner, decision=decision,
     )

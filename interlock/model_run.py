@@ -72,6 +72,7 @@ def resolve_for_device(
     given feature."""
     import torch
 
+    from interlock.core.platform import platform_named_by_device
     from interlock.plugins.capabilities import TENSOR_PARALLEL
     from interlock.policy.context import has_triton_fact
     from interlock.policy.loader import load_policy
@@ -83,9 +84,9 @@ def resolve_for_device(
     sources[f"features.{TENSOR_PARALLEL}"] = (
         f"given (tensor_parallel_size={tensor_parallel_size})"
     )
-    kind = torch.device(device).type if device is not None else None
-    if kind in ("cpu", "xpu"):  # cuda is detected: the device cannot tell CUDA from ROCm
-        platform = kind
+    # cuda is detected: the device cannot tell CUDA from ROCm
+    if device is not None and (named := platform_named_by_device(torch.device(device).type)):
+        platform = named
         sources["platform"] = f"given (device={device!r})"
         # This machine runs it, so Triton is probed, not assumed as for a named platform.
         features["has_triton"], sources["features.has_triton"] = has_triton_fact(True)
@@ -112,14 +113,9 @@ def check_runs_here(platform: str | None) -> None:
         )
 
 
-def device_for(platform: str) -> str:
-    """The torch device type that runs a model on ``platform`` (ROCm is ``cuda`` to torch)."""
-    return platform if platform in ("cpu", "xpu") else "cuda"
-
-
 def detected_device() -> str:
     """The torch device type of the platform this process sees."""
-    from interlock.core.platform import detect_platform
+    from interlock.core.platform import detect_platform, device_for
 
     return device_for(detect_platform()[0])
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 from interlock.core.decision import DTYPES
 from interlock.core.errors import InterlockError
+from interlock.core.platform import GPU_PLATFORMS, PLATFORM_NAMES
 
-PLATFORMS = ("cpu", "cuda", "rocm", "xpu")
-GPU_PLATFORMS = frozenset({"cuda", "rocm", "xpu"})
 FORCE_ENV = "INTERLOCK_KERNELS"
 #: The backend of the torch references (``interlock.kernels.reference``): an op exists
 #: because its reference does; every other backend implements some of those ops.
@@ -112,7 +111,7 @@ class KernelRegistry:
         op: str,
         backend: str,
         *,
-        platforms: Iterable[str] = PLATFORMS,
+        platforms: Iterable[str] = PLATFORM_NAMES,
         dtypes: Iterable[str] = DTYPES,
         provider: str = "interlock",
         unavailable: Callable[[str], str | None] | None = None,

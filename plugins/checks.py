@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 from interlock.core.decision import Decision
+from interlock.core.platform import GPU_PLATFORMS
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
 from interlock.policy.lint import ERROR, WARNING, Check, Finding, RunnerCheck, Subject
@@ -67,10 +68,6 @@ def _unserved_cudagraph_modes(registry: PluginRegistry, subject: Subject) -> Ite
             )
 
 
-#: Platforms the default runner must serve (itself or along its fallback chain).
-GPU_PLATFORMS = ("cuda", "rocm", "xpu")
-
-
 def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterator[Finding]:
     """The defaults' runner (following its fallbacks) serves none of the GPU platforms (a
     warning), or its fallback chain loops (an error): either way contexts fail to resolve."""
@@ -93,6 +90,7 @@ def _default_runner_serves(registry: PluginRegistry, subject: Subject) -> Iterat
             f"defaults.runner {setting.value}: its fallback chain loops: {loop}",
         )
     specs = [reg.spec for n in chain if (reg := registry.find(n)) is not None]
+    # The GPU platforms: those the default runner must serve (itself or along its chain).
     unserved = [p for p in GPU_PLATFORMS if not any(p in spec.platforms for spec in specs)]
     if unserved:
         # A warning: a site policy for CPU-only machines is legitimate; `--strict` fails it.

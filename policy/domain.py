@@ -24,12 +24,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.conditions import FeatureMatch, NameMatch, When, is_glob
 from interlock.policy.context import Context
 from interlock.policy.model import Policy
 
-#: Platforms every domain includes: those interlock detects by itself.
-BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 #: The device arch standing for "any arch no rule names".
 UNNAMED_DEVICE_ARCH = ""
 #: A string no compared value equals, for `ne`/`in` conditions on string features.
@@ -53,7 +52,8 @@ class Domain:
     def of(cls, *policies: Policy) -> Domain:
         """The domain of one policy, or the union of several policies' domains."""
         archs: dict[str, None] = {}
-        platforms: dict[str, None] = dict.fromkeys(BUILTIN_PLATFORMS)
+        # Every domain holds the platforms interlock knows, and those rules name.
+        platforms: dict[str, None] = dict.fromkeys(PLATFORM_NAMES)
         for policy in policies:
             archs.update(dict.fromkeys(policy.catalog))
             for rule in policy.rules:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from interlock.core.platform import platform_of_device
 from interlock.kernels import MODEL_OPS, REGISTRY, KernelChoice
 from interlock.kernels.native import BACKEND as NATIVE
 from interlock.kernels.native import KERNELS as NATIVE_KERNELS
@@ -95,8 +96,4 @@ def build_kernel_table(
 
 def platform_of(device: torch.device) -> str:
     """The kernel platform of a torch device: cpu, cuda, rocm (HIP builds of torch) or xpu."""
-    if device.type == "cuda":
-        return "rocm" if torch.version.hip else "cuda"
-    if device.type in ("cpu", "xpu"):
-        return device.type
-    raise ValueError(f"device {device} is not supported; allowed device types: cpu, cuda, xpu")
+    return platform_of_device(device.type, hip=bool(torch.version.hip))

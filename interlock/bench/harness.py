@@ -111,8 +111,8 @@ def load_configs(
     max_position: int,
 ) -> list[Loaded]:
     """One engine per configuration, sized to the workload, loaded once and kept."""
+    from interlock.core.platform import device_for
     from interlock.llm import LLM
-    from interlock.model_run import device_for
 
     seq_len = prompt_len + workload.max_tokens
     if seq_len > max_position:

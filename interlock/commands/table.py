@@ -7,9 +7,8 @@ import sys
 from typing import Any
 
 from interlock.commands.common import add_env_args, add_policy_args, env_of, load
+from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
-
-BUILTIN_PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--platform",
         action="append",
         metavar="P",
-        help="platform to include; repeatable (default: cuda, rocm, xpu, cpu and any a rule names)",
+        help=f"platform to include; repeatable (default: {', '.join(PLATFORM_NAMES)} and any a "
+        "rule names)",
     )
     parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
     add_env_args(parser)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _platforms(policy: Policy) -> list[str]:
-    named: dict[str, None] = dict.fromkeys(BUILTIN_PLATFORMS)
+    named: dict[str, None] = dict.fromkeys(PLATFORM_NAMES)
     for rule in policy.rules:
         match = rule.when.name_match("platform")
         if match is not None:

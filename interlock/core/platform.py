@@ -1,6 +1,81 @@
-"""Which accelerator this process sees; the only place the lower layers touch torch."""
+"""The platforms interlock knows, what each one is, and which one this process sees.
+
+The one place the platform vocabulary is spelled out: the names, the torch device type
+each runs on, and the facts the layers above read from it (where Triton kernels are the
+default, where CUDA graphs and torch.compile are honoured, the torch.distributed backend
+of tensor parallelism). Adding a platform is an entry in :data:`PLATFORMS` (and its
+detection in :func:`detect_platform`), plus what the platform itself needs (kernels, a
+graph backend). Torch is imported only to detect the platform.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str  # as contexts, rules and runner declarations name it
+    device_type: str  # the torch device type it runs on
+    #: Whether its kernels are GPU kernels: Triton is the preferred kernel backend, and
+    #: input preparation on the device (mrv2) needs it.
+    gpu: bool
+    #: Whether the built-in runners' graphs are CUDA graphs and honour torch.compile.
+    compiled_graphs: bool
+    #: The torch.distributed backend of tensor-parallel collectives (None: none here).
+    distributed_backend: str | None
+    #: Whether torch reports it as a HIP build of its device type (ROCm is ``cuda``).
+    hip: bool = False
+
+
+#: Every built-in platform, in the order tables and listings show them.
+PLATFORMS: Mapping[str, Platform] = {
+    p.name: p
+    for p in (
+        Platform("cuda", "cuda", gpu=True, compiled_graphs=True, distributed_backend="nccl"),
+        # torch's ROCm builds serve NCCL with RCCL
+        Platform("rocm", "cuda", gpu=True, compiled_graphs=True, distributed_backend="nccl",
+                 hip=True),
+        Platform("xpu", "xpu", gpu=True, compiled_graphs=False, distributed_backend=None),
+        Platform("cpu", "cpu", gpu=False, compiled_graphs=False, distributed_backend="gloo"),
+    )
+}
+PLATFORM_NAMES: tuple[str, ...] = tuple(PLATFORMS)
+GPU_PLATFORMS: tuple[str, ...] = tuple(p.name for p in PLATFORMS.values() if p.gpu)
+
+
+def device_for(platform: str) -> str:
+    """The torch device type that runs a model on ``platform`` (ROCm is ``cuda`` to torch)."""
+    known = PLATFORMS.get(platform)
+    if known is None:
+        raise ValueError(
+            f"platform {platform!r} has no torch device here; allowed: {', '.join(PLATFORMS)}"
+        )
+    return known.device_type
+
+
+def platform_of_device(device_type: str, hip: bool = False) -> str:
+    """The platform a torch device type runs (``hip``: torch is a HIP build)."""
+    matching = [p for p in PLATFORMS.values() if p.device_type == device_type]
+    chosen = [p for p in matching if p.hip == hip] if len(matching) > 1 else matching
+    if not chosen:
+        allowed = ", ".join(dict.fromkeys(p.device_type for p in PLATFORMS.values()))
+        raise ValueError(f"device type {device_type!r} is not supported; allowed: {allowed}")
+    return chosen[0].name
+
+
+def platform_named_by_device(device_type: str) -> str | None:
+    """The platform a device type names by itself, or None when several share it (``cuda``
+    is CUDA or ROCm: only detection tells) or none does."""
+    matching = [p.name for p in PLATFORMS.values() if p.device_type == device_type]
+    return matching[0] if len(matching) == 1 else None
+
+
+def distributed_backend(device_type: str) -> str | None:
+    """The torch.distributed backend of tensor parallelism on a torch device type."""
+    backends = {p.distributed_backend for p in PLATFORMS.values() if p.device_type == device_type}
+    return backends.pop() if len(backends) == 1 else None
 
 
 def detect_platform() -> tuple[str, str, str]:

@@ -12,8 +12,9 @@ import functools
 import importlib
 import sys
 
+from interlock.core.platform import PLATFORM_NAMES
 from interlock.kernels import reference  # noqa: F401  (the ops exist before Triton implements them)
-from interlock.kernels.registry import DTYPES, PLATFORMS, REGISTRY, KernelImpl
+from interlock.kernels.registry import DTYPES, REGISTRY, KernelImpl
 
 BACKEND = "triton"
 
@@ -62,6 +63,6 @@ def unavailable(platform: str) -> str | None:
 
 for _op, _target in KERNELS.items():
     REGISTRY.register(
-        KernelImpl(_op, BACKEND, _target, frozenset(PLATFORMS), frozenset(DTYPES),
+        KernelImpl(_op, BACKEND, _target, frozenset(PLATFORM_NAMES), frozenset(DTYPES),
                    unavailable=unavailable)
     )

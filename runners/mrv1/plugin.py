@@ -6,29 +6,25 @@ runner. Cheap to import: declarations only, the runner is loaded by path.
 
 from __future__ import annotations
 
+from interlock.core.platform import PLATFORMS
 from interlock.plugins import CUDAGRAPH_MODES, PlatformSupport, RunnerSpec, Unsupported, hookimpl
-
-PLATFORMS = ("cuda", "rocm", "xpu", "cpu")
-# Where graphs are CUDA graphs (torch.cuda serves HIP too) and torch.compile of
-# the graph segments is honoured. Elsewhere graphs replay through the debug
-# backend and compile is declared unsupported: stage 5 turns an automatic
-# compile=true into false with a trace step, and a forced one is an error.
-COMPILED = ("cuda", "rocm")
-# Where a torch.distributed backend serves the tensor-parallel collectives: gloo on the
-# CPU, NCCL (RCCL on ROCm) on GPUs. No limit of the runner's own; the model's head
-# counts limit the size, checked before loading.
-TENSOR_PARALLEL = ("cpu", "cuda", "rocm")
 
 
 def graph_support(platform: str, requires: frozenset[str] = frozenset()) -> PlatformSupport:
-    """As in vLLM: every graph mode and breakable capture, on every platform; tensor
-    parallelism where torch.distributed has a backend for the device."""
+    """As in vLLM: every graph mode and breakable capture, on every platform. torch.compile
+    of the graph segments where graphs are CUDA graphs (torch.cuda serves HIP too);
+    elsewhere graphs replay through the debug backend and compile is declared unsupported:
+    stage 5 turns an automatic compile=true into false with a trace step, and a forced one
+    is an error. Tensor parallelism where a torch.distributed backend serves the
+    collectives, with no limit of the runner's own (the model's head counts limit the
+    size, checked before loading)."""
+    known = PLATFORMS[platform]
     return PlatformSupport(
         cudagraph=frozenset(CUDAGRAPH_MODES),
         breakable=True,
-        compile=platform in COMPILED,
+        compile=known.compiled_graphs,
         requires=requires,
-        max_tensor_parallel_size=None if platform in TENSOR_PARALLEL else 1,
+        max_tensor_parallel_size=None if known.distributed_backend is not None else 1,
     )
 
 

@@ -6,10 +6,12 @@ it requires Triton, and an automatic choice without it falls back to mrv1.
 
 from __future__ import annotations
 
+from interlock.core.platform import PLATFORMS
 from interlock.plugins import RunnerSpec, hookimpl
-from interlock.runners.mrv1.plugin import NOT_YET_SUPPORTED, PLATFORMS, graph_support
+from interlock.runners.mrv1.plugin import NOT_YET_SUPPORTED, graph_support
 
-GPU_PLATFORMS = ("cuda", "rocm", "xpu")
+#: What mrv2 requires where its input preparation runs Triton kernels (GPU platforms):
+#: the one statement of that need; its runner reads it back from the spec.
 TRITON = frozenset({"has_triton"})
 
 SPEC = RunnerSpec(
@@ -18,8 +20,8 @@ SPEC = RunnerSpec(
     "kernels on the device (Triton on GPU, torch on CPU)",
     plugin_api=">=1.0,<2",
     platforms={
-        platform: graph_support(platform, TRITON if platform in GPU_PLATFORMS else frozenset())
-        for platform in PLATFORMS
+        name: graph_support(name, TRITON if platform.gpu else frozenset())
+        for name, platform in PLATFORMS.items()
     },
     unsupported=NOT_YET_SUPPORTED,
     fallback="mrv1",

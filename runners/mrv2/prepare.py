@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import torch
 
+from interlock.core.platform import PLATFORM_NAMES
 from interlock.kernels import REGISTRY, KernelImpl
-from interlock.kernels.registry import DTYPES, PLATFORMS
+from interlock.kernels.registry import DTYPES
 from interlock.kernels.triton import unavailable as triton_unavailable
 from interlock.runners.graphs.buffers import ForwardInputs
 from interlock.runners.mrv2.states import RequestStates, StepRows
@@ -104,7 +105,7 @@ def prepare_inputs(
 
 REGISTRY.register(
     KernelImpl(
-        OP, "triton", "interlock.runners.mrv2.prepare_triton:prepare_inputs", frozenset(PLATFORMS),
-        frozenset(DTYPES), unavailable=triton_unavailable,
+        OP, "triton", "interlock.runners.mrv2.prepare_triton:prepare_inputs",
+        frozenset(PLATFORM_NAMES), frozenset(DTYPES), unavailable=triton_unavailable,
     )
 )

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from interlock.core.errors import InputError, InterlockError
+from interlock.core.platform import PLATFORMS, distributed_backend
 from interlock.runners.parallel.group import TensorParallel
 
 TIMEOUT_ENV = "INTERLOCK_TP_TIMEOUT"
@@ -96,14 +97,17 @@ def timeout_s() -> float:
 
 def backend_for(device_type: str) -> str:
     """The torch.distributed backend of the model's collectives on a device type."""
-    if device_type == "cpu":
-        return "gloo"
-    if device_type == "cuda":  # NCCL; torch's ROCm builds serve it with RCCL
-        return "nccl"
-    raise InputError(
-        f"tensor parallelism on {device_type} has no torch.distributed backend here; "
-        "allowed devices: cpu (gloo), cuda and rocm (nccl)"
-    )
+    backend = distributed_backend(device_type)
+    if backend is None:
+        served = ", ".join(
+            f"{p.name} ({p.distributed_backend})" for p in PLATFORMS.values()
+            if p.distributed_backend is not None
+        )
+        raise InputError(
+            f"tensor parallelism on {device_type} has no torch.distributed backend here; "
+            f"allowed platforms: {served}"
+        )
+    return backend
 
 
 def connect_store(rdzv: Rendezvous, timeout: float) -> dist.TCPStore:

@@ -121,8 +121,8 @@ def _execute(
     run's own steps)."""
     import torch
 
+    from interlock.core.platform import device_for
     from interlock.llm import LLM
-    from interlock.model_run import device_for
 
     device = device_for(resolution.context.platform)
     decision = resolution.decision
