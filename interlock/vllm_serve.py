@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.core.cudagraph import CUDAGRAPH_MODES, without_piecewise
 from interlock.core.errors import PolicyError
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
@@ -153,10 +153,8 @@ def target_profile(
     final = dict(values)
     adjustments = []
     if not final["compile"] and not final["breakable"]:
-        lowered = {"full_and_piecewise": "full_decode_only", "piecewise": "none"}.get(
-            final["cudagraph"]
-        )
-        if lowered:
+        lowered = without_piecewise(final["cudagraph"])
+        if lowered != final["cudagraph"]:
             adjustments.append(
                 Adjustment(
                     "cudagraph",

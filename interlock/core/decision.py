@@ -17,8 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Union, get_args, get_origin
 
-CudagraphMode = Literal["none", "piecewise", "full", "full_decode_only", "full_and_piecewise"]
-CUDAGRAPH_MODES: tuple[str, ...] = get_args(CudagraphMode)
+# The cudagraph field's choices and their meaning are interlock.core.cudagraph's table;
+# the decision vocabulary names them too.
+from interlock.core.cudagraph import CUDAGRAPH_MODES as CUDAGRAPH_MODES
+from interlock.core.cudagraph import CudagraphMode, fallbacks
+
 #: The dtypes a model runs in (``auto``, where accepted, means the checkpoint's own).
 Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -54,10 +57,7 @@ class Decision:
     cudagraph: CudagraphMode = field(default="none", metadata=_about(
         "the CUDA-graph strategy: piecewise graphs between attention ops, full graphs, "
         "full for decode-only batches, or both",
-        fallback={
-            "full_and_piecewise": "piecewise", "piecewise": "none",
-            "full": "none", "full_decode_only": "none",
-        },
+        fallback=fallbacks(),  # interlock.core.cudagraph's table
     ))
     breakable: bool = field(default=False, metadata=_about(
         "piecewise graphs whose breaks are found during capture (implies compile: false)",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.core.cudagraph import MODES, graph_for
 
 
 class Strategy(str, Enum):
@@ -35,21 +35,19 @@ class Strategy(str, Enum):
 
 
 def strategy_for(mode: str, breakable: bool, decode_only: bool) -> Strategy:
-    """How a batch (pure decode or mixed prefill/decode) runs under ``mode``."""
-    if mode not in CUDAGRAPH_MODES:
-        raise ValueError(f"cudagraph {mode!r} is not a mode; allowed: {', '.join(CUDAGRAPH_MODES)}")
-    if mode == "none" or (mode == "full_decode_only" and not decode_only):
+    """How a batch (pure decode or mixed prefill/decode) runs under ``mode``: the graph the
+    mode's table gives it (``interlock.core.cudagraph``), cut during capture if breakable."""
+    graph = graph_for(mode, decode_only)
+    if graph is None:
         return Strategy.EAGER
     if breakable:
         return Strategy.BREAKABLE
-    if mode == "piecewise" or (mode == "full_and_piecewise" and not decode_only):
-        return Strategy.PIECEWISE
-    return Strategy.FULL
+    return Strategy.PIECEWISE if graph == "piecewise" else Strategy.FULL
 
 
 def eager_reason(mode: str, breakable: bool) -> str:
     """Why a batch that ``strategy_for`` sends to eager runs without a graph."""
-    if mode == "none":
+    if MODES[mode].decode is None:  # nothing captured at all
         suffix = " (breakable has nothing to cut)" if breakable else ""
-        return f"cudagraph=none{suffix}"
-    return "mixed prefill/decode batch under cudagraph=full_decode_only"
+        return f"cudagraph={mode}{suffix}"
+    return f"mixed prefill/decode batch under cudagraph={mode}"
