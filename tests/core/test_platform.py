@@ -19,19 +19,13 @@ from interlock.core.platform import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-#: The package's source: the real folders (interlock/'s links to them are skipped).
+#: The package's source folders.
 SOURCES = ("interlock", "policy", "runners", "kernels", "plugins")
 HOME = REPO / "interlock" / "core" / "platform.py"
 
 
 def _source_files() -> list[Path]:
-    files = []
-    for top in SOURCES:
-        for path in (REPO / top).rglob("*.py"):
-            if not any(part.is_symlink() for part in [path, *path.parents]
-                       if part.is_relative_to(REPO)):
-                files.append(path)
-    return files
+    return [path for top in SOURCES for path in (REPO / top).rglob("*.py")]
 
 
 def _platform_collections(path: Path) -> list[str]:
