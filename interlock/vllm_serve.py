@@ -7,41 +7,30 @@ command sets all of them: ``VLLM_USE_V2_MODEL_RUNNER``,
 ``VLLM_USE_BREAKABLE_CUDAGRAPH`` (even 0), ``-cc.cudagraph_mode`` and ``-cc.mode``.
 
 The user's own env vars and ``vllm serve`` flags win: they enter the resolution
-as env bindings and overrides (so ``policy explain`` would show them) and pass
-through unchanged. vLLM still adjusts some explicit values after reading them;
-the target profile below applies those adjustments, so the decision printed is
-the one vLLM runs. An adjustment to a value the user forced is refused.
+as env bindings, overrides and given features (:mod:`interlock.vllm_flags` reads
+them; ``policy explain`` would show them) and pass through unchanged. vLLM still
+adjusts some explicit values after reading them; the target profile below applies
+those adjustments, so the decision printed is the one vLLM runs. An adjustment to a
+value the user forced is refused.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from interlock.core.cudagraph import CUDAGRAPH_MODES, without_piecewise
+from interlock.core.cudagraph import without_piecewise
 from interlock.core.errors import PolicyError
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
+from interlock.vllm_flags import UserFlags
 
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 #: interlock's runner names -> VLLM_USE_V2_MODEL_RUNNER (vLLM has these two runners only).
 RUNNER_VALUES = {"mrv1": "0", "mrv2": "1"}
-#: vLLM's CompilationMode names (and numbers) interlock's ``compile`` field can say.
-COMPILE_MODES = {"NONE": False, "0": False, "VLLM_COMPILE": True, "3": True}
-_CC = ("-cc", "--compilation-config", "--compilation_config")
-
-
-@dataclass(frozen=True)
-class UserFlags:
-    """What the user's ``vllm serve`` arguments decide, as policy overrides."""
-
-    overrides: dict[str, Any] = field(default_factory=dict)
-    #: Decision field -> the flag that set it, for messages.
-    given_by: dict[str, str] = field(default_factory=dict)
-    pooling: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,74 +61,6 @@ class ServeCommand:
             "argv": self.argv,
             "resolution": self.resolution.to_dict(),
         }
-
-
-def read_user_flags(args: Sequence[str]) -> UserFlags:
-    """The decision fields set by ``vllm serve`` arguments: ``-cc.cudagraph_mode``,
-    ``-cc.mode`` (also as ``--compilation-config`` keys or JSON), ``--enforce-eager``,
-    and ``--runner pooling``. Anything else passes through unread."""
-    overrides: dict[str, Any] = {}
-    given_by: dict[str, str] = {}
-    pooling = False
-    items = list(args)
-    i = 0
-    while i < len(items):
-        arg = items[i]
-        name, eq, value = arg.partition("=")
-        takes_value = name in _CC or any(
-            name == f"{cc}.{k}" for cc in _CC for k in ("mode", "cudagraph_mode")
-        )
-        takes_value = takes_value or name == "--runner"
-        if takes_value and not eq:
-            if i + 1 >= len(items):
-                raise PolicyError(f"vllm serve argument {arg} needs a value")
-            value = items[i + 1]
-            i += 1
-        i += 1
-        shown = f"{name} {value}" if takes_value else arg
-        if name in _CC:
-            try:
-                data = json.loads(value)
-            except json.JSONDecodeError:
-                raise PolicyError(f"{name}: not a JSON object: {value!r}") from None
-            if not isinstance(data, dict):
-                raise PolicyError(f"{name}: not a JSON object: {value!r}")
-            for key in ("mode", "cudagraph_mode"):
-                if key in data:
-                    _set(overrides, given_by, key, str(data[key]), shown)
-        elif name.endswith(".mode") and name.split(".")[0] in _CC:
-            _set(overrides, given_by, "mode", value, shown)
-        elif name.endswith(".cudagraph_mode") and name.split(".")[0] in _CC:
-            _set(overrides, given_by, "cudagraph_mode", value, shown)
-        elif name == "--enforce-eager":
-            # vLLM: "equivalent to -cc.mode=none -cc.cudagraph_mode=none".
-            overrides.update(cudagraph="none", compile=False)
-            given_by.update(cudagraph=arg, compile=arg)
-        elif name == "--runner":
-            pooling = value == "pooling"
-    return UserFlags(overrides, given_by, pooling)
-
-
-def _set(
-    overrides: dict[str, Any], given_by: dict[str, str], key: str, value: str, shown: str
-) -> None:
-    if key == "mode":
-        if value.upper() not in COMPILE_MODES:
-            raise PolicyError(
-                f"{shown}: interlock's policy speaks of compilation mode VLLM_COMPILE "
-                f"(compile: true) or NONE (compile: false), not {value!r}"
-            )
-        overrides["compile"] = COMPILE_MODES[value.upper()]
-        given_by["compile"] = shown
-    else:
-        mode = value.lower()
-        if mode not in CUDAGRAPH_MODES:
-            raise PolicyError(
-                f"{shown}: unknown cudagraph mode {value!r}; allowed: "
-                + ", ".join(m.upper() for m in CUDAGRAPH_MODES)
-            )
-        overrides["cudagraph"] = mode
-        given_by["cudagraph"] = shown
 
 
 def target_profile(
@@ -179,9 +100,14 @@ def target_profile(
 
 
 def serve_command(
-    resolution: Resolution, model: str, user_args: Sequence[str], user: UserFlags
+    resolution: Resolution,
+    model: str,
+    user_args: Sequence[str],
+    user: UserFlags,
+    extra: Sequence[str] = (),
 ) -> ServeCommand:
-    """The ``vllm serve`` command (argv and env additions) that runs ``resolution``."""
+    """The ``vllm serve`` command (argv and env additions) that runs ``resolution``;
+    ``extra`` are flags for features given with ``--feature`` only."""
     values = resolution.decision.to_dict()
     final, adjustments = target_profile(values, user.pooling)
     for adj in adjustments:
@@ -211,5 +137,6 @@ def serve_command(
         flags.append(
             f"-cc.cudagraph_capture_sizes={json.dumps(list(sizes), separators=(',', ':'))}"
         )
-    argv = ["vllm", "serve", model, *flags, *user_args]
+    argv = ["vllm", "serve", model, *flags, *extra, *user_args]
     return ServeCommand(resolution, final, tuple(adjustments), env, argv)
+

@@ -15,10 +15,10 @@ import shlex
 import shutil
 import sys
 
-from interlock.commands.common import add_policy_args, load, write_json
+from interlock.commands.common import add_policy_args, load, pair, write_json
 
 #: This command's options; after MODEL they would silently go to vllm serve.
-OWN_OPTIONS = ("--platform", "--device-arch", "--policy", "--json")
+OWN_OPTIONS = ("--platform", "--device-arch", "--policy", "--json", "--feature")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,19 +29,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the detected (or given) platform, and print or exec `vllm serve MODEL` with "
         "VLLM_USE_V2_MODEL_RUNNER, VLLM_USE_BREAKABLE_CUDAGRAPH, -cc.cudagraph_mode and "
         "-cc.mode all set. Your own env vars and vllm serve flags win: they enter the "
-        "resolution as env bindings and overrides. vLLM's later adjustments (no piecewise "
-        "graphs without compilation, pooling models piecewise) are applied and reported; "
-        "one that would undo a flag you gave is refused.",
+        "resolution as env bindings and overrides, and the flags that are deployment features "
+        "(--tensor-parallel-size, -pp, -dp, --max-num-seqs, --quantization, "
+        "--speculative-config, --enforce-eager, -O0..-O3) as given facts. vLLM's later "
+        "adjustments (no piecewise graphs without compilation, pooling models piecewise) are "
+        "applied and reported; one that would undo a flag you gave is refused.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, text in (("args", "print the command"), ("serve", "exec vllm serve")):
         sub = actions.add_parser(name, help=text, description=text)
-        sub.add_argument("model", metavar="MODEL", help="local model directory (config.json)")
+        sub.add_argument(
+            "model", metavar="MODEL",
+            help="model directory or its config.json, GGUF file, named model (smollm2), or a "
+            "Hugging Face id cached locally",
+        )
         sub.add_argument(
             "vllm_args", nargs=argparse.REMAINDER, metavar="...", help="vllm serve arguments"
         )
         sub.add_argument("--platform", help="cuda, rocm… (default: detected)")
         sub.add_argument("--device-arch", dest="device_arch", metavar="ARCH", help="e.g. gfx950")
+        sub.add_argument(
+            "--feature", action="append", type=pair, default=[], metavar="K=V",
+            help="deployment feature for the policy; one vLLM has a flag for is added to the "
+            "command (tensor_parallel_size=8 adds --tensor-parallel-size 8)",
+        )
         add_policy_args(sub)
         if name == "args":
             sub.add_argument("--json", action="store_true", help="print the command as JSON")
@@ -49,11 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.commands.common import features_of
     from interlock.core.errors import PolicyError
-    from interlock.model_run import decided_by, process_env
-    from interlock.policy.context import make_context
+    from interlock.model_run import decided_by, model_context, process_env
     from interlock.policy.resolution import resolve
-    from interlock.vllm_serve import read_user_flags, serve_command
+    from interlock.vllm_flags import flags_for_features, level_overrides, read_user_flags
+    from interlock.vllm_model import vllm_model
+    from interlock.vllm_serve import serve_command
 
     own = [a for a in args.vllm_args if a.split("=")[0] in OWN_OPTIONS]
     if own:
@@ -63,22 +76,41 @@ def run(args: argparse.Namespace) -> int:
         )
     policy = load(args)
     user = read_user_flags(args.vllm_args)
+    given = features_of(args, policy)
+    extra = flags_for_features(given, user)
+    if extra:  # what they decide (e.g. -O0's graph mode) is read like the user's own flags
+        user = read_user_flags([*extra, *args.vllm_args])
+    model = vllm_model(args.model)
     env, sources = process_env(policy)
-    context = make_context(
-        None,
-        model=args.model,
+    sources.update(user.sources())
+    sources.update({f"features.{k}": "given with --feature" for k in given})
+    context = model_context(
+        model.readable,
         platform=args.platform,
         device_arch=args.device_arch,
+        features={**user.features, **given},
         env=env,
         sources=sources,
     )
     resolution = resolve(policy, context, user.overrides)
-    command = serve_command(resolution, args.model, args.vllm_args, user)
+    by_level = level_overrides(resolution, user)
+    if by_level:
+        user.overrides.update(by_level)
+        user.given_by.update(dict.fromkeys(by_level, user.level_flag))
+        resolution = resolve(policy, context, user.overrides)
+    command = serve_command(resolution, model.argument, args.vllm_args, user, extra)
     where = f"{context.platform} {context.device_arch}".strip()
     print(
         f"policy vllm: {context.architecture} on {where}: {decided_by(resolution)}",
         file=sys.stderr,
     )
+    for name, flag in user.given_by.items():
+        print(f"policy vllm: {name} given by {flag}", file=sys.stderr)
+    for key in sorted(context.features):
+        origin = context.source(f"features.{key}")
+        if key != "has_triton":
+            print(f"policy vllm: feature {key}={context.features[key]} ({origin})",
+                  file=sys.stderr)
     for adj in command.adjustments:
         print(
             f"policy vllm: vLLM adjusts {adj.field} {adj.before} -> {adj.after}: {adj.why}",
