@@ -18,7 +18,7 @@ VLLM ?= 0.33.0
 install: $(VENV)/.installed
 
 # The native kernels (kernels/native/_cpu.c) are compiled by the install: a change rebuilds them.
-$(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c
+$(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c runners/parallel/_shm.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
@@ -54,6 +54,7 @@ NATIVE_FLAGS = -Wall -Wextra -Werror -ffp-contract=off -I$(shell $(PY) -c "impor
 native-check: install
 	cc -fsyntax-only $(NATIVE_FLAGS) $(NATIVE_C)
 	cc -fsyntax-only $(NATIVE_FLAGS) -DINTERLOCK_NATIVE_PORTABLE $(NATIVE_C)
+	cc -fsyntax-only $(NATIVE_FLAGS) runners/parallel/_shm.c
 
 # The native kernel tests against an AddressSanitizer + UBSan build of _cpu.c, loaded in
 # place of the installed one (tools/sanitized_pytest.py). Python is not instrumented, so the

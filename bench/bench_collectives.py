@@ -1,18 +1,22 @@
-"""The floor under CPU tensor parallelism: one gloo all-reduce and all-gather between two local
-processes, the sizes a demo-model decode step sends, a broadcast and a point-to-point exchange
-of the same size, and for scale a plain socket round trip between two processes (figures in
-BENCHMARKS.md)."""
+"""The floor under CPU tensor parallelism: one all-reduce and all-gather between two local
+processes at the sizes a decode step sends, through the shared-memory collectives interlock
+uses on one host and through gloo, a gloo broadcast and point-to-point exchange of the same
+size, and for scale a plain socket round trip between two processes. Each figure is the
+median of per-call times (figures in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import socket
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from interlock.runners.parallel.shm import SharedMemoryCollectives
 
 
 def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int) -> None:
@@ -31,19 +35,28 @@ def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int)
         dist.isend(x, peer).wait()
         received.wait()
 
+    fast = SharedMemoryCollectives(None, rank, world, timeout=30.0)
     for name, op in (
-        (f"all_reduce of {hidden} floats", lambda: dist.all_reduce(x)),
-        (f"all_gather of 2x{vocab // world} floats", lambda: dist.all_gather(gathered, shard)),
-        (f"broadcast of {hidden} floats", lambda: dist.broadcast(x, 0)),
-        (f"isend/irecv exchange of {hidden} floats", exchange),
+        (f"shared-memory all_reduce of {hidden} floats", lambda: fast.all_reduce(x)),
+        (f"shared-memory all_gather of 2x{vocab // world} floats",
+         lambda: fast.all_gather(shard)),
+        (f"gloo all_reduce of {hidden} floats", lambda: dist.all_reduce(x)),
+        (f"gloo all_gather of 2x{vocab // world} floats",
+         lambda: dist.all_gather(gathered, shard)),
+        (f"gloo broadcast of {hidden} floats", lambda: dist.broadcast(x, 0)),
+        (f"gloo isend/irecv exchange of {hidden} floats", exchange),
     ):
         for _ in range(calls // 10):
             op()
-        start = time.perf_counter()
+        times = []
         for _ in range(calls):
+            start = time.perf_counter()
             op()
+            times.append(time.perf_counter() - start)
         if rank == 0:
-            print(f"{name}: {(time.perf_counter() - start) / calls * 1e6:.0f} us per call")
+            print(f"{name}: median {statistics.median(times) * 1e6:.1f} us per call, "
+                  f"mean {statistics.fmean(times) * 1e6:.1f} us")
+    fast.close()
     dist.destroy_process_group()
 
 

@@ -159,6 +159,7 @@ class TensorParallelReport:
     heads_per_rank: int
     kv_heads_per_rank: int
     notes: tuple[str, ...] = ()  # e.g. KV heads replicated, vocabulary padding
+    collectives: str = ""  # what carries the collectives, and why: shared memory, gloo, nccl
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from interlock.core.errors import InputError, InterlockError
 from interlock.core.platform import PLATFORMS, distributed_backend
+from interlock.runners.parallel import shm
 from interlock.runners.parallel.group import TensorParallel
 
 TIMEOUT_ENV = "INTERLOCK_TP_TIMEOUT"
@@ -158,7 +159,32 @@ def join_tensor_parallel(
     Called by every rank, in the same order, after the load order."""
     backend = backend_for(device.type)
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
-    return TensorParallel(rdzv.rank, rdzv.world_size, group)
+    fast, carried = collectives_for(rdzv, device)
+    tp = TensorParallel(rdzv.rank, rdzv.world_size, group, collectives=carried)
+    if fast:
+        tp.shm = shm.SharedMemoryCollectives(group, rdzv.rank, rdzv.world_size, timeout)
+    return tp
+
+
+def collectives_for(rdzv: Rendezvous, device: torch.device) -> tuple[bool, str]:
+    """Whether the model's collectives go through shared memory, and what carries them
+    (with why). ``INTERLOCK_TP_COLLECTIVES=shm`` that cannot be honoured is an error."""
+    wanted = shm.choice()
+    backend = backend_for(device.type)
+    if device.type != "cpu":
+        why = f"{backend}: shared memory serves CPU ranks"
+    elif wanted == "gloo":
+        why = f"gloo: {shm.CHOICE_ENV}=gloo"
+    elif rdzv.local_world_size != rdzv.world_size:
+        why = (f"gloo: the group spans hosts ({rdzv.local_world_size} of "
+               f"{rdzv.world_size} ranks here)")
+    elif (missing := shm.unavailable()) is not None:
+        why = f"gloo: {missing}"
+    else:
+        return True, "shared memory (float32 on one host; gloo for other dtypes)"
+    if wanted == "shm":
+        raise InputError(f"{shm.CHOICE_ENV}=shm cannot be honoured: {why.split(': ', 1)[1]}")
+    return False, why
 
 
 def set_threads(device: torch.device, ranks_here: int) -> None:

@@ -135,6 +135,7 @@ class TensorParallelRunner:
                 heads_per_rank=plan.num_heads,
                 kv_heads_per_rank=plan.num_kv_heads,
                 notes=plan.notes(config),
+                collectives=self.tp.collectives,
             ),
         )
 

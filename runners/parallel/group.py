@@ -2,9 +2,10 @@
 
 The model code calls ``tp.all_reduce`` (after attention and after the MLP, and once for
 the vocabulary-parallel embedding) and ``tp.all_gather`` (the LM head's logits). On one
-rank both are the identity and torch.distributed is never touched. The collectives are
-plain ``torch.distributed`` calls, so a graph capture records them like any other op
-(the debug backend replays them eagerly; CUDA graphs capture NCCL kernels).
+rank both are the identity and torch.distributed is never touched. On GPUs they are
+``torch.distributed`` (NCCL) calls, so CUDA graphs capture them like any other op. On the
+CPU, ranks of one host sum float32 tensors in a shared segment (``shm``); anything else
+goes through gloo. The debug graph backend replays either eagerly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from interlock.runners.parallel.shm import SharedMemoryCollectives
 
 
 @dataclass
@@ -33,13 +36,25 @@ class TensorParallel:
     group: dist.ProcessGroup | None = None
     #: Set to a CollectiveTimes to time every collective (adds a clock read per call).
     times: CollectiveTimes | None = field(default=None)
+    #: The shared-memory collectives of a one-host CPU group (float32 tensors), or None.
+    shm: SharedMemoryCollectives | None = None
+    #: What carries the collectives, and why (the run report shows it).
+    collectives: str = "none (one rank)"
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place."""
         if self.size == 1:
             return x
         start = time.perf_counter() if self.times is not None else 0.0
-        dist.all_reduce(x, group=self.group)
+        if self.shm is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            if x.is_contiguous():
+                self.shm.all_reduce(x)
+            else:
+                whole = x.contiguous()
+                self.shm.all_reduce(whole)
+                x.copy_(whole)
+        else:
+            dist.all_reduce(x, group=self.group)
         self._count(start)
         return x
 
@@ -49,8 +64,11 @@ class TensorParallel:
             return x
         start = time.perf_counter() if self.times is not None else 0.0
         rows, cols = x.shape
-        out = torch.empty(self.size * rows, cols, dtype=x.dtype, device=x.device)
-        dist.all_gather_single(out, x.contiguous(), group=self.group)
+        if self.shm is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            out = self.shm.all_gather(x.contiguous())
+        else:
+            out = torch.empty(self.size * rows, cols, dtype=x.dtype, device=x.device)
+            dist.all_gather_single(out, x.contiguous(), group=self.group)
         self._count(start)
         return out.view(self.size, rows, cols).permute(1, 0, 2).reshape(rows, self.size * cols)
 

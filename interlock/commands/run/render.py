@@ -102,6 +102,7 @@ def header(resolution: Any, provider: str, report: Any) -> str:
             f"{tp.heads_per_rank} attention head(s) and {tp.kv_heads_per_rank} KV head(s) "
             "per rank"
         )
+        lines.append(f"  collectives: {tp.collectives}")
         lines += [f"  {note}" for note in tp.notes]
     return "\n".join(lines) + "\n"
 

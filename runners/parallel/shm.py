@@ -1,0 +1,187 @@
+"""Shared-memory collectives for a tensor-parallel group whose ranks share one host.
+
+A gloo collective between two local processes costs 0.5-1.8 ms (docs/benchmarks-history.md,
+Tensor parallelism), which a decode step pays ~18 times. The ranks of one host instead meet
+in one shared segment (the C side, ``_shm.c``, says how they synchronise and why every
+rank's sum is bitwise the same). torch.distributed stays for everything else: the
+rendezvous, the control channel, setting this segment up, other dtypes, GPUs, and groups
+that span hosts.
+
+The segment is made at the group's first collective and sized from it: a slot per rank of
+at least that collective's bytes (and at least ``MIN_SLOT``); a larger collective later is
+done in slot-sized pieces. Rank 0 creates it in ``/dev/shm`` under a name of its pid and a
+random token (so two runs never share one), every rank maps it, and once all have, rank 0
+unlinks the name: the mapping lives on in each process and ends with it, so a rank killed
+by SIGKILL leaves nothing behind. A name left by a rank 0 that died between creating and
+unlinking (a window of one barrier) is swept by the next run, since its pid is gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import mmap
+import os
+import re
+import secrets
+import struct
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.distributed as dist
+
+from interlock.core.errors import InputError
+
+CHOICE_ENV = "INTERLOCK_TP_COLLECTIVES"
+CHOICES = ("auto", "shm", "gloo")
+SHM_DIR = Path("/dev/shm")
+PREFIX = "interlock-tp-"
+MIN_SLOT = 1 << 20
+_NAME = re.compile(rf"{PREFIX}(\d+)-[0-9a-f]+")
+
+
+class CollectiveError(RuntimeError):
+    """A shared-memory collective that could not complete: a peer died or never came."""
+
+
+def _module() -> ModuleType:
+    return importlib.import_module("interlock.runners.parallel._shm")
+
+
+def unavailable() -> str | None:
+    """Why this process cannot use shared-memory collectives, or None."""
+    try:
+        _module()
+    except ImportError as exc:
+        return f"the shared-memory extension is not built ({exc})"
+    if not SHM_DIR.is_dir() or not os.access(SHM_DIR, os.W_OK):
+        return f"{SHM_DIR} is not a writable directory"
+    return None
+
+
+def choice() -> str:
+    """``INTERLOCK_TP_COLLECTIVES``: auto (the default), shm or gloo."""
+    text = os.environ.get(CHOICE_ENV, "auto")
+    if text not in CHOICES:
+        raise InputError(f"{CHOICE_ENV}={text!r} is invalid; allowed: {', '.join(CHOICES)}")
+    return text
+
+
+def sweep() -> None:
+    """Remove segments whose creating process no longer exists."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        match = _NAME.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            os.unlink(SHM_DIR / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SharedMemoryCollectives:
+    """All-reduce and all-gather of float32 CPU tensors over the ranks of ``group``."""
+
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int,
+                 timeout: float) -> None:
+        self.group, self.rank, self.size, self.timeout = group, rank, size, timeout
+        self._c = _module()
+        if size > self._c.MAX_RANKS:
+            raise InputError(f"shared-memory collectives serve at most {self._c.MAX_RANKS} "
+                             f"ranks, not {size}")
+        self._map: mmap.mmap | None = None
+        self._view: torch.Tensor | None = None  # holds the map's buffer while it is in use
+        self._base = 0
+        self._slot = 0
+        self._pids: list[int] = []
+
+    def all_reduce(self, x: torch.Tensor) -> None:
+        """Sum ``x`` (float32, CPU, contiguous) over the ranks, in place."""
+        self._ready(x.numel() * 4)
+        self._check(self._c.all_reduce(self._base, self.rank, self.size, self._slot,
+                                       x.data_ptr(), x.numel(), self.timeout), "all-reduce")
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, S] per rank -> [size * N, S], rank-major, as ``all_gather_single``."""
+        self._ready(x.numel() * 4)
+        out = torch.empty(self.size * x.shape[0], *x.shape[1:], dtype=x.dtype)
+        self._check(self._c.all_gather(self._base, self.rank, self.size, self._slot,
+                                       x.data_ptr(), x.numel(), out.data_ptr(), self.timeout),
+                    "all-gather")
+        return out
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._view = None
+            self._map.close()
+            self._map, self._base = None, 0
+
+    def _check(self, outcome: tuple[str, int] | None, what: str) -> None:
+        if outcome is None:
+            return
+        kind, rank = outcome
+        pid = self._pids[rank] if rank < len(self._pids) else "?"
+        if kind == "died":
+            raise CollectiveError(f"rank {self.rank}: rank {rank} (pid {pid}) died during a "
+                                  f"shared-memory {what}")
+        raise CollectiveError(f"rank {self.rank}: rank {rank} (pid {pid}) did not reach a "
+                              f"shared-memory {what} within {self.timeout:g} s "
+                              "(INTERLOCK_TP_TIMEOUT sets the bound)")
+
+    def _ready(self, nbytes: int) -> None:
+        """Make the segment at the first collective (every rank calls this at the same one)."""
+        if self._map is not None:
+            return
+        line = self._c.LINE
+        slot = max(MIN_SLOT, (nbytes + 4095) // 4096 * 4096)
+        slot = (slot + line - 1) // line * line
+        size = self._c.HEADER + self.size * slot
+        name = [""]
+        path: Path | None = None
+        try:
+            if self.rank == 0:
+                sweep()
+                name[0] = f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+                path = SHM_DIR / name[0]
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.ftruncate(fd, size)
+                    self._map = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+            dist.broadcast_object_list(name, src=self._global(0), group=self.group)
+            if self.rank != 0:
+                fd = os.open(SHM_DIR / name[0], os.O_RDWR)
+                try:
+                    self._map = mmap.mmap(fd, size)
+                finally:
+                    os.close(fd)
+            assert self._map is not None
+            offset = self.rank * self._c.RANK_STRIDE + self._c.PID_OFFSET
+            struct.pack_into("<q", self._map, offset, os.getpid())
+            dist.barrier(group=self.group)  # every rank has mapped it and written its pid
+        finally:
+            if path is not None:
+                path.unlink(missing_ok=True)
+        self._pids = [struct.unpack_from("<q", self._map, r * self._c.RANK_STRIDE
+                                         + self._c.PID_OFFSET)[0] for r in range(self.size)]
+        self._slot = slot
+        self._view = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._base = self._view.data_ptr()
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
