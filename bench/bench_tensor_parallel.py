@@ -1,13 +1,15 @@
-"""Tensor parallelism on the CPU: the demo model at TP=2 (one thread per rank) against TP=1
-(one thread), side by side in one process, runs interleaved (medians of --reps):
+"""Tensor parallelism on the CPU: a model at TP=N (default: the demo model at 2; one thread
+per rank) against TP=1 (one thread), side by side in one process, runs interleaved
+(medians of --reps):
 
 * batch-1 decode, output tokens/s: (N - 1) / (t(N tokens) - t(1 token));
 * 16 concurrent requests, output tokens/s;
-* time rank 0 spends in the model's collectives per decoded token (gloo is synchronous, so
-  this includes waiting for the other rank to reach each collective).
+* time rank 0 spends in the model's collectives per decoded token (they are synchronous,
+  so this includes waiting for the other ranks to reach each collective), and what
+  carried them (shared memory on one host unless INTERLOCK_TP_COLLECTIVES=gloo).
 
-    .venv/bin/python bench/bench_tensor_parallel.py [--reps 5] [--new-tokens 32] [--json]
-        [--runner mrv1|mrv2] [--cudagraph MODE]
+    .venv/bin/python bench/bench_tensor_parallel.py [--model demo|smollm2] [--size N]
+        [--reps 5] [--new-tokens 32] [--json] [--runner mrv1|mrv2] [--cudagraph MODE]
 
 Both engines run the decision the shipped policy resolves for the demo on the CPU (given
 tensor_parallel_size) unless --runner / --cudagraph override it. GPU figures need two GPUs
@@ -63,6 +65,8 @@ def collective_share(llm: LLM, tp: Any, new_tokens: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--size", type=int, default=2, help="tensor_parallel_size")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--runner", choices=("mrv1", "mrv2"))
@@ -76,18 +80,20 @@ def main() -> None:
     if args.runner or args.cudagraph:
         decision = Decision(runner=args.runner or "mrv2", cudagraph=args.cudagraph or "none")
     options: dict[str, Any] = {"max_num_seqs": 16, "decision": decision}
-    engines = {1: LLM("demo", **options), 2: LLM("demo", tensor_parallel_size=2, **options)}
-    tp = engines[2].engine.runner.tp  # rank 0's group (the bench process is rank 0)
+    size = args.size
+    engines = {1: LLM(args.model, **options),
+               size: LLM(args.model, tensor_parallel_size=size, **options)}
+    tp = engines[size].engine.runner.tp  # rank 0's group (the bench process is rank 0)
 
     for llm in engines.values():  # warm up; tokens must agree
         timed(llm, [PROMPT], 4)
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     tokens = {n: [o.token_ids for o in llm.generate(CONCURRENT, params)]
               for n, llm in engines.items()}
-    assert tokens[1] == tokens[2], "TP=2 tokens differ from TP=1"
+    assert tokens[1] == tokens[size], f"TP={size} tokens differ from TP=1"
 
-    decode: dict[int, list[float]] = {1: [], 2: []}
-    batch: dict[int, list[float]] = {1: [], 2: []}
+    decode: dict[int, list[float]] = {1: [], size: []}
+    batch: dict[int, list[float]] = {1: [], size: []}
     collective_ms: list[float] = []
     calls: list[float] = []
     total = len(CONCURRENT) * args.new_tokens
@@ -95,24 +101,27 @@ def main() -> None:
         for n, llm in engines.items():
             decode[n].append(decode_rate(llm, args.new_tokens))
             batch[n].append(total / timed(llm, CONCURRENT, args.new_tokens))
-        spent, count = collective_share(engines[2], tp, args.new_tokens)
+        spent, count = collective_share(engines[size], tp, args.new_tokens)
         collective_ms.append(spent)
         calls.append(count)
 
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__}",
+        "model": args.model,
+        "tensor_parallel_size": size,
+        "collectives": tp.collectives,
         "load_average": os.getloadavg(),
         "decision": engines[1].engine.runner.decision.__dict__,
         "batch1_decode_tokens_per_s": {n: statistics.median(v) for n, v in decode.items()},
-        "batch1_speedup": statistics.median(decode[2]) / statistics.median(decode[1]),
+        "batch1_speedup": statistics.median(decode[size]) / statistics.median(decode[1]),
         "concurrent16_tokens_per_s": {n: statistics.median(v) for n, v in batch.items()},
-        "concurrent16_speedup": statistics.median(batch[2]) / statistics.median(batch[1]),
+        "concurrent16_speedup": statistics.median(batch[size]) / statistics.median(batch[1]),
         "collective_ms_per_token": statistics.median(collective_ms),
         "collectives_per_token": statistics.median(calls),
-        "decode_ms_per_token_tp2": 1e3 / statistics.median(decode[2]),
+        f"decode_ms_per_token_tp{size}": 1e3 / statistics.median(decode[size]),
     }
-    engines[2].close()
+    engines[size].close()
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return
