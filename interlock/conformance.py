@@ -160,13 +160,14 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     """Each runner generates on a tiny model on this machine, in every graph mode (and with
     breakable capture, if declared) it serves here: greedy tokens must equal those of the
     reference, interlock's mrv1 running eagerly. A runner that does not serve this
-    machine's platform is not run."""
+    machine's platform, or needs a fact that does not hold here, is not run."""
     import json
     import tempfile
     from pathlib import Path
 
     from interlock.core.platform import detect_platform
     from interlock.runners.contract import Decision
+    from interlock.runners.machine import machine_facts
     from interlock.runners.mrv1.runner import MRV1Runner
 
     platform = detect_platform()[0]
@@ -179,9 +180,13 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
             support = spec.platforms.get(platform)
             if support is None:
                 continue
-            decisions = [Decision(spec.name, mode) for mode in support.cudagraph]
+            candidates = [Decision(spec.name, mode) for mode in support.cudagraph]
             if support.breakable:
-                decisions.append(Decision(spec.name, support.cudagraph[-1], breakable=True))
+                candidates.append(Decision(spec.name, support.cudagraph[-1], breakable=True))
+            # What the runner serves here, as stage 5 and its own load judge it (a fact it
+            # requires that does not hold on this machine rules a decision out).
+            facts = machine_facts(support.requires, platform)
+            decisions = [d for d in candidates if not spec.unserved(d, platform, facts=facts)]
             for decision in decisions:
                 what = f"cudagraph={decision.cudagraph}" + (
                     " breakable" if decision.breakable else ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.core.platform import PLATFORM_NAMES
 from interlock.plugins.api import ENTRY_POINT_GROUP, PLUGIN_API_VERSION
 from interlock.plugins.manager import add_plugin, load_registry, remove_plugin, reset
 from interlock.plugins.registry import PluginRecord, PluginRegistry, RegisteredRunner
@@ -30,6 +31,7 @@ from interlock.plugins.spec import (
 __all__ = [
     "CUDAGRAPH_MODES",
     "ENTRY_POINT_GROUP",
+    "PLATFORM_NAMES",
     "PLUGIN_API_VERSION",
     "KernelSpec",
     "PlatformSupport",

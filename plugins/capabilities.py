@@ -18,7 +18,14 @@ from interlock.core.decision import FIELDS, Decision
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.plugins import PluginRegistry, RegisteredRunner, RunnerSpec, load_registry
-from interlock.plugins.spec import REQUIRABLE_FACTS, SERVED_FIELDS
+from interlock.plugins.spec import (
+    CONTEXT,
+    FIELD,
+    IMPLICATION,
+    REQUIRABLE_FACTS,
+    SERVED_FIELDS,
+    Unserved,
+)
 from interlock.policy.conditions import FeatureMatch, NameMatch
 from interlock.policy.context import ASSUMED
 from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
@@ -75,44 +82,44 @@ def fact(draft: Draft, name: str) -> tuple[Any, str]:
     return True, f"{ASSUMED} (not given for a named platform)"
 
 
+def judge(spec: RunnerSpec, draft: Draft, values: Mapping[str, Any] | None = None
+          ) -> list[Unserved]:
+    """What ``spec`` does not serve of the draft's decision (or of ``values``) in its
+    context: ``RunnerSpec.unserved``, given the context's platform, tensor-parallel size and
+    the facts runners may require. Pairs of values that exclude each other are left to the
+    implied stage, which follows this one and resolves them (or refuses a forced one)."""
+    size = draft.context.features.get(TENSOR_PARALLEL, 1)
+    return [
+        item for item in spec.unserved(
+            Decision(**(draft.values if values is None else values)),
+            draft.context.platform,
+            tensor_parallel_size=size if isinstance(size, int) else 1,
+            facts={name: fact(draft, name)[0] for name in REQUIRABLE_FACTS},
+        )
+        if item.kind != IMPLICATION
+    ]
+
+
 def unsupported_items(
     spec: RunnerSpec, draft: Draft, forced: Mapping[str, Any]
 ) -> list[tuple[str, str]]:
     """Everything ``spec`` cannot serve, as (field at fault, message): ``runner`` for the
     context (platform, facts, features), or the forced decision field at fault."""
     platform = draft.context.platform
-    support = spec.platforms.get(platform)
-    if support is None:
-        return [
-            (
-                "runner",
-                f"{spec.name} does not serve platform {platform} "
-                f"(it serves: {', '.join(spec.platforms)})",
-            )
-        ]
+    unserved = judge(spec, draft)
     items = []
-    for name in support.requires:
-        value, origin = fact(draft, name)
-        if value is not True:
-            items.append(
-                (
-                    "runner",
-                    f"{spec.name} requires {REQUIRABLE_FACTS[name]} on "
-                    f"{platform} ({name}={show_scalar(value)}, {origin})",
-                )
-            )
-    size = draft.context.features.get(TENSOR_PARALLEL, 1)
-    limit = support.max_tensor_parallel_size
-    if isinstance(size, int) and size > 1 and limit is not None and size > limit:
-        origin = draft.context.source(f"features.{TENSOR_PARALLEL}")
-        served = "no tensor parallelism" if limit == 1 else f"at most {limit}"
-        items.append(
-            (
-                "runner",
-                f"{spec.name} does not serve {TENSOR_PARALLEL}={size} on {platform} "
-                f"({origin}; it serves {served})",
-            )
-        )
+    for item in (u for u in unserved if u.kind == CONTEXT):
+        if item.field == "platform":
+            return [("runner", f"{spec.name} does not serve platform {platform} "
+                               f"(it serves: {item.offered})")]
+        if item.field == "requires":
+            value, origin = fact(draft, item.value)
+            items.append(("runner", f"{spec.name} requires {item.what} on {platform} "
+                                    f"({item.value}={show_scalar(value)}, {origin})"))
+        else:
+            origin = draft.context.source(f"features.{TENSOR_PARALLEL}")
+            items.append(("runner", f"{spec.name} does not serve {item.what} on {platform} "
+                                    f"({origin}; it serves {item.offered})"))
     for unsupported in spec.unsupported:
         condition = unsupported.condition
         if condition.matches(draft.facts):
@@ -120,16 +127,12 @@ def unsupported_items(
             items.append(
                 ("runner", f"{spec.name} does not support {unsupported.feature} ({observed})")
             )
-    if forced:
-        for unserved in support.serves(Decision(**draft.values)):
-            if unserved.field in forced:
-                offered = f" (it supports: {unserved.offered})" if unserved.offered else ""
-                items.append(
-                    (
-                        unserved.field,
-                        f"{spec.name} does not support {unserved.what} on {platform}{offered}",
-                    )
-                )
+    for item in unserved:
+        if item.kind == FIELD and item.field in forced:
+            offered = f" (it supports: {item.offered})" if item.offered else ""
+            items.append(
+                (item.field, f"{spec.name} does not support {item.what} on {platform}{offered}")
+            )
     return items
 
 
@@ -139,10 +142,15 @@ def apply_capabilities(draft: Draft, registry: PluginRegistry) -> None:
     chosen = _choose_runner(draft, registry)
     name, platform = chosen.spec.name, draft.context.platform
     support = chosen.spec.platforms[platform]
-    for unserved in support.serves(Decision(**draft.values)):
+
+    def serves(field: str, value: Any) -> bool:
+        tried = {**draft.values, field: value}
+        return not any(u.field == field for u in judge(chosen.spec, draft, tried))
+
+    for unserved in [u for u in judge(chosen.spec, draft) if u.kind == FIELD]:
         field, spec = unserved.field, FIELDS[unserved.field]
         chain = [unserved.value]
-        while not support.offers(field, chain[-1]):
+        while not serves(field, chain[-1]):
             chain.append(spec.next(chain[-1]))
             why = f"{name} does not support {spec.what(chain[-2])} on {platform}"
             draft.record(

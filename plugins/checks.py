@@ -27,12 +27,13 @@ def unserved_cudagraph(
         return []
     who = f"runner {runner}" if runner is not None else "no registered runner"
     problems = []
-    asked = Decision(cudagraph=mode)  # type: ignore[arg-type]
     for platform in platforms:
-        supports = {s.name: s.platforms[platform] for s in specs if platform in s.platforms}
-        if any(not support.serves(asked) for support in supports.values()):
+        # The judge stage 5 asks: would this runner serve the mode here?
+        if any(not s.unserved(Decision(s.name, mode), platform)  # type: ignore[arg-type]
+               for s in specs):
             continue
-        served = {name: support.cudagraph for name, support in supports.items()}
+        served = {s.name: s.platforms[platform].cudagraph for s in specs
+                  if platform in s.platforms}
         if not served:
             problems.append(
                 f"{who} {'does not serve' if runner else 'serves'} platform {platform}, so "

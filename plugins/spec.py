@@ -16,7 +16,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.decision import DTYPES, FIELDS, RUNNER_NAME, CudagraphMode, Decision, FieldSpec
+from interlock.core.decision import (
+    DTYPES,
+    FIELDS,
+    IMPLICATIONS,
+    RUNNER_NAME,
+    CudagraphMode,
+    Decision,
+    FieldSpec,
+)
 from interlock.plugins.api import check_api_range
 
 if TYPE_CHECKING:
@@ -85,14 +93,21 @@ def _choices(where: str, values: object, allowed: Iterable[str] | re.Pattern[str
     return tuple(v for v in order if v in items)
 
 
+#: What an ``Unserved`` is about: the run's context (the platform, a required fact, the
+#: tensor-parallel size), a decision field's value, or two fields' values that exclude
+#: each other (``IMPLICATIONS``: breakable capture runs without torch.compile).
+CONTEXT, FIELD, IMPLICATION = "context", "field", "implication"
+
+
 @dataclass(frozen=True)
 class Unserved:
     """One thing of a decision a runner does not serve on a platform."""
 
-    field: str  # the decision field
-    value: Any
+    field: str  # the decision field; for the context: platform, requires, tensor_parallel_size
+    value: Any  # the platform, the required fact's name, the size, the field's value
     what: str  # as a message names it: "cudagraph=full", "breakable capture"
     offered: str  # what the runner serves instead, "" for a switch ("none, piecewise")
+    kind: str = FIELD  # CONTEXT, FIELD or IMPLICATION
 
     def __str__(self) -> str:
         return self.what
@@ -136,20 +151,20 @@ class PlatformSupport:
         if self.breakable and self.cudagraph == ("none",):
             raise _fail("breakable", "breakable capture needs a graph mode besides 'none'")
 
-    def offers(self, name: str, value: Any) -> bool:
+    def _offers(self, name: str, value: Any) -> bool:
         """Whether decision field ``name`` may take ``value`` on this platform."""
         declared = getattr(self, name)
         if isinstance(declared, bool):
             return value is False or declared
         return value in declared
 
-    def serves(self, decision: Decision) -> list[Unserved]:
-        """Everything of ``decision`` this platform's runner does not serve (empty: it serves
-        it). Fields the runner does not declare, and unset ones, are served."""
+    def _unserved_fields(self, decision: Decision) -> list[Unserved]:
+        """The decision fields' values this platform does not serve (``RunnerSpec.unserved``
+        is the judge; this is its part per field). Unset fields are served."""
         unserved = []
         for name in SERVED_FIELDS:
             value = getattr(decision, name)
-            if value is None or self.offers(name, value):
+            if value is None or self._offers(name, value):
                 continue
             declared = getattr(self, name)
             offered = "" if isinstance(declared, bool) else ", ".join(declared)
@@ -271,6 +286,45 @@ class RunnerSpec:
             _text("fallback", self.fallback, RUNNER_NAME)
             if self.fallback == self.name:
                 raise _fail("fallback", "a runner cannot fall back to itself")
+
+    def unserved(
+        self,
+        decision: Decision,
+        platform: str,
+        *,
+        tensor_parallel_size: int = 1,
+        facts: Mapping[str, Any] | None = None,
+    ) -> list[Unserved]:
+        """Everything of running ``decision`` on ``platform`` that this runner does not serve;
+        empty: it serves it. The one judge of "can this runner serve this": stage 5, the
+        built-in runners' load, `policy check`'s lint and the conformance kit all ask it.
+
+        In order: the platform (nothing else is judged without it), each fact the platform
+        requires (``facts``, by name; a fact not given counts as true, as for a platform
+        named for another machine, which cannot be probed here), the tensor-parallel size,
+        each decision field the runner declares, and pairs of values that exclude each
+        other (``interlock.core.decision.IMPLICATIONS``)."""
+        support = self.platforms.get(platform)
+        if support is None:
+            return [Unserved("platform", platform, f"platform {platform}",
+                             ", ".join(self.platforms), CONTEXT)]
+        given = facts or {}
+        items = [
+            Unserved("requires", name, REQUIRABLE_FACTS[name], "", CONTEXT)
+            for name in support.requires
+            if given.get(name, True) is not True
+        ]
+        limit = support.max_tensor_parallel_size
+        if tensor_parallel_size > 1 and limit is not None and tensor_parallel_size > limit:
+            served = "no tensor parallelism" if limit == 1 else f"at most {limit}"
+            items.append(Unserved("tensor_parallel_size", tensor_parallel_size,
+                                  f"tensor_parallel_size={tensor_parallel_size}", served, CONTEXT))
+        items += support._unserved_fields(decision)
+        for implication in IMPLICATIONS:
+            if implication.violated_by(decision):
+                items.append(Unserved(implication.then, getattr(decision, implication.then),
+                                      implication.what(), "", IMPLICATION))
+        return items
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from interlock.core.decision import DECISION_FIELDS, Decision, check_field
+from interlock.core.decision import (
+    DECISION_FIELDS,
+    IMPLICATIONS,
+    Decision,
+    Implication,
+    check_field,
+)
 from interlock.core.errors import PolicyError
 from interlock.policy.conditions import Facts
 from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
@@ -282,26 +288,31 @@ def _apply_overrides(draft: Draft, overrides: tuple[tuple[str, Any], ...]) -> No
 
 
 def _apply_implied(draft: Draft) -> None:
-    if draft.values.get("breakable") is not True or draft.values.get("compile") is False:
+    for implication in IMPLICATIONS:
+        _apply_implication(draft, implication)
+
+
+def _apply_implication(draft: Draft, implication: Implication) -> None:
+    """``when`` true sets ``then`` false (an error when ``then`` is forced true)."""
+    when, then = implication.when, implication.then
+    if draft.values.get(when) is not True or draft.values.get(then) is False:
         return
-    compile_from = draft.provenance["compile"]
-    breakable_from = draft.provenance["breakable"]
-    if compile_from.forced:
+    then_from = draft.provenance[then]
+    when_from = draft.provenance[when]
+    if then_from.forced:
         raise PolicyError(
-            f"compile=true was forced by {compile_from.source} ({compile_from.stage}) but "
-            f"breakable=true (from {breakable_from.source}, {breakable_from.stage}) runs without "
-            "torch.compile; force breakable=false or drop the compile override"
+            f"{then}=true was forced by {then_from.source} ({then_from.stage}) but "
+            f"{when}=true (from {when_from.source}, {when_from.stage}) {implication.why}; "
+            f"force {when}=false or drop the {then} override"
         )
-    reason = f"breakable=true (from {breakable_from.source}) implies compile=false"
-    draft.assign(
-        Provenance("compile", False, IMPLIED, "breakable", reason, breakable_from.location)
-    )
+    reason = f"{when}=true (from {when_from.source}) implies {then}=false"
+    draft.assign(Provenance(then, False, IMPLIED, when, reason, when_from.location))
     draft.record(
         Step(
             IMPLIED,
-            "breakable implies no compile",
-            breakable_from.location,
-            {"compile": False},
+            f"{when} implies no {then}",
+            when_from.location,
+            {then: False},
             note=reason,
         )
     )

@@ -5,7 +5,7 @@ Each field's annotation says what it accepts: a ``Literal`` of choices, ``bool``
 admits ``None`` is optional in a policy's ``defaults``. Everything else is derived from this
 class: the field list, the checks of overrides and env values (:func:`check_field`,
 :func:`parse_field`), the policy file's pydantic model and JSON Schema
-(:mod:`interlock.policy.schema`), what a runner declares per platform and ``serves()``
+(:mod:`interlock.policy.schema`), what a runner declares per platform and ``RunnerSpec.unserved``
 (:class:`interlock.plugins.spec.PlatformSupport`) and stage 5's fallback chains. Plain Python,
 no pydantic: the resolver's warm path imports it.
 """
@@ -188,6 +188,30 @@ DECISION_FIELDS: tuple[str, ...] = tuple(FIELDS)
 REQUIRED_FIELDS: tuple[str, ...] = tuple(n for n, s in FIELDS.items() if not s.optional)
 #: Not a field: whether a decision is made at all (an engine may refuse a context).
 OUTCOME = "outcome"
+
+
+@dataclass(frozen=True)
+class Implication:
+    """One switch on turns another off: the policy's implied stage sets ``then`` false when
+    ``when`` is true (an error when ``then`` was forced true), and no runner serves both."""
+
+    when: str
+    then: str
+    why: str  # how a message says it: "runs without torch.compile"
+
+    def violated_by(self, decision: "Decision") -> bool:
+        return getattr(decision, self.when) is True and getattr(decision, self.then) is True
+
+    def what(self) -> str:
+        """``torch.compile with breakable capture``."""
+        return f"{FIELDS[self.then].label} with {FIELDS[self.when].label}"
+
+
+#: Breakable capture finds its graph breaks while capturing, which torch.compile's
+#: tracing cannot follow: the one statement of "breakable means no compile".
+IMPLICATIONS: tuple[Implication, ...] = (
+    Implication("breakable", "compile", "runs without torch.compile"),
+)
 
 
 def check_field(name: str, value: object) -> FieldValue:

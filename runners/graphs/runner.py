@@ -22,6 +22,7 @@ import torch
 from interlock.core.errors import InterlockError
 from interlock.kernels import KernelChoice
 from interlock.plugins import RunnerSpec
+from interlock.plugins.spec import CONTEXT
 from interlock.runners.contract import (
     Decision,
     KernelReport,
@@ -36,6 +37,7 @@ from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
 from interlock.runners.graphs.capture import forward_logits
 from interlock.runners.graphs.manager import GraphManager
 from interlock.runners.graphs.plan import CapturePlan
+from interlock.runners.machine import why_missing
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.kv_cache import allocate_kv_cache
@@ -132,27 +134,28 @@ class GraphRunner(ABC):
         return forward_logits(self.model, inputs)
 
     def _check(self, decision: Decision, platform: str, tensor_parallel_size: int) -> None:
-        """The decision must be one this runner's spec declares on ``platform``: stage 5 of
-        the policy never hands it anything else; a hand-made decision gets an error."""
+        """The decision must be one this runner's spec serves on ``platform`` on this machine
+        (``RunnerSpec.unserved``, the judge stage 5 asks too): stage 5 of the policy never
+        hands it anything else; a hand-made decision gets an error."""
         if decision.runner != self.name:
             raise RunnerError(
                 f"the decision names runner {decision.runner!r}, but this is {self.name!r}"
             )
         support = self.runner_spec.platforms.get(platform)
-        unserved = (
-            [f"platform {platform}"]
-            if support is None
-            else [str(item) for item in support.serves(decision)]
+        missing = why_missing(support.requires if support is not None else (), platform)
+        unserved = self.runner_spec.unserved(
+            decision, platform, tensor_parallel_size=tensor_parallel_size,
+            facts={name: why is None for name, why in missing.items()},
         )
-        limit = support.max_tensor_parallel_size if support is not None else None
-        if limit is not None and tensor_parallel_size > limit:
-            unserved.append(f"tensor_parallel_size={tensor_parallel_size}")
-        if decision.compile and decision.breakable:
-            unserved.append("torch.compile with breakable capture (it runs without compile)")
+        for item in unserved:
+            if item.kind == CONTEXT and item.field == "requires":
+                raise RunnerError(
+                    f"{self.name} requires {item.what} on {platform}: {missing[item.value]}"
+                )
         if unserved:
             raise RunnerError(
-                f"{self.name} does not serve {', '.join(unserved)} on {platform}; its plugin "
-                "declares what it serves, and the policy falls back to that automatically"
+                f"{self.name} does not serve {', '.join(map(str, unserved))} on {platform}; its "
+                "plugin declares what it serves, and the policy falls back to that automatically"
             )
 
     @torch.inference_mode()

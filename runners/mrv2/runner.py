@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from interlock.kernels import REGISTRY, KernelChoice, KernelError
-from interlock.kernels.triton import unavailable as triton_unavailable
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, ScheduledBatch
 from interlock.runners.dispatch import platform_of
 from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
@@ -44,11 +43,10 @@ class MRV2Runner(GraphRunner):
 
     def setup(self, model: ModelSpec, kv_cache: KVCacheSpec) -> None:
         platform = platform_of(self.device)
-        if platform != "cpu":
-            missing = triton_unavailable(platform)
-            if missing is not None:
-                raise RunnerError(f"mrv2 requires Triton on {platform}: {missing}")
-        preference = ["torch"] if platform == "cpu" else ["triton"]
+        # Where the spec requires Triton (GPU platforms; load checked that it runs here),
+        # the inputs are prepared with it.
+        requires = SPEC.platforms[platform].requires
+        preference = ["triton"] if "has_triton" in requires else ["torch"]
         try:
             self.prepare: KernelChoice = REGISTRY.select(
                 PREPARE_OP, platform, model.dtype, preference

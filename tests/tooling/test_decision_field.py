@@ -107,7 +107,7 @@ except CapabilityError as exc:
     assert "mrv1 does not support kv_cache_dtype=fp8 on cpu (it supports: auto)" in text, text
     assert "runner=fp8kv" in text, text
     assert exc.forced == ("kv_cache_dtype",), exc.forced
-# A built-in runner handed it by hand refuses it, through the same serves().
+# A built-in runner handed it by hand refuses it, through the same judge (unserved).
 try:
     MRV1Runner()._check(Decision(kv_cache_dtype="fp8"), "cpu", tensor_parallel_size=1)
     raise AssertionError("mrv1 accepted kv_cache_dtype=fp8")

@@ -5,7 +5,14 @@ Imports only interlock's public plugin API, and no torch.
 
 from __future__ import annotations
 
-from interlock.plugins import KernelSpec, PlatformSupport, RunnerSpec, Unsupported, hookimpl
+from interlock.plugins import (
+    PLATFORM_NAMES,
+    KernelSpec,
+    PlatformSupport,
+    RunnerSpec,
+    Unsupported,
+    hookimpl,
+)
 
 PLUGIN_API = ">=1.0,<2"
 
@@ -18,7 +25,7 @@ RUNNER = RunnerSpec(
     name="eager",
     description="every step eager: inputs prepared with torch on the device, no graph capture",
     plugin_api=PLUGIN_API,
-    platforms={platform: EAGER for platform in ("cpu", "cuda", "rocm", "xpu")},
+    platforms={platform: EAGER for platform in PLATFORM_NAMES},
     unsupported=(
         Unsupported("pipeline parallelism", {"features": {"pipeline_parallel_size": {"gt": 1}}}),
         Unsupported("speculative decoding", {"features": {"speculative": {"ne": False}}}),
@@ -32,7 +39,7 @@ SILU_AND_MUL = KernelSpec(
     op="silu_and_mul",
     backend="eager_example",
     target="interlock_eager.kernels:silu_and_mul",
-    platforms={"cpu", "cuda", "rocm", "xpu"},
+    platforms=set(PLATFORM_NAMES),
     dtypes={"float32", "bfloat16", "float16"},
     plugin_api=PLUGIN_API,
 )

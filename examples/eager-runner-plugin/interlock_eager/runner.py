@@ -25,7 +25,7 @@ from interlock.runners.dispatch import build_kernel_table, platform_of
 from interlock.runners.model.attention import AttentionMetadata
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.kv_cache import allocate_kv_cache
-from interlock_eager.plugin import EAGER
+from interlock_eager.plugin import RUNNER
 
 # The plugin's own backend (it implements silu_and_mul) before the registry's usual choice.
 OWN_BACKEND = "eager_example"
@@ -42,16 +42,16 @@ class EagerRunner:
         self.model: torch.nn.Module | None = None
 
     def load(self, model: ModelSpec, kv_cache: KVCacheSpec, decision: Decision) -> None:
-        unserved = EAGER.serves(decision)
+        self.spec = model
+        self.device = torch.device(model.device)
+        platform = platform_of(self.device)
+        unserved = RUNNER.unserved(decision, platform)
         if unserved:
             # Stage 5 of the policy never sends these (the spec does not declare
             # them); a caller building a decision by hand gets an error, not eager.
             raise EagerRunnerError(
                 f"eager runs without graphs or compile; got {', '.join(map(str, unserved))}"
             )
-        self.spec = model
-        self.device = torch.device(model.device)
-        platform = platform_of(self.device)
         preference = (OWN_BACKEND, *default_preference(platform))
         self.ops = build_kernel_table(platform, model.dtype, preference)
         self.model = load_model(model, self.ops, self.device)
