@@ -22,6 +22,7 @@ from typing import Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
+from interlock.core.git import run_git
 from interlock.policy.conditions import Facts
 from interlock.policy.loader import MAX_FILE_BYTES
 from interlock.policy.model import Rule
@@ -209,12 +210,10 @@ def _when(stamp: float) -> str:
 
 def _git(args: list[str], cwd: Path) -> str | None:
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=30
-        )
+        done = run_git(args, cwd)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout if done.returncode == 0 else None
+    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
 
 
 def _git_rule_time(path: Path, lines: Sequence[int]) -> float | None:
@@ -223,7 +222,9 @@ def _git_rule_time(path: Path, lines: Sequence[int]) -> float | None:
     if not lines:
         return None
     ranges = [arg for line in sorted(set(lines)) for arg in ("-L", f"{line},{line}")]
-    out = _git(["blame", "--porcelain", *ranges, "--", path.name], path.parent)
+    out = _git(
+        ["blame", "--porcelain", "--no-textconv", *ranges, "--", path.name], path.parent
+    )
     if out is None:
         # An untracked file inside a work tree is all uncommitted edits.
         inside = _git(["rev-parse", "--is-inside-work-tree"], path.parent)
@@ -250,7 +251,9 @@ def _git_file_time(path: Path) -> float | None:
         return None
     if status.strip():
         return UNCOMMITTED
-    out = _git(["log", "-1", "--format=%ct", "--", path.name], folder)
+    out = _git(
+        ["log", "-1", "--no-ext-diff", "--no-textconv", "--format=%ct", "--", path.name], folder
+    )
     return float(out.strip()) if out and out.strip() else None
 
 

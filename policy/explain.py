@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock.core.decision import DECISION_FIELDS
-from interlock.core.terminal import color
+from interlock.core.terminal import color, one_line
 from interlock.policy.conditions import Failure
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import RULES, Provenance, Step
@@ -69,7 +69,8 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
                 lines.append(f"  {'':<13} {s(dev.ref, 'dim')}")
     lines += ["", s("context", "bold"), *_context_lines(res, s), "", s("trace", "bold")]
     lines += _trace_lines(res.trace, s)
-    return "\n".join(lines) + "\n"
+    # Each entry is one line: a line break in an untrusted value is shown, not obeyed.
+    return "\n".join(map(one_line, lines)) + "\n"
 
 
 def _evidence(res: Resolution, prov: Provenance) -> list[str]:
@@ -122,7 +123,7 @@ def _context_lines(res: Resolution, s: _Style) -> list[str]:
 def render_trace(steps: tuple[Step, ...], *, color: bool = False) -> list[str]:
     """Trace lines as `policy explain` prints them, for any selection of a resolution's steps
     (e.g. those about one field, in `policy test` reports)."""
-    return _trace_lines(steps, _Style(color))
+    return [one_line(line) for line in _trace_lines(steps, _Style(color))]
 
 
 def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
@@ -213,7 +214,7 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
             [_show(r[c]) if r[c] is not None else "" for c in TABLE_COLUMNS] for r in records
         )
         return out.getvalue()
-    cells = [[_show(r[c]) for c in TABLE_COLUMNS] for r in records]
+    cells = [[one_line(_show(r[c])) for c in TABLE_COLUMNS] for r in records]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(TABLE_COLUMNS)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True)).rstrip()]
     lines += [

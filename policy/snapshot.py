@@ -21,6 +21,8 @@ from typing import Any
 
 from interlock.core.decision import OUTCOME, REQUIRED_FIELDS
 from interlock.core.errors import PolicyError
+from interlock.core.files import FileProblem, decode_utf8, load_json, read_regular
+from interlock.core.terminal import one_line
 from interlock.policy.conditions import Facts
 from interlock.policy.context import Context
 from interlock.policy.model import Deviation, Policy
@@ -140,14 +142,38 @@ class Conformance:
         }
 
 
+#: A snapshot is ~1 MB per vLLM version; the bound keeps a hostile one (a link to /dev/zero)
+#: from filling memory.
+MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+#: Row fields that must be non-empty strings (an empty one would fail resolution far away
+#: from its line).
+_NAMED = ("architecture", "platform")
+_DECISION_TYPES: dict[str, tuple[type, ...]] = {
+    "runner": (str,), "cudagraph": (str,), "breakable": (bool,), "compile": (bool,),
+}
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else f"{text[:60]}…"
+
+
 def load_snapshot(path: str | Path) -> Snapshot:
-    """Read a snapshot; a malformed one is a :class:`PolicyError` naming file:line."""
+    """Read a snapshot; a malformed one is a :class:`PolicyError` naming file:line.
+
+    Read like a policy file: a regular file only (a FIFO is refused, not waited on), at most
+    :data:`MAX_SNAPSHOT_BYTES`, UTF-8, each line strict JSON with bounded nesting."""
     name = str(path)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PolicyError(f"cannot read snapshot: {exc.strerror or exc}", file=name) from None
-    if not lines:
+        data = read_regular(Path(path), MAX_SNAPSHOT_BYTES, name)
+        decode_utf8(data, name)
+    except FileProblem as exc:
+        raise PolicyError(
+            f"cannot read snapshot: {exc.detail}", file=exc.file or name, line=exc.line,
+            col=exc.col,
+        ) from None
+    lines = data.split(b"\n")
+    if not data.strip():
         raise PolicyError("empty snapshot", file=name)
     header = _object(lines[0], name, 1)
     meta = header.get("snapshot")
@@ -160,11 +186,12 @@ def load_snapshot(path: str | Path) -> Snapshot:
     return Snapshot(name, meta["vllm"], meta, tuple(rows))
 
 
-def _object(text: str, name: str, line: int) -> dict[str, Any]:
+def _object(text: bytes, name: str, line: int) -> dict[str, Any]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PolicyError(f"invalid JSON: {exc.msg}", file=name, line=line, col=exc.colno) from None
+        data = load_json(text, name)
+    except FileProblem as exc:
+        col = exc.col if exc.line in (None, 1) else None
+        raise PolicyError(exc.detail, file=name, line=line, col=col) from None
     if not isinstance(data, dict):
         raise PolicyError("each line is a JSON object", file=name, line=line)
     return data
@@ -177,8 +204,13 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
     for key in ("architecture", "platform", "device_arch"):
         if not isinstance(data.get(key), str):
             raise PolicyError(f"{key} must be a string", file=name, line=line, path=key)
+        if key in _NAMED and not data[key].strip():
+            raise PolicyError(f"{key} must not be empty", file=name, line=line, path=key)
     error = data.get("error")
     probe_error = data.get("probe_error")
+    for key in ("error", "probe_error"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise PolicyError(f"{key} must be a string or null", file=name, line=line, path=key)
     decision = {}
     if error is None and probe_error is None:
         missing = [f for f in REQUIRED_FIELDS if f not in data]
@@ -187,15 +219,32 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
                 f"a row without error needs {', '.join(missing)}", file=name, line=line
             )
         decision = {f: data.get(f) for f in COMPARED}
-        if decision["capture_sizes"] is not None:
-            decision["capture_sizes"] = tuple(decision["capture_sizes"])
-    context = Context(
-        data["architecture"],
-        platform=data["platform"],
-        device_arch=data["device_arch"],
-        env=env,
-        sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
-    )
+        for key, types in _DECISION_TYPES.items():
+            if key in decision and not isinstance(decision[key], types):
+                raise PolicyError(
+                    f"{key} must be a {' or '.join(t.__name__ for t in types)}, not "
+                    f"{_brief(decision[key])}", file=name, line=line, path=key,
+                )
+        sizes = decision["capture_sizes"]
+        if sizes is not None:
+            if not isinstance(sizes, list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes
+            ):
+                raise PolicyError(
+                    "capture_sizes must be null or a list of positive integers, not "
+                    f"{_brief(sizes)}", file=name, line=line, path="capture_sizes",
+                )
+            decision["capture_sizes"] = tuple(sizes)
+    try:
+        context = Context(
+            data["architecture"],
+            platform=data["platform"],
+            device_arch=data["device_arch"],
+            env=env,
+            sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
+        )
+    except PolicyError as exc:
+        raise PolicyError(exc.message, file=name, line=line) from None
     return SnapshotRow(context, decision, error, bool(data.get("surrogate")), line, probe_error)
 
 
@@ -308,7 +357,8 @@ def render_text(report: Conformance) -> str:
             )
     for dev in report.stale_deviations:
         lines += ["", f"stale deviation {dev.id} ({dev.location}): no disagreement left to cover"]
-    return "\n".join(lines) + "\n"
+    # Each entry is one line: a line break in a snapshot's field is shown, not obeyed.
+    return "\n".join(map(one_line, lines)) + "\n"
 
 
 def _line(d: Disagreement) -> str:

@@ -254,16 +254,15 @@ def read_policy_arg(spec: str) -> list[tuple[str, bytes]]:
 
 
 def _git_show(rev: str, path: str, spec: str) -> bytes:
+    from interlock.core.git import run_git
     from interlock.policy.loader import MAX_FILE_BYTES
 
     try:
-        done = subprocess.run(
-            ["git", "show", f"{rev}:{path}"],
-            capture_output=True,
-            check=False,
-        )
+        done = run_git(["show", "--no-textconv", "--no-ext-diff", f"{rev}:{path}"], timeout=60)
     except FileNotFoundError:
         raise PolicyError(f"{spec}: git is not installed") from None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PolicyError(f"{spec}: git show {rev}:{path} failed: {exc}") from None
     if done.returncode != 0:
         message = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
         raise PolicyError(f"{spec}: git show {rev}:{path} failed: {message}")

@@ -8,6 +8,8 @@ policy engine's: a message pinned to file:line:col and a dotted path.
 
 from __future__ import annotations
 
+from interlock.core.terminal import one_line
+
 #: Exit code of each outcome (documented in README "Security").
 EXIT_CODES = {
     "ok": 0,
@@ -91,7 +93,8 @@ class PolicyError(InterlockError):
 
     def _one_line(self) -> str:
         prefix = [p for p in (self.where, self.path) if p]
-        return ": ".join([*prefix, self.message])
+        # One line per error: a line break in a quoted value or a file name is shown.
+        return one_line(": ".join([*prefix, self.message]))
 
     def __str__(self) -> str:
         return "\n".join([self._one_line(), *(e._one_line() for e in self.more)])

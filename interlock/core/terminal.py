@@ -14,12 +14,13 @@ import io
 import os
 from typing import IO
 
-# C0 controls but tab and newline, DEL, C1 controls, and the bidirectional and
-# zero-width format characters that reorder or hide text. A translation table, not a
+# C0 controls but tab and newline, DEL, C1 controls (NEL, U+0085, among them), the line and
+# paragraph separators, and the bidirectional and zero-width format characters that reorder
+# or hide text. A translation table, not a
 # regular expression: compiling one is a measurable part of a warm ``policy explain``.
 _UNSAFE = (
     *range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0), 0x061C,
-    *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF,
+    *range(0x200B, 0x2010), 0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF,
 )
 # Colour sequences interlock writes carry this per-process token, which the writer
 # removes; any other escape sequence (one read from a file, say) is shown, not obeyed.
@@ -42,6 +43,21 @@ _ESCAPES = {code: _escape_char(chr(code)) for code in _UNSAFE}
 def escape(text: str) -> str:
     """``text`` with every control, bidi and zero-width character shown as an escape."""
     return text.translate(_ESCAPES)
+
+
+# Every character str.splitlines() breaks at.
+_LINE_BREAKS = {
+    code: "\\n" if code == 0x0A else _escape_char(chr(code))
+    for code in (0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x85, 0x2028, 0x2029)
+}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break shown as an escape (``\\n``, ``\\u2028``...), for a
+    line of output built from untrusted values (an architecture name, a snapshot field, a
+    file name), which must not become several lines, such as a spoofed ``runner mrv1`` line.
+    Colour sequences pass (the writer escapes the other controls)."""
+    return text.translate(_LINE_BREAKS)
 
 
 def _colour_length(text: str) -> int:
