@@ -35,7 +35,8 @@ def test_s5_newlines_in_a_config_architecture_are_escaped(cli, tmp_path: Path) -
     model = tmp_path / "m"
     model.mkdir()
     for sep in ("\n", "\u2028", "\u2029", "\x85", "\r\n"):
-        (model / "config.json").write_text(json.dumps({"architectures": [SPOOF.replace("\n", sep)]}))
+        config = {"architectures": [SPOOF.replace("\n", sep)]}
+        (model / "config.json").write_text(json.dumps(config))
         res = cli("explain", "--model", model, "--platform", "cuda")
         assert res.code == 0, res.err
         _no_line_starts_with_the_spoof(res.out)
