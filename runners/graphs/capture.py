@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from interlock.core.errors import InputError
 from interlock.runners.graphs.backends import CaptureError, GraphBackend
 from interlock.runners.graphs.buffers import ForwardInputs
 from interlock.runners.graphs.modes import Strategy
@@ -75,7 +76,7 @@ class ForcedFailures:
         try:
             sizes = frozenset(int(part) for part in text.split(","))
         except ValueError:
-            raise ValueError(
+            raise InputError(
                 f"{FAIL_ENV}={text!r} is invalid; allowed: 'all' or capture sizes like '4,8'"
             ) from None
         return cls(sizes)

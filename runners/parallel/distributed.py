@@ -4,6 +4,13 @@ Every rank joins through a TCPStore rendezvous: on one machine rank 0 hosts the 
 and the workers it spawned connect to it; under ``torchrun`` the addresses come from
 the launcher's environment (its c10d rendezvous, ``MASTER_ADDR``/``MASTER_PORT``).
 
+The store has no authentication, so on one machine everything listens on the loopback
+interface only: the store on 127.0.0.1, and gloo's and NCCL's sockets on the loopback
+interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``). Every key lives under a
+random per-run namespace (:attr:`Rendezvous.namespace`): the spawned workers get it from
+rank 0; under torchrun every rank reads ``INTERLOCK_TP_NAMESPACE`` (else torchrun's run
+id), so another job's ranks on the same store cannot collide with this run's keys.
+
 Two process groups:
 
 * the **control** group (gloo, on the host): rank 0 broadcasts each message (the load
@@ -18,10 +25,14 @@ Two process groups:
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,6 +48,11 @@ DEFAULT_TIMEOUT_S = 30.0
 #: A worker waits for rank 0's next message as long as the engine stays idle.
 CONTROL_TIMEOUT = timedelta(days=365)
 KEY_PREFIX = "interlock-tp"
+NAMESPACE_ENV = "INTERLOCK_TP_NAMESPACE"
+TORCHRUN = "torchrun"
+#: The loopback address every socket of a single-machine run listens on.
+LOOPBACK = "127.0.0.1"
+MAX_THREADS = 4096
 _HEADER = struct.Struct("<q")
 _INLINE = 4096  # bytes broadcast every message; longer ones take a second broadcast
 
@@ -59,6 +75,16 @@ class Rendezvous:
     local_world_size: int
     host_store: bool  # this process runs the TCPStore server
     launcher: str  # "torch.multiprocessing" or "torchrun"
+    #: Every key of this run lives under it (see the module's docstring).
+    namespace: str = ""
+
+    @property
+    def single_host(self) -> bool:
+        """Every rank runs on this machine (spawned by rank 0): only loopback is used."""
+        return self.launcher != TORCHRUN
+
+    def key(self, name: str) -> str:
+        return f"{KEY_PREFIX}/{self.namespace}/{name}" if self.namespace else f"{KEY_PREFIX}/{name}"
 
     @classmethod
     def from_torchrun(cls) -> Rendezvous | None:
@@ -66,18 +92,66 @@ class Rendezvous:
         env = os.environ
         if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env:
             return None
-        try:
-            rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-            local, local_world = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
-            host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-        except (KeyError, ValueError) as exc:
-            raise TensorParallelError(
-                f"torchrun environment is incomplete or invalid ({exc}); expected RANK, "
-                "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
-            ) from None
+        missing = [name for name in _TORCHRUN_ENV if name not in env]
+        if missing:
+            raise InputError(
+                f"torchrun environment is incomplete: {', '.join(missing)} not set; expected "
+                + ", ".join(_TORCHRUN_ENV)
+            )
+        numbers = {name: _env_int(name, low, high) for name, (low, high) in _TORCHRUN_INTS.items()}
+        rank, world = numbers["RANK"], numbers["WORLD_SIZE"]
+        local, local_world = numbers["LOCAL_RANK"], numbers["LOCAL_WORLD_SIZE"]
+        if rank >= world or local >= local_world:
+            raise InputError(
+                f"torchrun environment is inconsistent: RANK={rank} of WORLD_SIZE={world}, "
+                f"LOCAL_RANK={local} of LOCAL_WORLD_SIZE={local_world}"
+            )
         agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        return cls(host, port, rank, world, local, local_world, rank == 0 and not agent_store,
-                   "torchrun")
+        namespace = env.get(NAMESPACE_ENV) or env["TORCHELASTIC_RUN_ID"]
+        return cls(env["MASTER_ADDR"], numbers["MASTER_PORT"], rank, world, local, local_world,
+                   rank == 0 and not agent_store, TORCHRUN, namespace)
+
+
+_TORCHRUN_INTS = {
+    "RANK": (0, 1 << 20), "WORLD_SIZE": (1, 1 << 20), "LOCAL_RANK": (0, 1 << 20),
+    "LOCAL_WORLD_SIZE": (1, 1 << 20), "MASTER_PORT": (1, 65535),
+}
+_TORCHRUN_ENV = ("MASTER_ADDR", *_TORCHRUN_INTS)
+
+
+def _env_int(name: str, low: int, high: int) -> int:
+    """The integer environment value ``name`` in ``low..high``; InputError naming it."""
+    text = os.environ[name]
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise InputError(f"{name}={text!r} is invalid; allowed: an integer in {low}..{high}")
+    return int(text)
+
+
+def new_namespace() -> str:
+    """A fresh random namespace for one run's keys."""
+    return secrets.token_hex(16)
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    net = Path("/sys/class/net")
+    if net.is_dir():
+        for entry in sorted(net.iterdir()):
+            try:
+                if int((entry / "flags").read_text(), 16) & 0x8:  # IFF_LOOPBACK
+                    return entry.name
+            except (OSError, ValueError):
+                continue
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def use_loopback(rdzv: Rendezvous) -> None:
+    """On one machine, gloo's and NCCL's own sockets listen on the loopback interface only
+    (set before this process creates a group; NCCL reads it when it first connects)."""
+    if rdzv.single_host:
+        interface = _loopback_interface()
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
 
 
 def timeout_s() -> float:
@@ -89,11 +163,18 @@ def timeout_s() -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 < value < 86400:
+    if not 0 < value < 86400:  # NaN fails too
         raise InputError(
             f"{TIMEOUT_ENV}={text!r} is invalid; allowed: seconds, a number in (0, 86400)"
         )
     return value
+
+
+def threads() -> int | None:
+    """``INTERLOCK_TP_THREADS`` (threads per rank on CPU), None when unset."""
+    if os.environ.get(THREADS_ENV) is None:
+        return None
+    return _env_int(THREADS_ENV, 1, MAX_THREADS)
 
 
 def backend_for(device_type: str) -> str:
@@ -112,23 +193,56 @@ def backend_for(device_type: str) -> str:
 
 
 def connect_store(rdzv: Rendezvous, timeout: float) -> dist.TCPStore:
-    """The rendezvous store (served here when ``rdzv.host_store``), bounded by ``timeout``."""
+    """The rendezvous store (served here when ``rdzv.host_store``), bounded by ``timeout``.
+
+    torch's store server listens on every interface; served here it listens on a socket
+    bound first to 127.0.0.1 on one machine, or to ``MASTER_ADDR`` under torchrun."""
     try:
-        return dist.TCPStore(
-            rdzv.host, rdzv.port, rdzv.world_size, is_master=rdzv.host_store,
-            timeout=timedelta(seconds=timeout), wait_for_workers=False,
+        listen_fd = _listening_socket(rdzv) if rdzv.host_store else None
+        store = dist.TCPStore(
+            rdzv.host, rdzv.port if listen_fd is None else _bound_port(listen_fd),
+            rdzv.world_size, is_master=rdzv.host_store, timeout=timedelta(seconds=timeout),
+            wait_for_workers=False, master_listen_fd=listen_fd,
         )
     except (RuntimeError, OSError) as exc:
         raise TensorParallelError(
             f"rank {rdzv.rank}: cannot reach the rendezvous store at {rdzv.host}:{rdzv.port} "
-            f"within {timeout:g} s ({exc})"
+            f"within {timeout:g} s ({_first_line(exc)})"
         ) from None
+    use_loopback(rdzv)
+    return store
+
+
+def _listening_socket(rdzv: Rendezvous) -> int:
+    """A listening TCP socket for the store, bound to loopback on one machine (else to
+    ``rdzv.host``); its descriptor, owned by the store from here on."""
+    host = LOOPBACK if rdzv.single_host else rdzv.host
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, rdzv.port, type=socket.SOCK_STREAM
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(max(128, rdzv.world_size))
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def _bound_port(fd: int) -> int:
+    probe = socket.socket(fileno=os.dup(fd))
+    try:
+        return int(probe.getsockname()[1])
+    finally:
+        probe.close()
 
 
 def join_control(rdzv: Rendezvous, store: dist.Store, timeout: float) -> Channel:
     """Wait (at most ``timeout``) until every rank reached the store, then join the default
     (control) group; returns rank 0's channel to the others."""
-    key = f"{KEY_PREFIX}/joined"
+    key = rdzv.key("joined")
     store.add(key, 1)
     deadline = time.monotonic() + timeout
     while (joined := store.add(key, 0)) < rdzv.world_size:
@@ -141,7 +255,7 @@ def join_control(rdzv: Rendezvous, store: dist.Store, timeout: float) -> Channel
         time.sleep(0.01)
     try:
         dist.init_process_group(
-            "gloo", store=dist.PrefixStore(f"{KEY_PREFIX}/pg", store), rank=rdzv.rank,
+            "gloo", store=dist.PrefixStore(rdzv.key("pg"), store), rank=rdzv.rank,
             world_size=rdzv.world_size, timeout=CONTROL_TIMEOUT,
         )
     except (RuntimeError, OSError) as exc:
@@ -149,7 +263,7 @@ def join_control(rdzv: Rendezvous, store: dist.Store, timeout: float) -> Channel
             f"rank {rdzv.rank}: the {rdzv.world_size} ranks did not all join within "
             f"{timeout:g} s ({_first_line(exc)})"
         ) from None
-    return Channel(rdzv.rank)
+    return Channel(rdzv.rank, timeout)
 
 
 def join_tensor_parallel(
@@ -192,13 +306,9 @@ def set_threads(device: torch.device, ranks_here: int) -> None:
     or ``INTERLOCK_TP_THREADS`` threads each)."""
     if device.type != "cpu":
         return
-    text = os.environ.get(THREADS_ENV)
-    if text is not None:
-        if not text.isdigit() or int(text) < 1:
-            raise TensorParallelError(
-                f"{THREADS_ENV}={text!r} is invalid; allowed: an integer >= 1"
-            )
-        torch.set_num_threads(int(text))
+    count = threads()
+    if count is not None:
+        torch.set_num_threads(count)
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(max(1, (cores or 1) // ranks_here))
@@ -211,17 +321,31 @@ class Channel:
     bytes; a longer one takes a second broadcast of the rest.
     """
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.rank = rank
+        #: How long rank 0 waits for every rank to take a message (a worker waits for the
+        #: next one as long as the engine stays idle).
+        self.timeout = timeout
         self._buffer = torch.zeros(_INLINE, dtype=torch.uint8)
 
     def send(self, payload: bytes) -> None:
         head = _HEADER.pack(len(payload)) + payload[: _INLINE - _HEADER.size]
         self._buffer[: len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        dist.broadcast(self._buffer, src=0)
+        self._bounded(self._buffer)
         rest = payload[_INLINE - _HEADER.size :]
         if rest:
-            dist.broadcast(torch.frombuffer(bytearray(rest), dtype=torch.uint8), src=0)
+            self._bounded(torch.frombuffer(bytearray(rest), dtype=torch.uint8))
+
+    def _bounded(self, tensor: torch.Tensor) -> None:
+        """Broadcast from rank 0, failing after ``timeout`` when a rank does not take it
+        (stopped, or hung): the control group's own timeout is a year."""
+        work = dist.broadcast(tensor, src=0, async_op=True)
+        assert work is not None
+        if not work.wait(timedelta(seconds=self.timeout)):
+            raise TensorParallelError(
+                f"a rank did not take rank 0's message within {self.timeout:g} s "
+                f"({TIMEOUT_ENV} sets the bound)"
+            )
 
     def receive(self) -> bytes:
         dist.broadcast(self._buffer, src=0)
@@ -236,27 +360,32 @@ class Channel:
         return inline + rest.numpy().tobytes()
 
 
-def error_key(rank: int) -> str:
-    return f"{KEY_PREFIX}/error/{rank}"
+def error_key(rdzv: Rendezvous, rank: int) -> str:
+    return rdzv.key(f"error/{rank}")
 
 
-def report_error(store: dist.Store | None, rank: int, error: BaseException) -> None:
+def report_error(store: dist.Store | None, rdzv: Rendezvous, error: BaseException) -> None:
     """Leave a rank's error where rank 0 looks for it (best effort: the store may be gone)."""
     if store is None:
         return
     try:
-        store.set(error_key(rank), f"{type(error).__name__}: {error}"[:2000])
+        store.set(error_key(rdzv, rdzv.rank), summary(error)[:2000])
     except (RuntimeError, OSError):
         pass
 
 
-def reported_error(store: dist.Store, rank: int) -> str | None:
+def reported_error(store: dist.Store, rdzv: Rendezvous, rank: int) -> str | None:
     try:
-        if store.check([error_key(rank)]):
-            return store.get(error_key(rank)).decode(errors="replace")
+        if store.check([error_key(rdzv, rank)]):
+            return store.get(error_key(rdzv, rank)).decode(errors="replace")
     except (RuntimeError, OSError):
         pass
     return None
+
+
+def summary(error: BaseException) -> str:
+    """``Type: first line``: torch's errors carry pages of C++ frames after it."""
+    return f"{type(error).__name__}: {_first_line(error)}"
 
 
 def _first_line(error: BaseException) -> str:

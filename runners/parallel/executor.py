@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from interlock.runners.contract import (
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.parallel import messages
 from interlock.runners.parallel.distributed import (
+    LOOPBACK,
     Channel,
     Rendezvous,
     TensorParallelError,
@@ -50,8 +52,10 @@ from interlock.runners.parallel.distributed import (
     connect_store,
     join_control,
     join_tensor_parallel,
+    new_namespace,
     reported_error,
     set_threads,
+    threads,
     timeout_s,
 )
 from interlock.runners.parallel.group import SINGLE, TensorParallel, set_current
@@ -91,6 +95,7 @@ class TensorParallelRunner:
         plan_shards(model.config, self.size)  # refused here, before any process starts
         device = torch.device(model.device)
         backend_for(device.type)
+        threads()  # a bad INTERLOCK_TP_THREADS, too
         self._model = model
         try:
             self._start()
@@ -166,8 +171,8 @@ class TensorParallelRunner:
                 )
             self._rdzv = torchrun
         else:  # port 0: the store picks a free port, the workers are told which
-            self._rdzv = Rendezvous("127.0.0.1", 0, 0, self.size, 0, self.size, True,
-                                    "torch.multiprocessing")
+            self._rdzv = Rendezvous(LOOPBACK, 0, 0, self.size, 0, self.size, True,
+                                    "torch.multiprocessing", new_namespace())
         self._store = connect_store(self._rdzv, timeout)
         self._rdzv = replace(self._rdzv, port=self._store.port)
         if torchrun is None:
@@ -221,7 +226,7 @@ class TensorParallelRunner:
         deadline = time.monotonic() + _GRACE_S
         while True:
             for rank in range(1, self.size):
-                error = reported_error(self._store, rank)
+                error = reported_error(self._store, self._rdzv, rank)
                 if error is not None:
                     return f"rank {rank} failed: {error}", None
             for rank, process in enumerate(self._group.workers, start=1):
@@ -229,6 +234,12 @@ class TensorParallelRunner:
                 if code is not None and code != 0:
                     return f"rank {rank} (pid {process.pid}) died: {_exit_reason(code)}", code
             if time.monotonic() > deadline:
+                for rank, process in enumerate(self._group.workers, start=1):
+                    if process.pid is not None and _stopped(process.pid):
+                        return (
+                            f"rank {rank} (pid {process.pid}) is stopped (SIGSTOP, or a "
+                            "debugger) and did not take part", None,
+                        )
                 return None, None
             time.sleep(0.05)
 
@@ -275,6 +286,16 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _stopped(pid: int) -> bool:
+    """Is process ``pid`` stopped (state T or t in /proc; False where there is no /proc)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold spaces.
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("T", "t")
 
 
 def _exit_reason(code: int) -> str:

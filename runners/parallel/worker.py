@@ -30,6 +30,7 @@ from interlock.runners.parallel.distributed import (
     join_tensor_parallel,
     report_error,
     set_threads,
+    summary,
     timeout_s,
 )
 from interlock.runners.parallel.group import set_current
@@ -80,11 +81,8 @@ def serve(rdzv: Rendezvous) -> int:
     except KeyboardInterrupt:
         return INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to rank 0
-        report_error(store, rdzv.rank, exc)
-        print(
-            f"interlock tensor-parallel rank {rdzv.rank}: {type(exc).__name__}: {exc}",
-            file=sys.stderr,
-        )
+        report_error(store, rdzv, exc)
+        print(f"interlock tensor-parallel rank {rdzv.rank}: {summary(exc)}", file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():
