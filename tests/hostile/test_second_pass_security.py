@@ -112,7 +112,7 @@ def test_s2_policy_diff_git_show_runs_no_repository_config(
     repo, marker = bundle
     monkeypatch.chdir(repo)
     _stat_dirty(repo)
-    name, data = read_policy_arg("git:HEAD:policy.yaml")
+    [(name, data)] = read_policy_arg("git:HEAD:policy.yaml")
     assert data == b"a: 1\nb: 2\n"
     assert not marker.exists()
 
