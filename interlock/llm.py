@@ -20,10 +20,12 @@ traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
 one INFO line on the ``interlock`` logger names who chose the runner,
-cudagraph mode and breakable. The runner is the one the decision names,
-created through the plugin that registers it, or an object given as
-``runner`` (which then needs an explicit ``decision``). Plugins' kernels are
-installed before it loads, whichever runner it is.
+cudagraph mode and breakable, and ``decision_log=FILE`` (else
+``$INTERLOCK_DECISION_LOG``) appends the decision record
+(``interlock.decision_log``; no prompts, no outcome: an LLM runs many batches).
+The runner is the one the decision names, created through the plugin that
+registers it, or an object given as ``runner`` (which then needs an explicit
+``decision``). Plugins' kernels are installed before it loads, whichever runner it is.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class LLM:
         policy: Sequence[str | os.PathLike[str]] | None = None,
         overrides: Mapping[str, Any] | None = None,
         tensor_parallel_size: int = 1,
+        decision_log: str | os.PathLike[str] | None = None,
     ) -> None:
         source = resolve_model(model)
         # A size the model cannot be split into is refused before anything is decided,
@@ -110,14 +113,19 @@ class LLM:
             decision = self.resolution.decision
             decided = decided_by(self.resolution)
         else:
-            if policy is not None or overrides:
+            if policy is not None or overrides or decision_log is not None:
                 raise InputError(
-                    "policy= and overrides= shape the policy's decision; with an explicit "
-                    "decision= they would be ignored: give one or the other"
+                    "policy=, overrides= and decision_log= concern the policy's decision; "
+                    "with an explicit decision= there is none: give one or the other"
                 )
             self.resolution = None
             decided = given_by_caller(decision)
         LOG.info("LLM %s: %s", os.fspath(model), decided)
+        if self.resolution is not None:
+            from interlock import decision_log as records
+
+            records.write(records.log_path(decision_log), self.resolution, "LLM",
+                          model=os.fspath(model), overrides=dict(overrides or {}))
         self.plugin_kernels = install_plugin_kernels()
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)

@@ -214,4 +214,41 @@ def resolve_args(args: argparse.Namespace) -> Any:
 
     policy = load(args)
     context = context_of(args, policy)
-    return resolve(policy, context, overrides_of(args), capabilities=capability_stage())
+    overrides = overrides_of(args)
+    resolution = resolve(policy, context, overrides, capabilities=capability_stage())
+    if getattr(args, "decision_log", None) is not None or _logging_by_env():
+        record_decision(args, resolution, f"policy {args.command}", model=args.model,
+                        overrides=overrides)
+    return resolution
+
+
+def _logging_by_env() -> bool:
+    import os
+
+    from interlock.decision_log import LOG_ENV
+
+    return bool(os.environ.get(LOG_ENV))
+
+
+def add_decision_log_args(parser: argparse.ArgumentParser, *, prompts: bool = False) -> None:
+    """--decision-log FILE (and, for commands that take prompts, --decision-log-prompts)."""
+    parser.add_argument(
+        "--decision-log", dest="decision_log", metavar="FILE",
+        help="append a decision record (one JSON line) to FILE (default: "
+        "$INTERLOCK_DECISION_LOG; see docs/decision-records.md)",
+    )
+    if prompts:
+        parser.add_argument(
+            "--decision-log-prompts", dest="decision_log_prompts", action="store_true",
+            help="also record the prompts (left out of decision records by default)",
+        )
+
+
+def record_decision(
+    args: argparse.Namespace, resolution: Any, command: str, **details: Any
+) -> None:
+    """Append the decision record of ``resolution`` when a log is named (--decision-log or
+    $INTERLOCK_DECISION_LOG)."""
+    from interlock import decision_log
+
+    decision_log.write(decision_log.log_path(args.decision_log), resolution, command, **details)

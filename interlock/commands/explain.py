@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import add_context_args, resolve_args
+from interlock.commands.common import add_context_args, add_decision_log_args, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,6 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "that set it, and the trace of every rule, matched or not.",
     )
     add_context_args(parser)
+    add_decision_log_args(parser)
     parser.add_argument("--json", action="store_true", help="print the `policy resolve` document")
     parser.set_defaults(run=run)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import add_context_args, resolve_args
+from interlock.commands.common import add_context_args, add_decision_log_args, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -16,6 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "document (the same as `policy explain --json`).",
     )
     add_context_args(parser)
+    add_decision_log_args(parser)
     parser.set_defaults(run=run)
 
 

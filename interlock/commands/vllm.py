@@ -1,10 +1,13 @@
 """``policy vllm args|serve MODEL [vllm serve args...]``: run vLLM with the policy's decision.
 
 ``args`` prints the command (``--json``: the decision, its adjustments, env and
-argv); ``serve`` logs the one-line provenance and replaces itself with
-``vllm serve``. Options of this command come before MODEL; everything after
-MODEL is ``vllm serve``'s. Exit 1 on a policy or input error (and when ``vllm``
-is not on PATH), 2 on usage errors.
+argv); ``serve`` logs the one-line provenance and runs ``vllm serve`` as its child:
+signals (SIGINT, SIGTERM) are passed on, its output is copied through, and its startup log
+is checked against the decision (:mod:`interlock.vllm_engine`): one line says verified, or
+warns loudly what the engine did instead. Options of this command come before MODEL;
+everything after MODEL is ``vllm serve``'s. Exit status: the engine's own (128 + N when a
+signal N killed it); 4 with ``--strict`` when the engine does not run the decision (it is
+stopped); 1 on a policy or input error (and when ``vllm`` is not on PATH), 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -14,11 +17,25 @@ import os
 import shlex
 import shutil
 import sys
+from typing import Any
 
-from interlock.commands.common import add_policy_args, load, pair, write_json
+from interlock.commands.common import (
+    add_decision_log_args,
+    add_policy_args,
+    load,
+    pair,
+    record_decision,
+    write_json,
+)
 
 #: This command's options; after MODEL they would silently go to vllm serve.
-OWN_OPTIONS = ("--platform", "--device-arch", "--policy", "--json", "--feature")
+OWN_OPTIONS = (
+    "--platform", "--device-arch", "--policy", "--json", "--feature", "--decision-log",
+    "--strict", "--startup-timeout", "--vllm-version",
+)
+#: How long ``serve`` waits for the engine to come up before the check fails (a large model's
+#: load and compilation take minutes).
+STARTUP_TIMEOUT_S = 1800.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "vllm",
         help="print or exec `vllm serve` with the policy's decision made explicit",
         description="Read the architecture from MODEL's config.json, resolve the policy on "
-        "the detected (or given) platform, and print or exec `vllm serve MODEL` with "
+        "the detected (or given) platform, and print or run `vllm serve MODEL` with "
         "VLLM_USE_V2_MODEL_RUNNER, VLLM_USE_BREAKABLE_CUDAGRAPH, -cc.cudagraph_mode and "
         "-cc.mode all set. Your own env vars and vllm serve flags win: they enter the "
         "resolution as env bindings and overrides, and the flags that are deployment features "
@@ -36,7 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "applied and reported; one that would undo a flag you gave is refused.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, text in (("args", "print the command"), ("serve", "exec vllm serve")):
+    for name, text in (
+        ("args", "print the command"),
+        ("serve", "run vllm serve, checking its startup log against the decision"),
+    ):
         sub = actions.add_parser(name, help=text, description=text)
         sub.add_argument(
             "model", metavar="MODEL",
@@ -54,9 +74,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "command (tensor_parallel_size=8 adds --tensor-parallel-size 8)",
         )
         add_policy_args(sub)
+        add_decision_log_args(sub)
         if name == "args":
             sub.add_argument("--json", action="store_true", help="print the command as JSON")
+        else:
+            sub.add_argument(
+                "--strict", action="store_true",
+                help="stop the engine and exit 4 when its log contradicts the decision or does "
+                "not confirm it within the startup time",
+            )
+            sub.add_argument(
+                "--startup-timeout", dest="startup_timeout", type=_seconds,
+                default=STARTUP_TIMEOUT_S, metavar="S",
+                help=f"seconds the engine has to come up (default: {STARTUP_TIMEOUT_S:g})",
+            )
+            sub.add_argument(
+                "--vllm-version", dest="vllm_version", metavar="X.Y.Z",
+                help="the vLLM release whose log formats to read (default: 0.33.0)",
+            )
         sub.set_defaults(run=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.action == "args":
+        record_decision(args, resolution, "policy vllm args", model=model.argument,
+                        capabilities=False,
+                        overrides=user.overrides, runner=_vllm_runner(command, None))
         if args.json:
             write_json(command.to_dict())
         else:
@@ -128,5 +177,38 @@ def run(args: argparse.Namespace) -> int:
             "vllm is not on PATH: install vLLM or activate its environment "
             "(`policy vllm args MODEL` prints the command instead)"
         )
+    return _serve(args, resolution, command, user.overrides, model.argument)
+
+
+def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
+    """The record's runner for vLLM: vLLM's own runner, not an interlock plugin."""
+    return {"name": command.decision["runner"], "plugin": None, "distribution": "vllm",
+            "version": version}
+
+
+def _serve(
+    args: argparse.Namespace, resolution: Any, command: Any, overrides: dict[str, Any],
+    model: str,
+) -> int:
+    from interlock import decision_log
+    from interlock.vllm_engine import EngineCheck, Verification, supervise
+
+    check = EngineCheck(command.decision, args.vllm_version)
+    path = decision_log.log_path(args.decision_log)
+
+    def on_verdict(verdict: Verification) -> None:
+        print(verdict.line(), file=sys.stderr, flush=True)
+        engine = {"name": "vllm", "argv": command.argv, "env": command.env,
+                  "target": command.decision, **verdict.to_dict()}
+        decision_log.write(
+            path, resolution, "policy vllm serve", model=model, capabilities=False,
+            overrides=overrides, runner=_vllm_runner(command, verdict.vllm_version),
+            engine=engine,
+        )
+
     sys.stdout.flush()
-    os.execvpe("vllm", command.argv, {**os.environ, **command.env})
+    sys.stderr.flush()
+    return supervise(
+        command.argv, {**os.environ, **command.env}, check,
+        startup_timeout=args.startup_timeout, strict=args.strict, on_verdict=on_verdict,
+    )

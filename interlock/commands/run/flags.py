@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from interlock.commands.common import add_context_flags, add_policy_args
+from interlock.commands.common import add_context_flags, add_decision_log_args, add_policy_args
 from interlock.commands.run.orchestrate import IDS_MAX_TOKENS, TEXT_MAX_TOKENS, run
 from interlock.core.decision import DTYPE_CHOICES
 
@@ -62,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_context_flags(parser)
     add_policy_args(parser)
+    add_decision_log_args(parser, prompts=True)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--verbose", action="store_true", help="add the trace, kernel choices and captured graphs"

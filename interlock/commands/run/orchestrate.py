@@ -11,7 +11,13 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
-from interlock.commands.common import context_flags_of, load, overrides_of, write_json
+from interlock.commands.common import (
+    context_flags_of,
+    load,
+    overrides_of,
+    record_decision,
+    write_json,
+)
 from interlock.commands.run.capture import cap_capture_sizes, step_tokens
 from interlock.commands.run.render import (
     header,
@@ -55,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     )
     flags = context_flags_of(args, policy)
     flags["features"], flags["sources"] = _with_tensor_parallel(args, flags)
-    resolution = resolve_model_run(policy, model, overrides_of(args), **flags)
+    overrides = overrides_of(args)
+    resolution = resolve_model_run(policy, model, overrides, **flags)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
@@ -63,19 +70,30 @@ def run(args: argparse.Namespace) -> int:
     stream = Stream(sys.stdout, resolution, plugin.provider, args) if (
         args.prompt and not args.json and sys.stdout.isatty()
     ) else None
+    recorded: dict[str, Any] = dict(
+        model=args.model, overrides=overrides,
+        prompts=prompts if args.decision_log_prompts else None,
+    )
     try:
         # Plugin code (the runner) prints to stderr: stdout is this command's output.
         with _debug_graphs(args.debug_graphs), redirect_stdout(sys.stderr):
             result = _execute(args, resolution, model, prompts, params, stream)
-    except KeyboardInterrupt as exc:
-        # Ctrl-C: show what was generated so far (exit 130 is the command line's).
-        partial = [output_dict(o) for o in getattr(exc, "outputs", ())]
-        if partial and args.json:
-            exc.details = {"outputs": partial}  # type: ignore[attr-defined]
-        elif partial:
-            sys.stdout.write(render_outputs(partial))
+    except BaseException as exc:
+        # What ran is recorded even when it failed, then the failure goes on as before.
+        kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+        record_decision(args, resolution, "policy run", **recorded,
+                        outcome={"error": kind, "message": str(exc)[:500]})
+        if isinstance(exc, KeyboardInterrupt):
+            # Ctrl-C: show what was generated so far (exit 130 is the command line's).
+            partial = [output_dict(o) for o in getattr(exc, "outputs", ())]
+            if partial and args.json:
+                exc.details = {"outputs": partial}  # type: ignore[attr-defined]
+            elif partial:
+                sys.stdout.write(render_outputs(partial))
         raise
     outputs, report, metrics, trace = result
+    record_decision(args, resolution, "policy run", **recorded,
+                    outcome=run_outcome(metrics, report))
     document = run_document(resolution, plugin.provider, outputs, report, metrics, trace,
                          verbose=args.verbose, prompts=args.prompt, chat=args.chat)
     if args.json:
@@ -89,6 +107,23 @@ def run(args: argparse.Namespace) -> int:
                          + render_outputs(document["outputs"])
                          + render_tail(document, trace, verbose=args.verbose))
     return 0
+
+
+def run_outcome(metrics: dict[str, Any], report: Any) -> dict[str, Any]:
+    """A decision record's outcome of a run: tokens, TTFT and TPOT, the graphs captured."""
+    graphs = report.graphs.to_dict() if report.graphs is not None else {}
+    return {
+        "requests": metrics["requests"],
+        "output_tokens": metrics["output_tokens"],
+        "ttft_ms": metrics["ttft_ms"],
+        "tpot_ms": metrics["tpot_ms"],
+        "graphs": {
+            "backend": graphs.get("backend"),
+            "captured_sizes": list(graphs.get("captured_sizes", [])),
+            "failed": len(graphs.get("failed", {})),
+        },
+        "fallbacks": list(report.fallbacks),
+    }
 
 
 @contextmanager

@@ -1,0 +1,154 @@
+"""``policy impact --log FILE OLD NEW``: which recorded deployments a policy edit would change.
+
+Every context in the decision log is resolved again under OLD and under NEW (each a
+policy file or a stack of them, ``base.yaml:site.yaml`` as ``$INTERLOCK_POLICY`` writes
+it) with the overrides it was recorded with; a deployment (host, model, context and
+overrides) whose decisions differ is listed once, with each changed field, old -> new and
+the rule that decides each side. ``policy diff`` answers the same over the catalog's
+domain; this answers it over what actually ran. Exit 1 with ``--fail-on-change`` when a
+deployment would change (and on a policy or log error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from interlock.commands.common import write_json
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "impact",
+        help="which recorded deployments a policy edit would change",
+        description="Replay every context of a decision log under OLD and NEW and list the "
+        "recorded deployments whose decision would change: host, model, platform/arch, "
+        "field, old -> new, and the rules deciding each side.",
+    )
+    parser.add_argument("--log", required=True, metavar="FILE", help="a decision log")
+    parser.add_argument("old", metavar="OLD", help=f"policy file or stack (a{os.pathsep}b)")
+    parser.add_argument("new", metavar="NEW", help=f"policy file or stack (a{os.pathsep}b)")
+    parser.add_argument(
+        "--fail-on-change", action="store_true",
+        help="exit 1 when a recorded deployment would change (for CI)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the changes as JSON")
+    parser.set_defaults(run=run)
+
+
+def load_stack(text: str) -> Any:
+    """A policy given as one file or an ``os.pathsep`` stack of files, layered in order."""
+    from interlock.core.errors import PolicyError
+    from interlock.policy.loader import load_policy
+
+    paths = [p for p in text.split(os.pathsep) if p]
+    if not paths:
+        raise PolicyError(f"{text!r} names no policy file")
+    return load_policy(paths)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interlock.decision_log import records
+
+    old, new = load_stack(args.old), load_stack(args.new)
+    found, problems = records(args.log)
+    for problem in problems:
+        print(f"policy impact: {args.log}:{problem.line}: {problem.detail} (skipped)",
+              file=sys.stderr)
+    deployments: dict[str, dict[str, Any]] = {}
+    for number, record in found:
+        key = json.dumps([record.get("host"), record.get("model"), record["context"],
+                          record.get("overrides") or {}], sort_keys=True)
+        entry = deployments.setdefault(key, {"record": record, "lines": []})
+        entry["record"], entry["lines"] = record, [*entry["lines"], number]
+    changed = []
+    for entry in deployments.values():
+        change = compare(old, new, entry["record"], args.log, entry["lines"][-1])
+        if change is not None:
+            changed.append({**change, "records": len(entry["lines"]), "lines": entry["lines"]})
+    if args.json:
+        write_json({
+            "log": args.log, "old": args.old, "new": args.new,
+            "deployments": len(deployments), "changed": changed,
+            "skipped": [{"line": p.line, "detail": p.detail} for p in problems],
+        })
+    else:
+        for change in changed:
+            sys.stdout.write(render(change))
+        sys.stdout.write(
+            f"{len(changed)} of {len(deployments)} recorded deployment(s) would change "
+            f"({len(found)} record(s) in {args.log})\n"
+        )
+    return 1 if args.fail_on_change and changed else 0
+
+
+def compare(
+    old: Any, new: Any, record: dict[str, Any], log: str, line: int
+) -> dict[str, Any] | None:
+    """What would change for the deployment of ``record``: None when nothing would."""
+    before, after = _decide(old, record, log, line), _decide(new, record, log, line)
+    fields = []
+    for name in dict.fromkeys([*before["decision"], *after["decision"]]):
+        was, now = before["decision"].get(name), after["decision"].get(name)
+        if was != now:
+            fields.append({
+                "field": name, "old": was, "new": now,
+                "old_rule": before["by"].get(name), "new_rule": after["by"].get(name),
+            })
+    if not fields:
+        return None
+    ctx = record["context"]
+    return {
+        "host": record.get("host"),
+        "model": record.get("model"),
+        "architecture": ctx.get("architecture"),
+        "platform": ctx.get("platform"),
+        "device_arch": ctx.get("device_arch"),
+        "command": record.get("command"),
+        "last_seen": record.get("time"),
+        "fields": fields,
+    }
+
+
+def _decide(policy: Any, record: dict[str, Any], log: str, line: int) -> dict[str, Any]:
+    """The replayed decision and who decides each field; a context the policy refuses has the
+    refusal as its ``outcome``."""
+    from interlock.core.errors import InputError, PolicyError
+    from interlock.decision_log import replay
+
+    try:
+        resolution = replay(policy, record)
+    except PolicyError as exc:
+        return {"decision": {"outcome": f"refused: {exc}"}, "by": {}}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{log}:{line}: the recorded context cannot be replayed: {exc}") from None
+    decision = resolution.decision.to_dict()
+    return {
+        "decision": {"outcome": "decided", **decision},
+        "by": {name: _who(prov) for name, prov in resolution.provenance.items()},
+    }
+
+
+def _who(prov: Any) -> str:
+    who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
+    return f"{who} ({prov.location})" if prov.location else who
+
+
+def render(change: dict[str, Any]) -> str:
+    where = change["platform"] + (f"/{change['device_arch']}" if change["device_arch"] else "")
+    head = (f"{change['host']}  {change['model'] or '-'}  {change['architecture']} on {where}  "
+            f"({change['records']} record(s), last {change['last_seen']})")
+    lines = [head]
+    for f in change["fields"]:
+        lines.append(f"    {f['field']}: {_show(f['old'])} -> {_show(f['new'])}  "
+                     f"[{f['old_rule'] or '-'} -> {f['new_rule'] or '-'}]")
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "unset" if value is None else str(value)
