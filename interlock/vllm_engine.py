@@ -349,8 +349,9 @@ def supervise(
             on_verdict(late)
             failed = strict and not late.verified
         elif check.verdict is None:
-            on_verdict(check.finish("exited", _exit_text(code)))
-            failed = strict and not check.verdict.verified  # type: ignore[union-attr]
+            ended = check.finish("exited", _exit_text(code))
+            on_verdict(ended)
+            failed = strict and not ended.verified
     finally:
         if child.poll() is None:
             _stop(child)
