@@ -1,7 +1,7 @@
 """``policy impact --log FILE OLD NEW``: which recorded deployments a policy edit would change.
 
 Every context in the decision log is resolved again under OLD and under NEW (each a
-policy file or a stack of them, ``base.yaml:site.yaml`` as ``$INTERLOCK_POLICY`` writes
+policy file or a stack of them, ``@shipped:site.yaml`` as ``$INTERLOCK_POLICY`` writes
 it) with the overrides it was recorded with; a deployment (host, model, context and
 overrides) whose decisions differ is listed once, with each changed field, old -> new and
 the rule that decides each side. ``policy diff`` answers the same over the catalog's
@@ -40,14 +40,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_stack(text: str) -> Any:
-    """A policy given as one file or an ``os.pathsep`` stack of files, layered in order."""
-    from interlock.core.errors import PolicyError
+    """A policy given as one file or a stack (``policy.loader.parse_stack``: ``os.pathsep``
+    between files, ``@shipped`` for the shipped one), layered in order."""
     from interlock.policy.loader import load_policy
 
-    paths = [p for p in text.split(os.pathsep) if p]
-    if not paths:
-        raise PolicyError(f"{text!r} names no policy file")
-    return load_policy(paths)
+    return load_policy([text])
 
 
 def run(args: argparse.Namespace) -> int:

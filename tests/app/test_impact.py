@@ -85,7 +85,7 @@ def test_exactly_the_changed_deployments_are_listed(cli: Any, tmp_path: Path) ->
     assert text.code == 1
     assert text.out.count("cudagraph: full_and_piecewise -> piecewise") == 3
     assert "3 of 20 recorded deployment(s) would change (21 record(s)" in text.out
-    same = cli("impact", "--log", str(log), SHIPPED, SHIPPED, "--fail-on-change")
+    same = cli("impact", "--log", str(log), SHIPPED, "@shipped", "--fail-on-change")
     assert same.code == 0 and same.out.startswith("0 of 20")
 
 

@@ -1,6 +1,6 @@
 """`policy vllm args|serve`: the vllm serve command carries every decision field explicitly.
 
-`serve` is run as a user runs it (a subprocess, since it execs) with a fake `vllm`
+`serve` is run as a user runs it (a subprocess: it supervises its child) with a fake `vllm`
 first on PATH that records its argv and environment.
 """
 
