@@ -115,8 +115,9 @@ class LLM:
         else:
             if policy is not None or overrides or decision_log is not None:
                 raise InputError(
-                    "policy=, overrides= and decision_log= concern the policy's decision; "
-                    "with an explicit decision= there is none: give one or the other"
+                    "policy=, overrides= and decision_log= shape or record the policy's "
+                    "decision; with an explicit decision= they would be ignored: give one or "
+                    "the other"
                 )
             self.resolution = None
             decided = given_by_caller(decision)
