@@ -99,6 +99,15 @@ def target_profile(
     return final, adjustments
 
 
+def model_argument(model: str) -> str:
+    """``model`` as ``vllm serve``'s positional argument: a directory named like a flag
+    (``--enforce-eager``, ``-cc.mode=NONE``, ``--``) would reach vLLM as that flag and the
+    model would be lost, so such a name is passed as ``./NAME``, the same directory."""
+    if not model:
+        raise PolicyError("the model path is empty")
+    return f"./{model}" if model.startswith("-") else model
+
+
 def serve_command(
     resolution: Resolution,
     model: str,
@@ -137,6 +146,6 @@ def serve_command(
         flags.append(
             f"-cc.cudagraph_capture_sizes={json.dumps(list(sizes), separators=(',', ':'))}"
         )
-    argv = ["vllm", "serve", model, *flags, *extra, *user_args]
+    argv = ["vllm", "serve", model_argument(model), *flags, *extra, *user_args]
     return ServeCommand(resolution, final, tuple(adjustments), env, argv)
 

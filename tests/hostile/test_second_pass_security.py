@@ -130,3 +130,23 @@ def test_s2_a_repository_of_another_owner_stays_refused(bundle: tuple[Path, Path
     result = staleness(repo / "policy.yaml", [1], repo / "evidence" / "r.json")
     assert result.stale is None
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["--enforce-eager", "-cc.mode=NONE", "--", "-O0"])
+def test_s4_a_model_named_like_a_flag_reaches_vllm_as_a_path(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).mkdir()
+    config = {"architectures": ["LlamaForCausalLM"]}
+    (tmp_path / name / "config.json").write_text(json.dumps(config))
+    res = cli("vllm", "args", "--platform", "cuda", "--json", "--", name)
+    assert res.code == 0, res.err
+    argv = res.json()["argv"]
+    assert argv[:3] == ["vllm", "serve", f"./{name}"]
+    assert (tmp_path / argv[2]).resolve() == (tmp_path / name).resolve()
+    # The name was not read as a flag of the user's either: interlock still sets both.
+    assert any(a.startswith("-cc.mode=") for a in argv[3:])
+    assert not any(a.startswith("-") and not a.startswith("-cc.") for a in argv[3:])
