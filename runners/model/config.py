@@ -30,6 +30,17 @@ class ConfigError(ModelError):
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+#: Bounds of the sizes a config.json may declare, far above any released model (126 layers,
+#: 10 M positions), so that a hostile value is refused by name before it reaches an
+#: allocation or a native call.
+MAX_LAYERS = 4096
+MAX_POSITIONS = 1 << 26
+#: A window is an int32 in the native kernels.
+MAX_WINDOW = (1 << 31) - 1
+#: Config numbers are computed with in float32: a value past its range (1e300) would turn
+#: into an infinity, a positive one below its smallest normal (1e-300) into 0.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 @dataclass(frozen=True)
@@ -253,8 +264,10 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
     max_positions = cfg.max_position_embeddings
     if max_positions is None:
         max_positions = defaults.max_position_embeddings
-    elif max_positions < 1:  # 0 is not "unset": refuse it rather than guess
-        raise bad("max_position_embeddings", max_positions, "an integer >= 1")
+    elif not 1 <= max_positions <= MAX_POSITIONS:  # 0 is not "unset": refuse it, not guess
+        raise bad("max_position_embeddings", max_positions, f"an integer in 1..{MAX_POSITIONS}")
+    if cfg.num_hidden_layers > MAX_LAYERS:
+        raise bad("num_hidden_layers", cfg.num_hidden_layers, f"an integer in 1..{MAX_LAYERS}")
     rope = _rope(cfg, defaults.rope_theta, max_positions, bad)
     mla = None if family.mla is None else family.mla(cfg, rope, bad)
     if mla is not None:
@@ -268,6 +281,17 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
             raise bad("num_key_value_heads", num_kv_heads,
                       f"a divisor of num_attention_heads={num_heads}")
         head_dim = cfg.head_dim or defaults.head_dim or cfg.hidden_size // num_heads
+        if head_dim == 0:
+            raise bad("hidden_size", cfg.hidden_size,
+                      f"at least num_attention_heads={num_heads} (head_dim is hidden_size // "
+                      "num_attention_heads), or a head_dim")
+    if head_dim % 2:
+        # The rotary embedding turns pairs of dimensions; the kernels assume it.
+        key = "qk_rope_head_dim" if mla is not None else (
+            "head_dim" if cfg.head_dim or defaults.head_dim else
+            "head_dim (hidden_size // num_attention_heads)"
+        )
+        raise bad(key, head_dim, "an even number (rotary embeddings turn pairs of dimensions)")
     eps = defaults.rms_norm_eps if cfg.rms_norm_eps is None else cfg.rms_norm_eps
     eps = finite("rms_norm_eps", eps, bad, positive=True)
     if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_hidden_layers:
@@ -280,6 +304,9 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
     for key, token in special:
         if not 0 <= token < cfg.vocab_size:
             raise bad(key, token, f"a token id in [0, {cfg.vocab_size}) (vocab_size)")
+    if cfg.sliding_window is not None and not 0 <= cfg.sliding_window <= MAX_WINDOW:
+        raise bad("sliding_window", cfg.sliding_window,
+                  f"null, or a window in 1..{MAX_WINDOW} tokens (0: none)")
     qkv_bias = defaults.qkv_bias
     if family.bias_key is not None and getattr(cfg, family.bias_key) is not None:
         qkv_bias = getattr(cfg, family.bias_key)
@@ -322,7 +349,7 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
     # ``rope_scaling or rope_parameters``); so do we, or the same file would be two models.
     params = dict(cfg.rope_scaling or cfg.rope_parameters or {})
     theta = params.get("rope_theta", cfg.rope_theta)
-    theta = finite("rope_theta", theta if theta is not None else default_theta, bad)
+    theta = finite("rope_theta", theta if theta is not None else default_theta, bad, positive=True)
     partial = params.get("partial_rotary_factor", cfg.partial_rotary_factor)
     if partial not in (None, 1, 1.0):
         raise bad("partial_rotary_factor", partial, "1.0 (full rotary)")
@@ -332,25 +359,37 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
     if kind == "default":
         return RopeConfig(theta=theta)
 
-    def number(key: str, default: float | None = None) -> float | None:
+    def number(key: str, default: float | None = None, positive: bool = False) -> float | None:
         value = params.get(key, default)
-        return None if value is None else finite(f"rope {kind} {key}", value, bad)
+        return None if value is None else finite(f"rope {kind} {key}", value, bad,
+                                                 positive=positive)
 
-    factor = number("factor")
+    factor = number("factor", positive=True)
     if factor is None:
-        raise bad(f"rope {kind} factor", None, "a number")
+        raise bad(f"rope {kind} factor", None, "a number > 0")
     original = params.get("original_max_position_embeddings")
     if kind in ("llama3", "yarn") and original is None:
         original = max_positions
+    if original is not None and (
+        not isinstance(original, int) or isinstance(original, bool)
+        or not 1 <= original <= MAX_POSITIONS
+    ):
+        raise bad(f"rope {kind} original_max_position_embeddings", original,
+                  f"an integer in 1..{MAX_POSITIONS}")
+    low = number("low_freq_factor", 1.0, positive=True)
+    high = number("high_freq_factor", 4.0, positive=True)
+    if kind == "llama3" and low is not None and high is not None and not high > low:
+        # The smoothing between the two wavelengths divides by their difference.
+        raise bad("rope llama3 high_freq_factor", high, f"a number > low_freq_factor={low}")
     return RopeConfig(
         theta=theta,
         type=kind,
         factor=factor,
-        original_max_position_embeddings=None if original is None else int(original),
-        low_freq_factor=number("low_freq_factor", 1.0),
-        high_freq_factor=number("high_freq_factor", 4.0),
-        beta_fast=number("beta_fast") or 32.0,
-        beta_slow=number("beta_slow") or 1.0,
+        original_max_position_embeddings=original,
+        low_freq_factor=low if low is not None else 1.0,
+        high_freq_factor=high if high is not None else 4.0,
+        beta_fast=number("beta_fast", positive=True) or 32.0,
+        beta_slow=number("beta_slow", positive=True) or 1.0,
         attention_factor=number("attention_factor"),
         mscale=number("mscale"),
         mscale_all_dim=number("mscale_all_dim"),
@@ -359,11 +398,22 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
 
 
 def finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> float:
-    """A finite number (NaN and infinities are refused; ``positive``: > 0 as well)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or (positive and value <= 0):
-        raise bad(key, value, "a finite number" + (" > 0" if positive else ""))
-    return float(value)
+    """A number finite in float32, the compute dtype of the norms and the rotary table (NaN,
+    infinities and 1e300 are refused); ``positive``: > 0 in float32 as well (not 1e-300)."""
+    allowed = "a number finite in float32 (|x| <= 3.4e38)" + (
+        ", and >= 1.2e-38 (> 0)" if positive else ""
+    )
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad(key, value, allowed)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float64
+        raise bad(key, value, allowed) from None
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX or (
+        positive and number < FLOAT32_TINY
+    ):
+        raise bad(key, value, allowed)
+    return number
 
 
 def _checkpoint_dtype(cfg: RawConfig, bad: Bad) -> str:
