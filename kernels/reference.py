@@ -571,3 +571,128 @@ def sample(
         noise = torch.empty_like(scaled).exponential_(generator=gen)
         tokens[row] = (torch.softmax(scaled, dim=-1) / noise).argmax()
     return tokens
+
+
+def token_positions(
+    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, n_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of ``n_tokens`` new tokens' sequence and position, on the device, without a sync.
+
+    seq_lens [B] counts cached + new tokens, query_start_loc [B+1] where each sequence's new
+    tokens start (``paged_attention``'s layout). Returns (sequence [T] int64, position [T]
+    int64); a token past the last sequence's range (graph padding) is given sequence 0 and
+    position -1, so it sees no key.
+    """
+    token = torch.arange(n_tokens, device=query_start_loc.device)
+    ends = query_start_loc[1:].long()
+    seq = torch.searchsorted(ends, token, right=True)
+    inside = seq < seq_lens.shape[0]
+    seq = torch.where(inside, seq, 0)
+    starts = query_start_loc[:-1].long()
+    position = seq_lens.long()[seq] - (ends - starts)[seq] + token - starts[seq]
+    return seq, torch.where(inside, position, -1)
+
+
+def _used_width(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> int:
+    """Block-table columns to read: on the CPU, where the host sees the lengths for free,
+    only those the longest sequence uses; elsewhere all of them (no sync, so it can be
+    captured in a graph)."""
+    if block_tables.device.type != "cpu":
+        return block_tables.shape[1]
+    return -(-max(seq_lens.tolist(), default=0) // block_size)
+
+
+def index_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``dsa_index_topk``'s scores: [T, S] float32 over the positions the block table holds
+    (on the CPU, those the longest sequence has), -inf where a token may not look; -0.0
+    is made 0.0."""
+    seq, position = token_positions(seq_lens, query_start_loc, q.shape[0])
+    width = _used_width(block_tables, seq_lens, index_cache.shape[1])
+    keys = _gather_blocks(index_cache, block_tables[:, :width]).float()  # [B, S, Di]
+    dots = torch.matmul(q.float(), keys[seq].transpose(1, 2))  # [T, Hi, S]
+    scores = torch.matmul(weights.float()[:, None, :], torch.relu(dots * scale))[:, 0]
+    visible = torch.arange(keys.shape[1], device=q.device)[None, :] <= position[:, None]
+    return scores.masked_fill(~visible, float("-inf")) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+@torch_op("dsa_index_topk")
+def dsa_index_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    top_k: int,
+) -> torch.Tensor:
+    """The DSA lightning indexer: which cached positions each new token attends to.
+
+    q [T, Hi, Di] holds the indexer's queries (rope applied), weights [T, Hi] each head's
+    weight, index_cache [NB, BS, Di] one indexer key per cached token, paged like the
+    attention cache (block_tables, seq_lens and query_start_loc as in ``paged_attention``;
+    the new tokens' keys must already be stored). The score of position p for token t is
+
+        sum over heads h of weights[t, h] * relu(scale * q[t, h] . key[p])
+
+    in float32, over the positions t may see (p <= its own). Returns [T, top_k] int32: the
+    top_k best positions in ascending order, then -1 where fewer than top_k are visible (a
+    token that sees at most top_k positions takes them all). Equal scores go to the lower
+    position; -0.0 and 0.0 are equal.
+    """
+    out = torch.full((q.shape[0], top_k), -1, dtype=torch.int32, device=q.device)
+    scores = index_scores(q, weights, index_cache, block_tables, seq_lens, query_start_loc, scale)
+    visible = scores > float("-inf")
+    # A stable descending sort keeps equal scores in position order: the lower one first.
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    # Invisible positions sort last and come in only when fewer than top_k are visible.
+    beyond = scores.shape[1]
+    chosen = torch.where(visible.gather(1, order), order, beyond).sort(dim=-1).values
+    chosen = torch.where(chosen == beyond, -1, chosen).to(torch.int32)
+    out[:, : chosen.shape[1]] = chosen
+    return out
+
+
+@torch_op("sparse_mla_attention")
+def sparse_mla_attention(
+    q: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    value_dim: int,
+) -> torch.Tensor:
+    """Attention of each new token over the cached positions it was given (DSA), in MLA's
+    absorbed form.
+
+    q [T, H, D] holds queries in the latent space (W_UK folded in, the rope part last);
+    latent_cache [NB, BS, D] one latent row per cached token (compressed KV, then the rope
+    key), paged as in ``paged_attention``; indices [T, K] int32 the positions each token
+    attends to, -1 for none (``dsa_index_topk``'s output). The keys are the whole rows, the
+    values their first ``value_dim`` columns: returns [T, H, value_dim], softmax in float32.
+    A token given no position gets zeros.
+    """
+    n_tokens, _, dim = q.shape
+    seq, _ = token_positions(seq_lens, query_start_loc, n_tokens)
+    block_size = latent_cache.shape[1]
+    chosen = indices.long()
+    valid = chosen >= 0
+    safe = chosen.clamp(min=0)
+    blocks = block_tables.long()[seq[:, None], safe // block_size]
+    rows = latent_cache.reshape(-1, dim).index_select(
+        0, (blocks * block_size + safe % block_size).reshape(-1)
+    ).view(n_tokens, chosen.shape[1], dim).float()  # [T, K, D]
+    scores = torch.matmul(q.float(), rows.transpose(1, 2)) * scale  # [T, H, K]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all masked: NaN, then zeros
+    return torch.matmul(probs, rows[..., :value_dim]).to(q.dtype)

@@ -29,6 +29,8 @@ KERNELS = {
     "moe_route": "interlock.kernels.triton.moe:moe_route",
     "moe_experts": "interlock.kernels.triton.moe:moe_experts",
     "sample": "interlock.kernels.triton.sampling:sample",
+    "dsa_index_topk": "interlock.kernels.triton.indexer:dsa_index_topk",
+    "sparse_mla_attention": "interlock.kernels.triton.sparse_attention:sparse_mla_attention",
 }
 """op -> lazy "module:function" target."""
 

@@ -29,7 +29,17 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from interlock.kernels.triton import activation, attention, kv_cache, moe, norm, rotary, sampling  # noqa: E402  # noqa: E402
+from interlock.kernels.triton import (  # noqa: E402
+    activation,
+    attention,
+    indexer,
+    kv_cache,
+    moe,
+    norm,
+    rotary,
+    sampling,
+    sparse_attention,
+)
 
 _SIGNATURE_DTYPES = {
     torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
@@ -46,7 +56,9 @@ class Launch:
 
 
 def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
-    """Representative calls: a Llama-8B-like layer (H 4096, 32/8 heads of 128) and a small MoE."""
+    """Representative calls: a Llama-8B-like layer (H 4096, 32/8 heads of 128), a small MoE,
+    and a DeepSeek-V3.2 layer's DSA (indexer 64 heads of 128, top-2048; 128 heads over
+    latent rows of 512 + 64)."""
     t, h, hq, hk, d, blocks, bs = 4, 4096, 32, 8, 128, 64, 16
 
     def randn(*shape: int) -> torch.Tensor:
@@ -59,6 +71,10 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
     odd_cache = torch.randn(blocks, bs, 2, 80, dtype=dtype)
     lens = torch.full((t,), 10)
     logits = torch.randn(t, 32000)
+    starts = torch.arange(t + 1, dtype=torch.int32)
+    index_cache = randn(blocks, bs, 128)
+    latent_cache = randn(blocks, bs, 512 + 64)
+    topk = torch.zeros(t, 2048, dtype=torch.int32)
     return {
         "rms_norm": lambda: norm.rms_norm(randn(t, h), randn(h), 1e-6),
         "fused_add_rms_norm": lambda: norm.fused_add_rms_norm(randn(t, h), randn(t, h), randn(h),
@@ -86,6 +102,10 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
         "moe_experts/prefill": lambda: moe.moe_experts(
             randn(512, 1024), randn(8, 2 * 512, 1024), randn(8, 1024, 512),
             torch.rand(512, 2), torch.randint(0, 8, (512, 2))),
+        "dsa_index_topk": lambda: indexer.dsa_index_topk(
+            randn(t, 64, 128), torch.rand(t, 64), index_cache, tables, lens, starts, 0.1, 2048),
+        "sparse_mla_attention": lambda: sparse_attention.sparse_mla_attention(
+            randn(t, 128, 576), latent_cache, tables, lens, starts, topk, 0.1, 512),
         "sample": lambda: sampling.sample(
             logits, torch.ones(t), torch.full((t,), 50), torch.full((t,), 0.9),
             torch.arange(t), torch.zeros(t, dtype=torch.int64)),
