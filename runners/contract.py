@@ -163,6 +163,21 @@ class TensorParallelReport:
 
 
 @dataclass(frozen=True)
+class KVCacheReport:
+    """What the paged cache holds per token (``interlock.runners.model.cache_spec``)."""
+
+    layout: str  # "per-head K/V", or "MLA latent" (kv_lora_rank + qk_rope_head_dim)
+    bytes_per_token: int  # every layer, on one rank
+    per_head_bytes_per_token: int  # what per-head K and V of the same model would take
+    num_blocks: int
+    block_size: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
 class RunnerReport:
     """What a runner did, for ``policy run`` and traces."""
 
@@ -176,6 +191,7 @@ class RunnerReport:
     fallbacks: tuple[str, ...] = field(default=())  # each: what fell back, and why
     graphs: GraphReport | None = None  # captured keys, failures, replays, eager steps
     tensor_parallel: TensorParallelReport | None = None  # None: one rank
+    kv_cache: KVCacheReport | None = None  # None: the runner does not say
 
 
 @runtime_checkable

@@ -28,6 +28,8 @@ KERNELS = {
     "paged_decode_attention": "interlock.kernels.triton.attention:paged_decode_attention",
     "moe_route": "interlock.kernels.triton.moe:moe_route",
     "moe_experts": "interlock.kernels.triton.moe:moe_experts",
+    "mla_decode_attention": "interlock.kernels.triton.mla:mla_decode_attention",
+    "moe_grouped_route": "interlock.kernels.triton.mla:moe_grouped_route",
     "sample": "interlock.kernels.triton.sampling:sample",
     "dsa_index_topk": "interlock.kernels.triton.indexer:dsa_index_topk",
     "sparse_mla_attention": "interlock.kernels.triton.sparse_attention:sparse_mla_attention",

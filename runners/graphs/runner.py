@@ -40,7 +40,7 @@ from interlock.runners.graphs.plan import CapturePlan
 from interlock.runners.machine import why_missing
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.decoder import CausalLM
-from interlock.runners.model.kv_cache import allocate_kv_cache
+from interlock.runners.model.kv_cache import allocate_kv_cache, kv_cache_report
 from interlock.runners.parallel.group import current as current_group
 
 
@@ -117,6 +117,7 @@ class GraphRunner(ABC):
             model.config, kv_cache, model.dtype, self.device, tp.size
         )
         self.model.bind_kv_cache(self.kv_caches)
+        self.kv_cache_report = kv_cache_report(model.config, model.dtype, kv_cache, tp.size)
         self.setup(model, kv_cache)
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
@@ -196,4 +197,5 @@ class GraphRunner(ABC):
             captured_sizes=graphs.captured_sizes,
             fallbacks=self.graphs.fallbacks(),
             graphs=graphs,
+            kv_cache=self.kv_cache_report,
         )

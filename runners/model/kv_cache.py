@@ -6,8 +6,12 @@ import mmap
 
 import torch
 
-from interlock.runners.contract import KVCacheSpec
-from interlock.runners.model.cache_spec import layer_caches
+from interlock.runners.contract import KVCacheReport, KVCacheSpec
+from interlock.runners.model.cache_spec import (
+    elements_per_token,
+    layer_caches,
+    per_head_elements_per_token,
+)
 from interlock.runners.model.checkpoint import DTYPES
 from interlock.runners.model.config import ModelConfig
 
@@ -52,3 +56,17 @@ def allocate_kv_cache(
             offset += size
         caches.append(tuple(tensors))
     return caches
+
+
+def kv_cache_report(
+    config: ModelConfig, dtype: str, spec: KVCacheSpec, tensor_parallel_size: int = 1
+) -> KVCacheReport:
+    """Bytes per token of the cache as allocated, beside what per-head K/V would take."""
+    itemsize = DTYPES[dtype].itemsize
+    return KVCacheReport(
+        layout="per-head K/V" if config.mla is None else "MLA latent",
+        bytes_per_token=elements_per_token(config, tensor_parallel_size) * itemsize,
+        per_head_bytes_per_token=per_head_elements_per_token(config) * itemsize,
+        num_blocks=spec.num_blocks,
+        block_size=spec.block_size,
+    )

@@ -56,7 +56,12 @@ class ShardPlan:
     def notes(self, config: ModelConfig) -> tuple[str, ...]:
         """What a report should say about the split beyond the sizes."""
         notes = []
-        if self.kv_replicas > 1:
+        if config.mla is not None:
+            notes.append(
+                "the MLA latent cache is replicated on every rank: each head reads the whole "
+                "latent, so splitting heads cannot split it"
+            )
+        elif self.kv_replicas > 1:
             notes.append(
                 f"{config.num_kv_heads} KV head(s) for {self.size} ranks: each KV head is "
                 f"replicated on {self.kv_replicas} ranks"

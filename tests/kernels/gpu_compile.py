@@ -34,6 +34,7 @@ from interlock.kernels.triton import (  # noqa: E402
     attention,
     indexer,
     kv_cache,
+    mla,
     moe,
     norm,
     rotary,
@@ -106,6 +107,14 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
             randn(t, 64, 128), torch.rand(t, 64), index_cache, tables, lens, starts, 0.1, 2048),
         "sparse_mla_attention": lambda: sparse_attention.sparse_mla_attention(
             randn(t, 128, 576), latent_cache, tables, lens, starts, topk, 0.1, 512),
+        # DeepSeek-V3's MLA on 8 ranks (16 heads each), its latent cache and routing.
+        "mla_decode_attention/deepseek-v3": lambda: mla.mla_decode_attention(
+            randn(t, 16, 128), randn(t, 16, 64), randn(blocks, bs, 512 + 64),
+            randn(16, 128 + 128, 512), tables, lens, 0.1),
+        "moe_grouped_route/noaux_tc": lambda: mla.moe_grouped_route(
+            torch.randn(t, 256), torch.randn(256), 8, "sigmoid", "noaux_tc", 8, 4, True, 2.5),
+        "moe_grouped_route/group_limited_greedy": lambda: mla.moe_grouped_route(
+            torch.randn(t, 160), None, 6, "softmax", "group_limited_greedy", 8, 3, False, 1.0),
         "sample": lambda: sampling.sample(
             logits, torch.ones(t), torch.full((t,), 50), torch.full((t,), 0.9),
             torch.arange(t), torch.zeros(t, dtype=torch.int64)),

@@ -125,13 +125,13 @@ def test_errors_exit_1_with_a_message(policy_run, tiny_llama, args, message, tmp
 
 def test_an_unsupported_architecture_is_explained_but_not_run(policy_run, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV3ForCausalLM"], "num_attention_heads": 8,
+        "architectures": ["ToyLatentForCausalLM"], "num_attention_heads": 8,
         "kv_lora_rank": 512, "n_routed_experts": 8,
     }))
     result = policy_run("--model", tmp_path)
     assert result.code == 4  # a model error
     assert "runner=" in result.err  # the decision was made and logged first
-    assert "DeepseekV3ForCausalLM" in result.err and "supported" in result.err
+    assert "ToyLatentForCausalLM" in result.err and "supported" in result.err
 
 
 def test_usage_errors_exit_2(policy_run):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from interlock.kernels import reference
 from interlock.runners.contract import (
     Decision,
     KVCacheSpec,
@@ -23,9 +25,20 @@ from interlock.runners.engine.kv_cache import (
 )
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected
+from interlock.runners.model.config import parse_config
 from interlock.runners.model.demo import demo_config
+from interlock.runners.model.kv_cache import allocate_kv_cache
 
 CONFIG = demo_config()
+#: A DeepSeek-V3 config (multi-head latent attention): its cache holds one latent of
+#: kv_lora_rank + qk_rope_head_dim = 24 values per token and layer.
+MLA_CONFIG = parse_config({
+    "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+    "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
+    "topk_group": 1, "moe_intermediate_size": 32,
+})
 
 
 class CacheCheckingRunner:
@@ -61,10 +74,48 @@ class CacheCheckingRunner:
         return RunnerReport("fake", "cpu", "float32", ())
 
 
+class LatentCacheRunner(CacheCheckingRunner):
+    """The fake runner over a real MLA latent cache, allocated from the config's cache spec:
+    each fed token's latent and rotary key (values naming its request, position and token)
+    go in with ``store_latent_cache``; every step reads each sequence's whole history back
+    through its block table, so a block reused or a preemption mishandled shows as a wrong
+    entry."""
+
+    def load(self, model, kv_cache, decision) -> None:
+        super().load(model, kv_cache, decision)
+        self.caches = allocate_kv_cache(model.config, kv_cache, "float32", "cpu")
+        self.ids: dict[str, int] = {}
+
+    def entry(self, request_id: str, pos: int, token: int) -> torch.Tensor:
+        number = self.ids.setdefault(request_id, len(self.ids) + 1)
+        width = self.caches[0][0].shape[-1]
+        return torch.tensor([number, pos, token], dtype=torch.float32).repeat(width // 3 + 1)[
+            :width]
+
+    def execute(self, batch: ScheduledBatch) -> RunnerOutput:
+        rank = MLA_CONFIG.mla.kv_lora_rank
+        for seq in batch.sequences:
+            slots = [self.slot(seq.block_table, p) for p in range(seq.start_position, seq.seq_len)]
+            entries = torch.stack([self.entry(seq.request_id, seq.start_position + i, t)
+                                   for i, t in enumerate(seq.token_ids)])
+            for (latent,) in self.caches:
+                reference.store_latent_cache(entries[:, :rank], entries[:, rank:], latent,
+                                             torch.tensor(slots))
+        output = super().execute(batch)  # records what each slot should hold
+        for seq in batch.sequences:
+            for (latent,) in self.caches:
+                flat = latent.view(-1, latent.shape[-1])
+                for pos in range(seq.seq_len):
+                    slot = self.slot(seq.block_table, pos)
+                    request_id, stored_pos, token = self.slots[slot]
+                    assert flat[slot].tolist() == self.entry(request_id, stored_pos, token).tolist()
+        return output
+
+
 def make_engine(num_blocks: int, block_size: int = 4, max_model_len: int = 64,
-                **config) -> Engine:
-    spec = ModelSpec("demo", CONFIG, "float32", "cpu", max_model_len=max_model_len)
-    return Engine(spec, KVCacheSpec(num_blocks, block_size), CacheCheckingRunner(),
+                model_config=CONFIG, runner=None, **config) -> Engine:
+    spec = ModelSpec("demo", model_config, "float32", "cpu", max_model_len=max_model_len)
+    return Engine(spec, KVCacheSpec(num_blocks, block_size), runner or CacheCheckingRunner(),
                   Decision(), EngineConfig(**config))
 
 
@@ -155,6 +206,36 @@ def test_preempted_requests_are_recomputed_and_finish_with_the_same_tokens():
     assert [r.output_token_ids for r in tight] == [r.output_token_ids for r in roomy]
     released = {rid for b in tight_engine.runner.batches for rid in b.finished_request_ids}
     assert released == {r.request_id for r in tight}
+
+
+def test_the_latent_cache_survives_preemption_and_block_reuse():
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+    roomy = run(make_engine(64, model_config=MLA_CONFIG, runner=LatentCacheRunner()),
+                prompts, 10)
+    tight_engine = make_engine(5, model_config=MLA_CONFIG, runner=LatentCacheRunner(),
+                               max_num_batched_tokens=6)
+    tight = run(tight_engine, prompts, 10)
+    assert sum(r.num_preemptions for r in tight) > 0
+    assert [r.output_token_ids for r in tight] == [r.output_token_ids for r in roomy]
+    # Every block held entries of more than one request over the run.
+    owners: dict[int, set[str]] = {}
+    for batch in tight_engine.runner.batches:
+        for seq in batch.sequences:
+            for block in seq.block_table:
+                owners.setdefault(block, set()).add(seq.request_id)
+    assert all(len(ids) > 1 for ids in owners.values())
+
+
+def test_blocks_are_counted_in_latent_bytes():
+    # Per token: 2 layers x (16 + 8) latent values in float32, against per-head K and V.
+    assert bytes_per_block(MLA_CONFIG, "float32", 16) == 2 * 24 * 4 * 16
+    budget = 64 * bytes_per_block(MLA_CONFIG, "float32", 16)
+    latent = plan_kv_cache(MLA_CONFIG, "float32", 16, 4096, 64, kv_cache_memory=budget)
+    assert latent.num_blocks == 64
+    per_head = 2 * 2 * 4 * (16 + 12) * 4 * 16  # what per-head K/V blocks would take
+    assert latent.num_blocks * 16 > 4 * (budget // per_head) * 16
+    # The same holds per rank: the latent is replicated, not split, across ranks.
+    assert bytes_per_block(MLA_CONFIG, "float32", 16, tensor_parallel_size=2) == 2 * 24 * 4 * 16
 
 
 @given(

@@ -75,6 +75,7 @@ def run_document(
         "kernels": {k.op: k.implementation for k in report.kernels},
         "graphs": {**graphs, "fallbacks": list(report.fallbacks)},
         "tensor_parallel": asdict(report.tensor_parallel) if report.tensor_parallel else None,
+        "kv_cache": asdict(report.kv_cache) if report.kv_cache else None,
     }
     if verbose:
         document["trace"] = [step.to_dict() for step in trace]
@@ -104,7 +105,18 @@ def header(resolution: Any, provider: str, report: Any) -> str:
         )
         lines.append(f"  collectives: {tp.collectives}")
         lines += [f"  {note}" for note in tp.notes]
+    if report.kv_cache is not None:
+        lines.append(kv_cache_line(report.kv_cache))
     return "\n".join(lines) + "\n"
+
+
+def kv_cache_line(kv: Any) -> str:
+    """``kv cache: MLA latent, 192 bytes/token (per-head K/V: 896, 4.7x); 384 tokens``."""
+    line = f"kv cache: {kv.layout}, {kv.bytes_per_token} bytes/token"
+    if kv.per_head_bytes_per_token != kv.bytes_per_token:
+        ratio = kv.per_head_bytes_per_token / kv.bytes_per_token
+        line += f" (per-head K/V would take {kv.per_head_bytes_per_token}: {ratio:.1f}x)"
+    return line + f"; {kv.num_blocks} blocks of {kv.block_size} = {kv.tokens} tokens"
 
 
 def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -> str:
