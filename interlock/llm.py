@@ -49,7 +49,7 @@ from interlock.app.tokenizer import load_chat_template, load_tokenizer
 from interlock.core.errors import InputError
 from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport
-from interlock.runners.engine.engine import Engine, EngineConfig
+from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.request import Request
 from interlock.runners.engine.sampling import SamplingParams
@@ -138,6 +138,8 @@ class LLM:
                 f"max_model_len={max_model_len} is invalid; allowed: 1..{limit} "
                 "(the model's max_position_embeddings)"
             )
+        # The run's one configuration: the KV cache plan, the scheduler and the runner all
+        # read their limits from it.
         spec = ModelSpec(
             name=source.name,
             config=config,
@@ -151,9 +153,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size,
         )
         kv_cache = plan_kv_cache(
-            config, resolved_dtype, block_size, max_model_len, max_num_seqs,
-            num_blocks=num_blocks, kv_cache_memory=kv_cache_memory,
-            tensor_parallel_size=tensor_parallel_size,
+            spec, block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory
         )
         self.tokenizer = load_tokenizer(source.directory)
         self.chat_template = load_chat_template(source.directory)
@@ -162,14 +162,7 @@ class LLM:
                 runner_from_plugin(decision.runner) if tensor_parallel_size == 1
                 else TensorParallelRunner(runner_factory(decision.runner), tensor_parallel_size)
             )
-        self.engine = Engine(
-            spec,
-            kv_cache,
-            runner,
-            decision,
-            EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                         seed=seed),
-        )
+        self.engine = Engine(spec, kv_cache, runner, decision)
 
     def generate(
         self,

@@ -48,8 +48,9 @@ class ModelSpec:
     dtype: str  # resolved: one of interlock.core.decision.DTYPES
     device: str  # torch device string: "cpu", "cuda", "cuda:1", ...
     load_format: str = "auto"  # one of LOAD_FORMATS
-    seed: int = 0  # seed of dummy weights
+    seed: int = 0  # the run's seed: of dummy weights, and of requests that bring none
     max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
+    # The engine's limits: the scheduler keeps to them and the runner sizes by them.
     max_num_seqs: int = 64  # most sequences in one step (sizes graphs and request state)
     max_num_batched_tokens: int = 2048  # most tokens in one step
     # Ranks the model is split across. Above 1 the runner is one rank of a group its host
@@ -77,6 +78,11 @@ class KVCacheSpec:
 
     num_blocks: int
     block_size: int
+
+    def __post_init__(self) -> None:
+        for key in ("num_blocks", "block_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} is invalid; allowed: >= 1")
 
 
 @dataclass(frozen=True)

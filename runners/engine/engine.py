@@ -6,45 +6,29 @@ import itertools
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, Runner, RunnerReport
 from interlock.runners.engine.request import Request
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.engine.scheduler import RequestRejected, Scheduler, SchedulerConfig
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    seed: int = 0  # seeds the per-request seeds of requests that bring none
+from interlock.runners.engine.scheduler import RequestRejected, Scheduler
 
 
 class Engine:
-    """Owns the scheduler and one loaded runner; ``step()`` runs one batch."""
+    """Owns the scheduler and one loaded runner; ``step()`` runs one batch.
+
+    ``model`` is the run's one configuration: the scheduler schedules within its limits
+    (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``) and the runner sizes
+    its graphs and request state by the same object, so the two cannot disagree. Its
+    ``seed`` seeds the per-request seeds of requests that bring none."""
 
     def __init__(
-        self,
-        model: ModelSpec,
-        kv_cache: KVCacheSpec,
-        runner: Runner,
-        decision: Decision,
-        config: EngineConfig,
+        self, model: ModelSpec, kv_cache: KVCacheSpec, runner: Runner, decision: Decision
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.runner = runner
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=kv_cache.num_blocks,
-                block_size=kv_cache.block_size,
-                max_model_len=model.max_model_len,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-            )
-        )
-        self._seeds = random.Random(config.seed)
+        self.scheduler = Scheduler(model, kv_cache)
+        self._seeds = random.Random(model.seed)
         self._ids = itertools.count()
         self._eos = frozenset(model.config.eos_token_ids)
         runner.load(model, kv_cache, decision)

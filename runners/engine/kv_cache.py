@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from interlock.core.errors import InputError
-from interlock.runners.contract import KVCacheSpec
+from interlock.runners.contract import KVCacheSpec, ModelSpec
 from interlock.runners.model.cache_spec import elements_per_token
 from interlock.runners.model.config import ModelConfig
 
@@ -37,28 +37,27 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def plan_kv_cache(
-    config: ModelConfig,
-    dtype: str,
+    model: ModelSpec,
     block_size: int,
-    max_model_len: int,
-    max_num_seqs: int,
     num_blocks: int | None = None,
     kv_cache_memory: int | None = None,
-    tensor_parallel_size: int = 1,
 ) -> KVCacheSpec:
-    """Size the cache from ``num_blocks`` or a byte budget (default 512 MiB) per rank.
+    """Size the cache of running ``model`` from ``num_blocks`` or a byte budget (default
+    512 MiB) per rank.
 
-    Without ``num_blocks`` the budget is capped at what ``max_num_seqs``
-    sequences of ``max_model_len`` tokens can use. Every rank of a tensor-parallel
+    Without ``num_blocks`` the budget is capped at what ``model.max_num_seqs``
+    sequences of ``model.max_model_len`` tokens can use. Every rank of a tensor-parallel
     run holds the same blocks (its KV heads of them), so one block table serves all.
     """
+    config, dtype = model.config, model.dtype
+    max_model_len, max_num_seqs = model.max_model_len, model.max_num_seqs
     if block_size < 1:
         raise KVCacheError(f"block_size={block_size} is invalid; allowed: an integer >= 1")
     if num_blocks is not None and kv_cache_memory is not None:
         raise KVCacheError("give num_blocks or kv_cache_memory, not both")
     if num_blocks is None:
         budget = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-        per_block = bytes_per_block(config, dtype, block_size, tensor_parallel_size)
+        per_block = bytes_per_block(config, dtype, block_size, model.tensor_parallel_size)
         num_blocks = min(budget // per_block, max_num_seqs * blocks_for(max_model_len, block_size))
         if num_blocks < 1:
             raise KVCacheError(

@@ -16,10 +16,16 @@ request fits the cache alone, so every request finishes.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from interlock.core.errors import InputError
-from interlock.runners.contract import RunnerOutput, Sampling, ScheduledBatch, ScheduledSequence
+from interlock.runners.contract import (
+    KVCacheSpec,
+    ModelSpec,
+    RunnerOutput,
+    Sampling,
+    ScheduledBatch,
+    ScheduledSequence,
+)
 from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
 from interlock.runners.engine.request import FinishReason, Request, RequestStatus
 
@@ -28,25 +34,13 @@ class RequestRejected(InputError):
     """A request that can never run with this engine's limits."""
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-
-    def __post_init__(self) -> None:
-        for name in ("num_blocks", "block_size", "max_model_len", "max_num_seqs",
-                     "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; allowed: >= 1")
-
-
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.allocator = BlockAllocator(config.num_blocks)
+    """Schedules within ``model``'s limits (the run's configuration, which the runner reads
+    too) and ``kv_cache``'s blocks."""
+
+    def __init__(self, model: ModelSpec, kv_cache: KVCacheSpec) -> None:
+        self.model, self.kv_cache = model, kv_cache
+        self.allocator = BlockAllocator(kv_cache.num_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._scheduled: list[tuple[Request, int]] = []
@@ -58,22 +52,23 @@ class Scheduler:
         self.waiting.append(request)
 
     def check_fits(self, request: Request) -> None:
-        cfg = self.config
+        model, cache = self.model, self.kv_cache
         prompt_len, max_tokens = len(request.prompt_token_ids), request.params.max_tokens
         if prompt_len == 0:
             raise RequestRejected(f"request {request.request_id}: the prompt is empty")
-        if prompt_len + max_tokens > cfg.max_model_len:
+        if prompt_len + max_tokens > model.max_model_len:
             raise RequestRejected(
                 f"request {request.request_id}: prompt ({prompt_len} tokens) + max_tokens "
                 f"({max_tokens}) = {prompt_len + max_tokens} exceeds max_model_len "
-                f"{cfg.max_model_len}; shorten the prompt or lower max_tokens"
+                f"{model.max_model_len}; shorten the prompt or lower max_tokens"
             )
-        needed = blocks_for(request.max_kv_tokens, cfg.block_size)
-        if needed > cfg.num_blocks:
+        needed = blocks_for(request.max_kv_tokens, cache.block_size)
+        if needed > cache.num_blocks:
             raise RequestRejected(
                 f"request {request.request_id}: needs {needed} KV blocks (prompt {prompt_len} + "
-                f"max_tokens {max_tokens} tokens, block size {cfg.block_size}) but the cache "
-                f"has only {cfg.num_blocks}; raise num_blocks / kv_cache_memory or lower max_tokens"
+                f"max_tokens {max_tokens} tokens, block size {cache.block_size}) but the cache "
+                f"has only {cache.num_blocks}; raise num_blocks / kv_cache_memory or lower "
+                "max_tokens"
             )
 
     def has_unfinished(self) -> bool:
@@ -81,7 +76,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """Pick this step's work; the batch is empty only when nothing is queued."""
-        budget = self.config.max_num_batched_tokens
+        budget = self.model.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         index = 0
@@ -102,7 +97,7 @@ class Scheduler:
         # Admitting while others were just preempted would only preempt again.
         while (
             not preempted and self.waiting and budget > 0
-            and len(self.running) < self.config.max_num_seqs
+            and len(self.running) < self.model.max_num_seqs
         ):
             request = self.waiting[0]
             count = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -154,7 +149,7 @@ class Scheduler:
 
     def _reserve(self, request: Request, num_tokens: int) -> bool:
         """Grow the request's block table to hold ``num_tokens``; False if blocks are short."""
-        missing = blocks_for(num_tokens, self.config.block_size) - len(request.block_table)
+        missing = blocks_for(num_tokens, self.kv_cache.block_size) - len(request.block_table)
         if missing <= 0:
             return True
         if missing > self.allocator.num_free:

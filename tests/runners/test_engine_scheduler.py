@@ -16,7 +16,7 @@ from interlock.runners.contract import (
     RunnerReport,
     ScheduledBatch,
 )
-from interlock.runners.engine.engine import Engine, EngineConfig
+from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import (
     BlockAllocator,
     KVCacheError,
@@ -113,10 +113,17 @@ class LatentCacheRunner(CacheCheckingRunner):
 
 
 def make_engine(num_blocks: int, block_size: int = 4, max_model_len: int = 64,
-                model_config=CONFIG, runner=None, **config) -> Engine:
-    spec = ModelSpec("demo", model_config, "float32", "cpu", max_model_len=max_model_len)
+                model_config=CONFIG, runner=None, **limits) -> Engine:
+    spec = ModelSpec("demo", model_config, "float32", "cpu", max_model_len=max_model_len,
+                     **limits)
     return Engine(spec, KVCacheSpec(num_blocks, block_size), runner or CacheCheckingRunner(),
-                  Decision(), EngineConfig(**config))
+                  Decision())
+
+
+def spec_of(dtype: str = "float32", max_model_len: int = 2048, max_num_seqs: int = 64,
+            config=CONFIG) -> ModelSpec:
+    return ModelSpec("demo", config, dtype, "cpu", max_model_len=max_model_len,
+                     max_num_seqs=max_num_seqs)
 
 
 def run(engine: Engine, prompts, max_tokens: int):
@@ -143,14 +150,14 @@ def test_block_allocator_free_list():
 def test_kv_cache_budget_from_bytes_or_blocks():
     per_block = bytes_per_block(CONFIG, "float32", 16)
     assert per_block == 2 * 8 * 4 * 64 * 4 * 16
-    assert plan_kv_cache(CONFIG, "float32", 16, 2048, 64,
-                         kv_cache_memory=10 * per_block + 1).num_blocks == 10
-    assert plan_kv_cache(CONFIG, "float32", 16, 64, 2, kv_cache_memory=10**12).num_blocks == 8
-    assert plan_kv_cache(CONFIG, "bfloat16", 16, 2048, 64, num_blocks=7).num_blocks == 7
+    assert plan_kv_cache(spec_of(), 16, kv_cache_memory=10 * per_block + 1).num_blocks == 10
+    assert plan_kv_cache(spec_of(max_model_len=64, max_num_seqs=2), 16,
+                         kv_cache_memory=10**12).num_blocks == 8
+    assert plan_kv_cache(spec_of("bfloat16"), 16, num_blocks=7).num_blocks == 7
     with pytest.raises(KVCacheError, match="holds no KV block"):
-        plan_kv_cache(CONFIG, "float32", 16, 2048, 64, kv_cache_memory=per_block - 1)
+        plan_kv_cache(spec_of(), 16, kv_cache_memory=per_block - 1)
     with pytest.raises(KVCacheError, match="not both"):
-        plan_kv_cache(CONFIG, "float32", 16, 2048, 64, num_blocks=1, kv_cache_memory=1)
+        plan_kv_cache(spec_of(), 16, num_blocks=1, kv_cache_memory=1)
 
 
 def test_requests_that_cannot_fit_alone_are_rejected_with_the_reason():
@@ -230,7 +237,8 @@ def test_blocks_are_counted_in_latent_bytes():
     # Per token: 2 layers x (16 + 8) latent values in float32, against per-head K and V.
     assert bytes_per_block(MLA_CONFIG, "float32", 16) == 2 * 24 * 4 * 16
     budget = 64 * bytes_per_block(MLA_CONFIG, "float32", 16)
-    latent = plan_kv_cache(MLA_CONFIG, "float32", 16, 4096, 64, kv_cache_memory=budget)
+    latent = plan_kv_cache(spec_of(max_model_len=4096, config=MLA_CONFIG), 16,
+                           kv_cache_memory=budget)
     assert latent.num_blocks == 64
     per_head = 2 * 2 * 4 * (16 + 12) * 4 * 16  # what per-head K/V blocks would take
     assert latent.num_blocks * 16 > 4 * (budget // per_head) * 16

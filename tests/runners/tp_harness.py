@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from interlock.runners.contract import Decision, ModelSpec
-from interlock.runners.engine.engine import Engine, EngineConfig
+from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_model
@@ -32,9 +32,8 @@ def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> 
     )
     # The batch scenario runs short of blocks: requests wait and are preempted.
     blocks = 24 if scenario == "batch" else 64
-    kv = plan_kv_cache(config, "float32", 4, 64, 4, num_blocks=blocks, tensor_parallel_size=tp)
-    return Engine(spec, kv, RUNNERS[runner](), Decision(runner=runner, cudagraph=mode),
-                  EngineConfig(max_num_seqs=4, max_num_batched_tokens=8))
+    kv = plan_kv_cache(spec, 4, num_blocks=blocks)
+    return Engine(spec, kv, RUNNERS[runner](), Decision(runner=runner, cudagraph=mode))
 
 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], scenario: str) -> list[list[int]]:
