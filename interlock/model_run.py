@@ -43,6 +43,8 @@ def resolve_model_run(
     features: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     sources: Mapping[str, str] | None = None,
+    engine: Mapping[str, str] | None = None,
+    model_id: str | None = None,
 ) -> Resolution:
     """The decision for running ``model`` (a model directory, a named model, a GGUF file,
     or ``demo``: the built-in model) under ``policy``, for its architecture and
@@ -54,7 +56,7 @@ def resolve_model_run(
 
     context = model_context(
         model, platform=platform, device_arch=device_arch, features=features, env=env,
-        sources=sources,
+        sources=sources, engine=engine, model_id=model_id,
     )
     return resolve(policy, context, overrides, capabilities=capability_stage())
 

@@ -1,6 +1,6 @@
 """pytest plugin (entry point ``pytest11``): collects ``*.tests.yaml`` policy tests files.
 
-Each case becomes one test item, run against the policy the file names
+Each case and each invariant becomes one test item, run against the policy the file names
 (``policy: ["@shipped", site.yaml]``), else the policy beside it (``X.yaml`` for
 ``X.tests.yaml``): a tests file says what it tests, so ``INTERLOCK_POLICY`` is not
 read here. A case that warns (an architecture outside the catalog) emits a pytest
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from interlock.policy.model import Policy
     from interlock.policy.policytest import TestRun
-    from interlock.policy.testfile import LoadedCase
+    from interlock.policy.testfile import LoadedCase, LoadedInvariant
 
 SUFFIX = ".tests.yaml"
 #: Tests file name -> the run its items add their results to (for the coverage summary).
@@ -66,10 +67,17 @@ class PolicyTestsFile(pytest.File):
             )
             raise self.CollectError(str(exc) + layer) from None
         run = self.config.stash.setdefault(_RUNS, {})[name] = TestRun(policy)
-        return [
+        items: list[pytest.Item] = [
             PolicyCaseItem.from_parent(self, name=case.name, case=case, run=run)
             for case in tests.cases
         ]
+        items += [
+            PolicyInvariantItem.from_parent(
+                self, name=f"invariant: {inv.name}", invariant=inv, policy=policy
+            )
+            for inv in tests.invariants
+        ]
+        return items
 
     def _display(self, path: Path) -> str:
         """``path`` relative to the rootdir when below it, as locations in reports show it."""
@@ -104,6 +112,32 @@ class PolicyCaseItem(pytest.Item):
     def reportinfo(self) -> tuple[Path, int, str]:
         where = self.case.at()
         return self.path, where.line - 1, f"policy case: {self.name}"
+
+
+class PolicyInvariantItem(pytest.Item):
+    def __init__(self, *, invariant: LoadedInvariant, policy: Policy, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.invariant = invariant
+        self.policy = policy
+
+    def runtest(self) -> None:
+        from interlock.plugins.capabilities import capability_stage
+        from interlock.policy.invariants import check_invariants
+
+        (result,) = check_invariants(
+            self.policy, [self.invariant], capabilities=capability_stage()
+        )
+        if not result.passed:
+            raise PolicyCaseFailed("\n".join(result.render()))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, PolicyCaseFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        where = self.invariant.at()
+        return self.path, where.line - 1, f"policy invariant: {self.invariant.name}"
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -2,25 +2,62 @@
 
 A :class:`When` is a tuple of conditions, all of which must hold. They are
 checked in a fixed order (architecture, platform, device_arch, traits in
-catalog order, features in file order) so that "the first failing condition"
-is well defined and independent of how rules are indexed.
+catalog order, features in file order, then engine versions, model identity
+and config values) so that "the first failing condition" is well defined and
+independent of how rules are indexed.
+
+Three kinds of condition test facts about the model and the engine rather than
+the architecture:
+
+- ``config``: dotted paths into the model's config.json
+  (``"quantization_config.quant_method": fp8``), compared like features, with
+  the values typed as JSON types them;
+- ``model``: globs on the model's identity (its directory name,
+  ``_name_or_path``, a given model id), case-insensitive;
+- ``engine``: PEP 440 specifier sets on an engine's version (``vllm: ">=0.32,<0.34"``).
+
+Each is *unknown* when the fact is missing (no model config, the key absent,
+no identity, no engine version): an unknown condition never matches, and the
+trace says why.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import translate
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.fields import TRAITS
 
+if TYPE_CHECKING:
+    # Imported where used: `packaging` is slow to import, and only engine conditions need it.
+    from packaging.specifiers import SpecifierSet
+
 NAME_KEYS = ("architecture", "platform", "device_arch")
+#: Engines whose version a rule can test (``when: {engine: {vllm: ">=0.32"}}``).
+ENGINES = ("vllm",)
+#: A config path has at most this many dotted parts and characters (real ones have 1-3).
+MAX_CONFIG_DEPTH = 8
+MAX_CONFIG_PATH = 200
+#: Why a config fact is unknown.
+NO_CONFIG = "no model config"
+KEY_ABSENT = "absent from the model config"
 _GLOB_CHARS = frozenset("*?[")
 
 Scalar = bool | int | float | str
 _UNKNOWN = object()
+
+
+@dataclass(frozen=True)
+class NonScalar:
+    """A config.json value a condition cannot compare: a JSON ``object`` or ``array``."""
+
+    kind: str
+
+    def __str__(self) -> str:
+        return f"a JSON {self.kind}, not a scalar"
 
 
 @dataclass(frozen=True)
@@ -32,6 +69,35 @@ class Facts:
     device_arch: str
     traits: Mapping[str, Any]
     features: Mapping[str, Any]
+    #: The model's config.json flattened to dotted paths (:func:`flatten_config`); None: no
+    #: model config was given.
+    config: Mapping[str, Any] | None = None
+    #: The model's identity: directory name, ``_name_or_path``, given model id.
+    model: tuple[str, ...] = ()
+    #: Engine name -> its version (PEP 440 text).
+    engine: Mapping[str, str] = field(default_factory=dict)
+
+
+def flatten_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1]}`` -> ``{"a": NonScalar("object"), "a.b": 1,
+    "c": NonScalar("array")}``: every path a condition may name, down to
+    :data:`MAX_CONFIG_DEPTH` parts (deeper ones no condition can spell)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, data: Mapping[str, Any], depth: int) -> None:
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, Mapping):
+                out[path] = NonScalar("object")
+                if depth < MAX_CONFIG_DEPTH:
+                    walk(f"{path}.", value, depth + 1)
+            elif isinstance(value, list):
+                out[path] = NonScalar("array")
+            else:
+                out[path] = value
+
+    walk("", config, 1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -43,13 +109,17 @@ class Failure:
     observed: Any
     #: True when the observed fact is unknown (trait not in the catalog/config, feature not given).
     unknown: bool = False
+    #: Why the fact is unknown, when that is worth saying (``no model config``).
+    why: str = ""
 
     def describe(self, limit: int | None = None) -> str:
         """``attention: wanted dsa, observed hybrid``; ``limit`` abbreviates long wanted lists."""
         observed = "unknown" if self.unknown else _show(self.observed)
-        if self.unknown and self.condition.startswith("features."):
+        if self.unknown and self.why:
+            observed = f"unknown ({self.why})"
+        elif self.unknown and self.condition.startswith("features."):
             observed = "not given"
-        wanted = _wanted_text(self.wanted, limit)
+        wanted = wanted_text(self.wanted, limit)
         return f"{self.condition}: wanted {wanted}, observed {observed}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,6 +128,7 @@ class Failure:
             "wanted": self.wanted,
             "observed": self.observed,
             "unknown": self.unknown,
+            **({"why": self.why} if self.why else {}),
         }
 
 
@@ -158,7 +229,108 @@ class FeatureMatch:
         return dict(self.ops)
 
 
-Condition = NameMatch | TraitMatch | FeatureMatch
+@dataclass(frozen=True)
+class ConfigMatch:
+    """A dotted path into the model's config.json with comparisons that must all hold."""
+
+    key: str
+    ops: tuple[tuple[str, Any], ...]
+
+    def holds(self, facts: Facts) -> bool:
+        return self.check(facts) is None
+
+    def check(self, facts: Facts) -> Failure | None:
+        name = f"config.{self.key}"
+        if facts.config is None:
+            return Failure(name, dict(self.ops), None, unknown=True, why=NO_CONFIG)
+        if self.key not in facts.config:
+            return Failure(name, dict(self.ops), None, unknown=True, why=KEY_ABSENT)
+        observed = facts.config[self.key]
+        if isinstance(observed, NonScalar):
+            return Failure(name, dict(self.ops), str(observed))
+        if all(_compare(op, observed, wanted) for op, wanted in self.ops):
+            return None
+        return Failure(name, dict(self.ops), observed)
+
+    def value_holds(self, value: Any) -> bool:
+        """Whether the comparisons hold for ``value`` (the path present with it)."""
+        return not isinstance(value, NonScalar) and all(
+            _compare(op, value, wanted) for op, wanted in self.ops
+        )
+
+    def to_data(self) -> Any:
+        return dict(self.ops)
+
+
+@dataclass(frozen=True)
+class ModelMatch:
+    """Globs on the model's identity (case-insensitive); no identity never matches."""
+
+    patterns: tuple[str, ...]
+    regex: re.Pattern[str]
+
+    key = "model"
+
+    @classmethod
+    def of(cls, patterns: tuple[str, ...]) -> ModelMatch:
+        joined = "|".join(f"(?:{translate(p)})" for p in patterns)
+        return cls(patterns, re.compile(joined, re.IGNORECASE))
+
+    def matches(self, name: str) -> bool:
+        return self.regex.match(name) is not None
+
+    def holds(self, facts: Facts) -> bool:
+        return any(self.matches(name) for name in facts.model)
+
+    def check(self, facts: Facts) -> Failure | None:
+        if not facts.model:
+            why = "no model identity"
+            return Failure("model", list(self.patterns), None, unknown=True, why=why)
+        if self.holds(facts):
+            return None
+        return Failure("model", list(self.patterns), list(facts.model))
+
+    def to_data(self) -> Any:
+        return self.patterns[0] if len(self.patterns) == 1 else list(self.patterns)
+
+
+@dataclass(frozen=True)
+class EngineMatch:
+    """An engine's version within a PEP 440 specifier set; an unknown version never matches.
+
+    Pre-releases and dev builds count (``0.33.1.dev5`` is within ``>=0.32,<0.34``): a fleet
+    runs them, and a policy means their release line."""
+
+    engine: str
+    spec: SpecifierSet
+    #: The specifier set as written (``SpecifierSet`` sorts its clauses).
+    text: str
+
+    @property
+    def key(self) -> str:
+        return f"engine.{self.engine}"
+
+    def version_holds(self, version: str) -> bool:
+        return self.spec.contains(version, prereleases=True)
+
+    def holds(self, facts: Facts) -> bool:
+        version = facts.engine.get(self.engine)
+        return version is not None and self.version_holds(version)
+
+    def check(self, facts: Facts) -> Failure | None:
+        version = facts.engine.get(self.engine)
+        if version is None:
+            why = f"no {self.engine} version: give --engine-version {self.engine}=X.Y.Z"
+            return Failure(self.key, self.text, None, unknown=True, why=why)
+        if self.version_holds(version):
+            return None
+        return Failure(self.key, self.text, version)
+
+    def to_data(self) -> Any:
+        return self.text
+
+
+Condition = NameMatch | TraitMatch | FeatureMatch | ConfigMatch | ModelMatch | EngineMatch
 
 
 @dataclass(frozen=True)
@@ -190,14 +362,17 @@ class When:
     def to_data(self) -> dict[str, Any]:
         """The `when` mapping in canonical form (as a policy file would spell it)."""
         data: dict[str, Any] = {}
-        features = {}
+        nested: dict[str, dict[str, Any]] = {"features": {}, "engine": {}, "config": {}}
         for c in self.conditions:
             if isinstance(c, FeatureMatch):
-                features[c.key] = c.to_data()
+                nested["features"][c.key] = c.to_data()
+            elif isinstance(c, ConfigMatch):
+                nested["config"][c.key] = c.to_data()
+            elif isinstance(c, EngineMatch):
+                nested["engine"][c.engine] = c.to_data()
             else:
                 data[c.key] = c.to_data()
-        if features:
-            data["features"] = features
+        data.update({key: value for key, value in nested.items() if value})
         return data
 
 
@@ -211,16 +386,65 @@ def build_when(data: Mapping[str, Any]) -> When:
         if data.get(key) is not None:
             conditions.append(TraitMatch(key, _as_tuple(data[key])))
     for key, spec in (data.get("features") or {}).items():
-        if isinstance(spec, Mapping):
-            ops = tuple(
-                (op, tuple(v) if op == "in" else v) for op, v in spec.items() if v is not None
-            )
-        elif isinstance(spec, (list, tuple)):
-            ops = (("in", tuple(spec)),)
-        else:
-            ops = (("eq", spec),)
-        conditions.append(FeatureMatch(key, ops))
+        conditions.append(FeatureMatch(key, _ops(spec)))
+    for engine, text in (data.get("engine") or {}).items():
+        conditions.append(EngineMatch(engine, engine_spec(text), text))
+    if data.get("model") is not None:
+        conditions.append(ModelMatch.of(_as_tuple(data["model"])))
+    for key, spec in (data.get("config") or {}).items():
+        conditions.append(ConfigMatch(key, _ops(spec)))
     return When(tuple(conditions))
+
+
+def _ops(spec: Any) -> tuple[tuple[str, Any], ...]:
+    """A feature or config comparison: ``{gt: 1}``, a list (``in``) or a value (``eq``)."""
+    if isinstance(spec, Mapping):
+        return tuple((op, tuple(v) if op == "in" else v) for op, v in spec.items() if v is not None)
+    if isinstance(spec, (list, tuple)):
+        return (("in", tuple(spec)),)
+    return (("eq", spec),)
+
+
+def engine_spec(text: str) -> SpecifierSet:
+    """Parse a PEP 440 specifier set (``">=0.32,<0.34"``); ValueError saying what is wrong."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier:
+        raise ValueError(
+            f"{text!r} is not a PEP 440 version specifier set (e.g. \">=0.32,<0.34\")"
+        ) from None
+    if not str(spec):
+        raise ValueError("an empty version specifier matches every version; drop the condition")
+    return spec
+
+
+def check_version(text: str) -> str:
+    """A PEP 440 version as given (``0.29.0``); ValueError when it is not one."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        raise ValueError(f"{text!r} is not a PEP 440 version (e.g. 0.29.0)") from None
+    return text
+
+
+def check_config_path(path: str) -> str:
+    """A dotted config path within bounds; ValueError naming what is wrong."""
+    if len(path) > MAX_CONFIG_PATH:
+        raise ValueError(
+            f"config path of {len(path)} characters; a path has at most {MAX_CONFIG_PATH}"
+        )
+    parts = path.split(".")
+    if len(parts) > MAX_CONFIG_DEPTH:
+        raise ValueError(
+            f"config path {path!r} has {len(parts)} parts; a path has at most {MAX_CONFIG_DEPTH}"
+        )
+    if any(not part for part in parts):
+        raise ValueError(f"config path {path!r} has an empty part")
+    return path
 
 
 def parse_when(data: Mapping[str, Any]) -> When:
@@ -277,7 +501,10 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _wanted_text(wanted: Any, limit: int | None = None) -> str:
+def wanted_text(wanted: Any, limit: int | None = None) -> str:
+    """What a condition wants, in words: ``> 70``, ``one of [a, b]``, ``>=0.32,<0.34``."""
+    if isinstance(wanted, str):  # an engine version specifier set
+        return wanted
     if isinstance(wanted, dict):
         parts = [
             f"one of {_show(v)}" if op == "in" else f"{_OP_TEXT[op]} {_show(v)}"

@@ -23,6 +23,7 @@ from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS
 from interlock.core.platform import detect_platform
 from interlock.core.terminal import shown
+from interlock.policy.conditions import ENGINES, check_version, flatten_config
 
 GIVEN = "given"
 DETECTED = "detected"
@@ -43,6 +44,11 @@ class Context:
     (``platform``, ``device_arch``, ``traits.moe``, ``env.NAME``, ``features.K``…)
     to where it came from, e.g. ``"detected (torch.cuda, sm_90)"``; a fact not
     listed there was given.
+
+    ``config`` is the model's config.json flattened to dotted paths
+    (:func:`interlock.policy.conditions.flatten_config`; None: no model config),
+    ``identity`` the names the model goes by with where each came from, and
+    ``engine`` the version of each engine the decision is for (``{"vllm": "0.29.0"}``).
     """
 
     architecture: str
@@ -53,6 +59,10 @@ class Context:
     traits: Mapping[str, Any] = field(default_factory=dict)
     model_traits: Mapping[str, Any] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
+    config: Mapping[str, Any] | None = None
+    #: ``((name, origin), ...)``: ``("GLM-5.3-FP8", "directory name")``.
+    identity: tuple[tuple[str, str], ...] = ()
+    engine: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.architecture:
@@ -68,11 +78,24 @@ class Context:
         for traits in (self.traits, self.model_traits):
             for name, value in traits.items():
                 check_trait(name, value)
+        for name, version in self.engine.items():
+            if name not in ENGINES:
+                raise PolicyError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+            try:
+                check_version(version)
+            except (ValueError, TypeError):
+                raise PolicyError(
+                    f"engine version {name}={shown(str(version), 60)} "
+                    f"({self.source(f'engine.{name}')}) is not a PEP 440 version (e.g. 0.29.0)"
+                ) from None
         key = (
             self.architecture,
             self.platform,
             self.device_arch,
             *(tuple(sorted(m.items())) for m in self._maps()),
+            None if self.config is None else tuple(sorted(self.config.items())),
+            self.identity,
+            tuple(sorted(self.engine.items())),
         )
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_hash", hash(key))
@@ -91,6 +114,18 @@ class Context:
     def source(self, fact: str) -> str:
         return self.sources.get(fact, GIVEN)
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.identity)
+
+    def config_fact(self, path: str) -> tuple[Any, str]:
+        """``(value, origin)`` of one config path; the value is None when it is unknown."""
+        if self.config is None:
+            return None, "unknown (no model config)"
+        if path not in self.config:
+            return None, f"unknown (absent from {self.source('config')})"
+        return self.config[path], self.source("config")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "architecture": self.architecture,
@@ -98,6 +133,9 @@ class Context:
             "device_arch": self.device_arch,
             "features": dict(self.features),
             "env": dict(self.env),
+            "engine": dict(self.engine),
+            "model": [{"name": name, "source": origin} for name, origin in self.identity],
+            "config": self.config is not None,
             "sources": dict(self.sources),
         }
 
@@ -122,13 +160,24 @@ def make_context(
     env: Mapping[str, str] | None = None,
     traits: Mapping[str, Any] | None = None,
     sources: Mapping[str, str] | None = None,
+    model_id: str | None = None,
+    engine: Mapping[str, str] | None = None,
 ) -> Context:
     """Build a context, reading ``model`` (a directory or config.json) and detecting the
-    platform when it is not given. Raises :class:`PolicyError` on bad input."""
+    platform when it is not given. ``model_id`` names the model (``zai-org/GLM-5.3``) for
+    ``model:`` conditions besides its directory name and ``_name_or_path``; ``engine`` gives
+    engine versions (``{"vllm": "0.29.0"}``). Raises :class:`PolicyError` on bad input."""
     facts: dict[str, str] = dict(sources or {})
     model_traits: dict[str, Any] = {}
+    flat: dict[str, Any] | None = None
+    identity: list[tuple[str, str]] = []
+    if model_id is not None:
+        identity.append((_model_name(model_id, "--model-id"), facts.get("model_id", GIVEN)))
     if model is not None:
         config_path, config = read_model_config(model)
+        flat = flatten_config(config)
+        facts["config"] = f"{MODEL_CONFIG} ({config_path})"
+        identity += model_identity(config_path, config)
         model_arch = _architecture_of(config, config_path)
         if architecture is not None and architecture != model_arch:
             raise PolicyError(
@@ -172,7 +221,32 @@ def make_context(
         traits=dict(traits or {}),
         model_traits=model_traits,
         sources=facts,
+        config=flat,
+        identity=tuple(dict.fromkeys(identity)),
+        engine=dict(engine or {}),
     )
+
+
+#: A model name longer than this is refused (HF ids are under 100 characters).
+MAX_MODEL_NAME = 256
+
+
+def _model_name(name: str, where: str) -> str:
+    if not name or len(name) > MAX_MODEL_NAME:
+        raise PolicyError(
+            f"model name {shown(name, 60)} ({where}) must have 1 to {MAX_MODEL_NAME} characters"
+        )
+    return name
+
+
+def model_identity(config_path: Path, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The names a model goes by: its directory's name and its config's ``_name_or_path``
+    (written by ``save_pretrained``: the hub id or the path it was loaded from)."""
+    names = [(config_path.resolve().parent.name, f"directory name ({config_path.parent})")]
+    name_or_path = config.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path and len(name_or_path) <= MAX_MODEL_NAME:
+        names.append((name_or_path, f"{MODEL_CONFIG} _name_or_path ({config_path})"))
+    return [(name, origin) for name, origin in names if name]
 
 
 def has_triton_fact(detected: bool) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ from typing import Any
 from interlock.core.decision import DECISION_FIELDS, OUTCOME
 from interlock.core.errors import PolicyError
 from interlock.policy.context import Context
-from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, FeatureState
+from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, Extra
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution, resolve
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
@@ -190,7 +190,18 @@ def show_value(value: Any) -> str:
 # -- summarising context sets ---------------------------------------------------------------
 
 Point = tuple[str, str, str]  # architecture, platform, device arch
-Condition = tuple[EnvState, FeatureState]
+Condition = tuple[EnvState, Extra]
+
+
+def extra_of(context: Context) -> Extra:
+    """The feature, config, model and engine state of a domain context."""
+    config = None if context.config is None else tuple(context.config.items())
+    return (
+        tuple(context.features.items()),
+        config,
+        context.model_names,
+        tuple(context.engine.items()),
+    )
 
 
 def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
@@ -199,7 +210,7 @@ def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
     conditions_of: dict[Point, set[Condition]] = {}
     for c in contexts:
         point = (c.architecture, c.platform, c.device_arch)
-        condition = (tuple(sorted(c.env.items())), tuple(c.features.items()))
+        condition = (tuple(sorted(c.env.items())), extra_of(c))
         conditions_of.setdefault(point, set()).add(condition)
     by_conditions: dict[frozenset[Condition], dict[str, set[tuple[str, str]]]] = {}
     for (arch, platform, device), point_conditions in conditions_of.items():
@@ -244,25 +255,42 @@ def _device_text(device: str) -> str:
 
 
 def _conditions_text(conditions: frozenset[Condition], domain: Domain) -> str:
-    envs_by_features: dict[FeatureState, set[EnvState]] = {}
-    for env, features in conditions:
-        envs_by_features.setdefault(features, set()).add(env)
-    env_sets = {frozenset(envs) for envs in envs_by_features.values()}
-    if len(envs_by_features) == len(domain.feature_states) and len(env_sets) == 1:
+    envs_by_extra: dict[Extra, set[EnvState]] = {}
+    for env, extra in conditions:
+        envs_by_extra.setdefault(extra, set()).add(env)
+    env_sets = {frozenset(envs) for envs in envs_by_extra.values()}
+    extras = domain.extras()
+    if len(envs_by_extra) == len(extras) and len(env_sets) == 1:
         text = _env_text(next(iter(env_sets)), domain)
         return f", {text}" if text else ""
     parts = []
-    for state in domain.feature_states:
-        if state in envs_by_features:
-            env_text = _env_text(frozenset(envs_by_features[state]), domain)
-            parts.append(_features_text(state) + (f" ({env_text})" if env_text else ""))
+    for state in extras:
+        if state in envs_by_extra:
+            env_text = _env_text(frozenset(envs_by_extra[state]), domain)
+            parts.append(_extra_text(state, domain) + (f" ({env_text})" if env_text else ""))
     return ", with " + "; ".join(parts)
 
 
-def _features_text(state: FeatureState) -> str:
-    if not state:
-        return "no features given"
-    return " and ".join(f"{k}={show_value(v)}" for k, v in state)
+def _extra_text(state: Extra, domain: Domain) -> str:
+    """``tensor_parallel_size=2 and config {num_hidden_layers=71} and vllm 0.32``: the parts
+    of a state the domain varies (a fact the domain never varies is not mentioned)."""
+    features, config, model, engine = state
+    parts = []
+    if len(domain.feature_states) > 1:
+        parts.append(
+            " and ".join(f"{k}={show_value(v)}" for k, v in features) or "no features given"
+        )
+    if len(domain.config_states) > 1:
+        if config is None:
+            parts.append("no model config")
+        else:
+            shown = ", ".join(f"{k}={show_value(v)}" for k, v in config)
+            parts.append(f"config {{{shown}}}" if shown else "a config without those keys")
+    if len(domain.model_states) > 1:
+        parts.append(f"model {model[0]}" if model else "no model identity")
+    if len(domain.engine_states) > 1:
+        parts.append(" ".join(f"{e} {v}" for e, v in engine) if engine else "no engine version")
+    return " and ".join(parts) or "no features given"
 
 
 def _env_text(envs: frozenset[EnvState], domain: Domain) -> str:
@@ -299,8 +327,12 @@ def _bindings_text(states: list[EnvState], domain: Domain, *, set_verb: bool = T
 
 
 def render_text(diff: PolicyDiff) -> str:
-    """The human report; empty when the policies decide alike."""
+    """The human report; empty when the policies decide alike. When the domain enumerates
+    config, model or engine states, the report says so first."""
     lines: list[str] = []
+    enumerated = diff.domain.describe_enumeration()
+    if enumerated and not diff.equal:
+        lines += [f"compared over {line}" for line in enumerated] + [""]
     for group in diff.groups():
         lines.append(f"{group.field}: {group.old} → {group.new}")
         for deciders in group.by_deciders:
@@ -341,6 +373,12 @@ def to_json(diff: PolicyDiff, old: Policy, new: Policy) -> dict[str, Any]:
             "device_archs": {p: list(d) for p, d in domain.device_archs.items()},
             "env_states": [dict(s) for s in domain.env_states],
             "feature_states": [dict(s) for s in domain.feature_states],
+            "config_states": [
+                None if s is None else dict(s) for s in domain.config_states
+            ],
+            "config_predicates": list(domain.config_predicates),
+            "model_states": [list(s) for s in domain.model_states],
+            "engine_states": [dict(s) for s in domain.engine_states],
             "contexts": domain.size(),
         },
         "changes": [
@@ -361,6 +399,9 @@ def to_json(diff: PolicyDiff, old: Policy, new: Policy) -> dict[str, Any]:
                                 "device_arch": c.device_arch,
                                 "env": dict(c.env),
                                 "features": dict(c.features),
+                                "config": None if c.config is None else dict(c.config),
+                                "model": list(c.model_names),
+                                "engine": dict(c.engine),
                             }
                             for c in d.contexts
                         ],

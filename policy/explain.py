@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from interlock.core.decision import DECISION_FIELDS
 from interlock.core.terminal import color, one_line
-from interlock.policy.conditions import Failure
+from interlock.policy.conditions import ConfigMatch, Failure
+from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import RULES, Provenance, Step
 
@@ -115,9 +117,23 @@ def _context_lines(res: Resolution, s: _Style) -> list[str]:
         rows.append((f"feature {name}", _show(value), ctx.source(f"features.{name}")))
     for name, value in ctx.env.items():
         rows.append((f"env {name}", value, ctx.source(f"env.{name}")))
+    for name, version in ctx.engine.items():
+        rows.append((f"engine {name}", version, ctx.source(f"engine.{name}")))
+    for name, origin in ctx.identity:
+        rows.append(("model", name, origin))
+    for path in mentioned_config_paths(res.policy):
+        value, origin = ctx.config_fact(path)
+        rows.append((f"config {path}", "-" if value is None else _show(value), origin))
     width = max(len(r[0]) for r in rows)
     vwidth = max(len(r[1]) for r in rows)
     return [f"  {k:<{width}}  {v:<{vwidth}}  {s(n, 'dim')}" for k, v, n in rows]
+
+
+def mentioned_config_paths(policy: Policy) -> list[str]:
+    """The config paths the policy's rules and deviations test, in file order."""
+    conditions = [c for r in policy.rules for c in r.when.conditions]
+    conditions += [c for d in policy.deviations for c in d.when.conditions]
+    return list(dict.fromkeys(c.key for c in conditions if isinstance(c, ConfigMatch)))
 
 
 def render_trace(steps: tuple[Step, ...], *, color: bool = False) -> list[str]:
@@ -177,13 +193,27 @@ class TableError:
     architecture: str
     platform: str
     message: str
+    config: Mapping[str, Any] | None = None
+
+
+def config_label(config: Mapping[str, Any] | None) -> str:
+    """A table's config cell: ``num_hidden_layers=71``, ``(none)`` for no model config."""
+    if config is None:
+        return "(none)"
+    return ",".join(f"{k}={_show(v)}" for k, v in config.items()) or "(without those keys)"
 
 
 def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
     """The decision matrix as ``text``, ``csv`` or ``json``; a context that failed to resolve
-    shows ``error: ...`` in its runner cell (``error`` in JSON)."""
+    shows ``error: ...`` in its runner cell (``error`` in JSON). Rows with a model config
+    (one per truth assignment of the policy's config predicates) add a ``config`` column."""
+    configs = [r.config if isinstance(r, TableError) else r.context.config for r in rows]
+    with_config = any(c is not None for c in configs)
+    columns = TABLE_COLUMNS
+    if with_config:
+        columns = (*TABLE_COLUMNS[:2], "config", *TABLE_COLUMNS[2:])
     records = []
-    for res in rows:
+    for res, config in zip(rows, configs, strict=True):
         if isinstance(res, TableError):
             first = res.message.splitlines()[0]
             record: dict[str, Any] = {"architecture": res.architecture, "platform": res.platform}
@@ -197,6 +227,9 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
                 "platform": res.context.platform,
                 **res.decision.to_dict(),
             }
+        if with_config:
+            as_data = None if config is None else dict(config)
+            record["config"] = as_data if fmt == "json" else config_label(config)
         records.append(record)
     if fmt == "json":
         for record, res in zip(records, rows, strict=True):
@@ -209,14 +242,14 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
 
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(TABLE_COLUMNS)
+        writer.writerow(columns)
         writer.writerows(
-            [_show(r[c]) if r[c] is not None else "" for c in TABLE_COLUMNS] for r in records
+            [_show(r[c]) if r[c] is not None else "" for c in columns] for r in records
         )
         return out.getvalue()
-    cells = [[one_line(_show(r[c])) for c in TABLE_COLUMNS] for r in records]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(TABLE_COLUMNS)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(TABLE_COLUMNS, widths, strict=True)).rstrip()]
+    cells = [[one_line(_show(r[c])) for c in columns] for r in records]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += [
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]

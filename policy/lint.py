@@ -14,18 +14,21 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.decision import DECISION_FIELDS
 from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS, show_scalar
 from interlock.core.suggest import hint
-from interlock.policy.conditions import Facts, NameMatch, TraitMatch, When, is_glob
-from interlock.policy.domain import Domain
+from interlock.policy.conditions import ConfigMatch, Facts, NameMatch, TraitMatch, When, is_glob
+from interlock.policy.domain import Domain, predicate_text
 from interlock.policy.model import Location, Policy, Rule
-from interlock.policy.resolution import resolve
+from interlock.policy.resolution import context_facts, resolve
 from interlock.policy.source import Path_, SourceDoc
 from interlock.policy.trace import RULES
+
+if TYPE_CHECKING:
+    from interlock.policy.testfile import TestsFile
 
 ERROR = "error"
 WARNING = "warning"
@@ -120,6 +123,22 @@ class Subject:
     @cached_property
     def domain(self) -> Domain:
         return Domain.of(self.policy)
+
+    @cached_property
+    def tests(self) -> TestsFile | None:
+        """The tests file beside the last policy file (``X.tests.yaml``), if it loads;
+        `policy test` reports one that does not."""
+        from interlock.policy.evidence import policy_file_path
+        from interlock.policy.testfile import load_tests, tests_path_for
+
+        name = self.policy.files[-1].path
+        path = tests_path_for(self.files.get(name) or policy_file_path(name))
+        if not path.is_file():
+            return None
+        try:
+            return load_tests(path)
+        except PolicyError:
+            return None
 
     @cached_property
     def usage(self) -> dict[str, RuleUsage]:
@@ -333,6 +352,62 @@ def evidence(subject: Subject) -> Iterator[Finding]:
                 yield subject.finding(where, severity, code, message)
 
 
+def unreachable_config(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule's config condition that no catalog architecture and no test case
+    reaches: no catalog architecture matches the rule's other conditions together with
+    any config the domain enumerates, and no test case's context matches the rule."""
+    from interlock.policy.policytest import case_context
+
+    catalog = subject.policy.catalog
+    tests = subject.tests
+    cases = [case_context(case) for case in tests.cases] if tests is not None else []
+    for rule in subject.policy.rules:
+        configs = [c for c in rule.when.conditions if isinstance(c, ConfigMatch)]
+        if not configs:
+            continue
+        policy = subject.policy
+        reached = any(
+            rule.when.matches(context_facts(policy, context))
+            for context in subject.domain.contexts(with_env=False)
+            if context.architecture in catalog
+        ) or any(rule.when.matches(context_facts(policy, context)) for context in cases)
+        if reached:
+            continue
+        shown = ", ".join(f"`{predicate_text(c)}`" for c in configs)
+        where = "no test case gives a config that does" if tests else "there is no tests file"
+        yield subject.finding(
+            subject.at(rule, "when", "config", key=True),
+            WARNING,
+            "unreachable-config",
+            f"rule {rule.id}: config condition {shown} is reached by no catalog architecture "
+            f"(none matches the rule's other conditions with a config satisfying it) and {where}"
+            ", so the rule never applies; add the architecture to the catalog or a case "
+            "with `given: {config: ...}`",
+        )
+
+
+def invariants(subject: Subject) -> Iterator[Finding]:
+    """Errors: an invariant of the tests file beside the policy that a context of the domain
+    violates (policy stages only; `policy test` adds the runners' capabilities)."""
+    from interlock.policy.invariants import check_invariants
+
+    if subject.tests is None:
+        return
+    for result in check_invariants(subject.policy, subject.tests.invariants):
+        if result.passed:
+            continue
+        examples = result.counterexamples
+        text = "; ".join(f"counterexample: {c.describe()}" for c in examples[:3])
+        more = f"; … and {len(examples) - 3} more (policy test)" if len(examples) > 3 else ""
+        yield subject.finding(
+            result.invariant.at(),
+            ERROR,
+            "invariant-violated",
+            f"invariant {result.invariant.name!r} ({result.claim()}) fails in "
+            f"{len(examples)} of {result.checked} contexts: {text}{more}",
+        )
+
+
 def _vague(reason: str) -> str:
     text = reason.strip().lower().strip(".!?:;,-_*() \"'`")
     if not text:
@@ -353,6 +428,8 @@ CHECKS: tuple[Check, ...] = (
     near_miss_lists,
     reasons,
     evidence,
+    unreachable_config,
+    invariants,
 )
 
 

@@ -22,7 +22,7 @@ from interlock.policy.model import Policy
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 #: Bump when the stored form changes in a way file stats would not reveal.
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 SHIPPED_NAME = "policies.yaml"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.suggest import hint
+from interlock.policy.conditions import flatten_config
 from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
@@ -122,13 +123,7 @@ def _run_case(
     case = loaded.case
     problems = _unknown_names(policy, loaded)
     given = case.given
-    context = Context(
-        architecture=given.architecture,
-        platform=given.platform,
-        device_arch=given.device_arch,
-        features=dict(given.features),
-        env=dict(given.env),
-    )
+    context = case_context(loaded)
     overrides = given.set.model_dump(exclude_unset=True)
     expect = case.expect
     try:
@@ -163,6 +158,24 @@ def _run_case(
             )
             failing.append(name)
     return CaseResult(loaded, tuple(problems), resolution, failing_fields=tuple(failing))
+
+
+def case_context(loaded: LoadedCase) -> Context:
+    """The context a case gives, its config flattened as a model's config.json is."""
+    given = loaded.case.given
+    where = f"{loaded.doc.name}:{loaded.at('given').line}"
+    identity = ((given.model, f"given by the case ({where})"),) if given.model else ()
+    return Context(
+        architecture=given.architecture,
+        platform=given.platform,
+        device_arch=given.device_arch,
+        features=dict(given.features),
+        env=dict(given.env),
+        config=None if given.config is None else flatten_config(given.config),
+        identity=identity,
+        engine=dict(given.engine),
+        sources={"config": f"the case's config ({where})"} if given.config is not None else {},
+    )
 
 
 def _setter(prov: Provenance | None) -> str:
@@ -247,8 +260,12 @@ def _decision_items(res: Resolution) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in res.decision.to_dict().items() if v is not None]
 
 
-def render_summary(run: TestRun) -> list[str]:
-    return [f"{run.passed} passed, {run.failed} failed", *render_coverage(run)]
+def render_summary(run: TestRun, invariants: Sequence[Any] = ()) -> list[str]:
+    """``N passed, M failed`` over the cases and the invariants (their ``passed``), and the
+    rule coverage of the cases."""
+    passed = run.passed + sum(r.passed for r in invariants)
+    failed = run.failed + sum(not r.passed for r in invariants)
+    return [f"{passed} passed, {failed} failed", *render_coverage(run)]
 
 
 def render_coverage(run: TestRun) -> list[str]:

@@ -182,13 +182,7 @@ def _resolve(
     capabilities: CapabilityCheck | None,
 ) -> Resolution:
     traits = _traits(policy, context)
-    facts = Facts(
-        context.architecture,
-        context.platform,
-        context.device_arch,
-        {k: t.value for k, t in traits.items()},
-        context.features,
-    )
+    facts = facts_of(context, {k: t.value for k, t in traits.items()})
     draft = Draft(policy, context, facts)
     _apply_defaults(draft)
     _apply_rules(draft)
@@ -199,6 +193,26 @@ def _resolve(
     _apply_implied(draft)
     decision = Decision(**draft.values)
     return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
+
+
+def facts_of(context: Context, traits: Mapping[str, Any]) -> Facts:
+    """What conditions see of ``context``, with its traits resolved to ``traits``."""
+    return Facts(
+        context.architecture,
+        context.platform,
+        context.device_arch,
+        traits,
+        context.features,
+        context.config,
+        context.model_names,
+        context.engine,
+    )
+
+
+def context_facts(policy: Policy, context: Context) -> Facts:
+    """What conditions see of ``context`` under ``policy`` (traits from the catalog, the
+    model config and given ones), without resolving."""
+    return facts_of(context, {k: t.value for k, t in _traits(policy, context).items()})
 
 
 def _traits(policy: Policy, context: Context) -> dict[str, TraitFact]:

@@ -30,6 +30,7 @@ from interlock.core.errors import PolicyError, dotted
 from interlock.core.fields import TRAITS
 from interlock.core.suggest import hint
 from interlock.core.terminal import shown
+from interlock.policy.conditions import ENGINES, check_config_path, engine_spec
 from interlock.policy.source import Path_, SourceDoc
 
 SCHEMA_VERSION = 1
@@ -102,6 +103,21 @@ class FeatureOps(_Model):
 FeatureCondition = Union[Scalar, Annotated[list[Scalar], Field(min_length=1)], FeatureOps]  # noqa: UP007
 
 
+def _spec_text(text: str) -> str:
+    engine_spec(text)
+    return text
+
+
+#: ``"quantization_config.quant_method"``: a dotted path into config.json, bounded.
+ConfigPath = Annotated[
+    StrictStr, Field(min_length=1), AfterValidator(check_config_path)
+]
+EngineSpec = Annotated[StrictStr, Field(min_length=1), AfterValidator(_spec_text)]
+EngineConditions = Annotated[
+    dict[Literal[ENGINES], EngineSpec], Field(min_length=1)  # type: ignore[valid-type]
+]
+
+
 def _trait_type(spec: tuple[str, ...] | type, *, many: bool) -> Any:
     one: Any = StrictBool if spec is bool else Name if spec is str else Literal[spec]
     return Union[one, Annotated[list[one], Field(min_length=1)]] if many else one  # noqa: UP007
@@ -118,6 +134,9 @@ _WhenModel = _model(
     device_arch=(Names, None),
     features=(dict[Name, FeatureCondition], None),
     **{key: (_trait_type(spec, many=True), None) for key, spec in TRAITS.items()},
+    engine=(EngineConditions, None),
+    model=(Names, None),
+    config=(Annotated[dict[ConfigPath, FeatureCondition], Field(min_length=1)], None),
 )
 
 if TYPE_CHECKING:

@@ -5,7 +5,9 @@ is JSON lines: a header ``{"snapshot": {...}}`` naming the engine version and th
 domain, then one object per context with what the engine decided there
 (``runner``, ``breakable``, ``cudagraph``, ``compile``, ``capture_sizes``) or the
 ``error`` it refused the context with (``probe_error``: the probe could not run
-vLLM there; such rows are counted, never compared). Conformance resolves the policy on every
+vLLM there; such rows are counted, never compared). Every row's context carries
+the snapshot's vLLM version as its engine fact, so one policy with ``engine:``
+conditions can be checked against every release. Conformance resolves the policy on every
 context and compares field by field: ``capture_sizes`` only where the policy sets
 them (elsewhere it leaves them to the runner). A disagreement covered by one of
 the policy's ``deviations:`` is counted apart, never hidden; a deviation that
@@ -23,12 +25,14 @@ from interlock.core.decision import OUTCOME, REQUIRED_FIELDS
 from interlock.core.errors import PolicyError
 from interlock.core.files import FileProblem, decode_utf8, load_json, read_regular
 from interlock.core.terminal import one_line
-from interlock.policy.conditions import Facts
+from interlock.policy.conditions import Facts, check_version
 from interlock.policy.context import Context
 from interlock.policy.model import Deviation, Policy
-from interlock.policy.resolution import resolve
+from interlock.policy.resolution import facts_of, resolve
 
 SNAPSHOT_SOURCE = "snapshot"
+#: The engine a snapshot records; each row's context carries its version (``engine`` conditions).
+ENGINE = "vllm"
 #: Fields every row's decision carries; ``capture_sizes`` is compared only when the policy sets it.
 COMPARED = (*REQUIRED_FIELDS, "capture_sizes")
 
@@ -179,10 +183,14 @@ def load_snapshot(path: str | Path) -> Snapshot:
     meta = header.get("snapshot")
     if not isinstance(meta, dict) or not isinstance(meta.get("vllm"), str):
         raise PolicyError('line 1 must be {"snapshot": {"vllm": VERSION, ...}}', file=name, line=1)
+    try:
+        check_version(meta["vllm"])
+    except ValueError as exc:
+        raise PolicyError(f"snapshot.vllm: {exc}", file=name, line=1) from None
     rows = []
     for number, text in enumerate(lines[1:], start=2):
         if text.strip():
-            rows.append(_row(_object(text, name, number), name, number))
+            rows.append(_row(_object(text, name, number), name, number, meta["vllm"]))
     return Snapshot(name, meta["vllm"], meta, tuple(rows))
 
 
@@ -197,7 +205,7 @@ def _object(text: bytes, name: str, line: int) -> dict[str, Any]:
     return data
 
 
-def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
+def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRow:
     env = data.get("env")
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise PolicyError("env must map names to strings", file=name, line=line, path="env")
@@ -241,7 +249,11 @@ def _row(data: dict[str, Any], name: str, line: int) -> SnapshotRow:
             platform=data["platform"],
             device_arch=data["device_arch"],
             env=env,
-            sources={f"env.{k}": SNAPSHOT_SOURCE for k in env},
+            sources={
+                **{f"env.{k}": SNAPSHOT_SOURCE for k in env},
+                f"engine.{ENGINE}": f"{SNAPSHOT_SOURCE} ({name})",
+            },
+            engine={ENGINE: version},
         )
     except PolicyError as exc:
         raise PolicyError(exc.message, file=name, line=line) from None
@@ -309,8 +321,7 @@ def _disagree(
 
 def _facts(policy: Policy, context: Context) -> Facts:
     entry = policy.catalog.get(context.architecture)
-    traits = dict(entry.traits) if entry else {}
-    return Facts(context.architecture, context.platform, context.device_arch, traits, {})
+    return facts_of(context, dict(entry.traits) if entry else {})
 
 
 def render_text(report: Conformance) -> str:

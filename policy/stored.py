@@ -12,11 +12,16 @@ from typing import Any
 from interlock.core.decision import DECISION_FIELDS, OUTCOME, check_field
 from interlock.core.fields import TRAITS
 from interlock.policy.conditions import (
+    ENGINES,
     Condition,
+    ConfigMatch,
+    EngineMatch,
     FeatureMatch,
+    ModelMatch,
     NameMatch,
     TraitMatch,
     When,
+    engine_spec,
 )
 from interlock.policy.index import RuleIndex
 from interlock.policy.model import (
@@ -98,7 +103,12 @@ def _condition(c: Condition) -> list[Any]:
         return ["name", c.key, list(c.patterns)]
     if isinstance(c, TraitMatch):
         return ["trait", c.key, list(c.values)]
-    return ["feature", c.key, [[op, _value(v)] for op, v in c.ops]]
+    if isinstance(c, ModelMatch):
+        return ["model", "model", list(c.patterns)]
+    if isinstance(c, EngineMatch):
+        return ["engine", c.engine, c.text]
+    kind = "config" if isinstance(c, ConfigMatch) else "feature"
+    return [kind, c.key, [[op, _value(v)] for op, v in c.ops]]
 
 
 def _need(ok: bool, what: str) -> None:
@@ -144,7 +154,15 @@ def _build_condition(data: Any) -> Condition:
     if kind == "trait":
         _need(key in TRAITS, "trait")
         return TraitMatch(key, tuple(_scalar(v, "trait value") for v in body))
-    _need(kind == "feature", "condition kind")
+    if kind == "model":
+        return ModelMatch.of(tuple(_str(p, "pattern") for p in body))
+    if kind == "engine":
+        _need(key in ENGINES, "engine")
+        try:
+            return EngineMatch(key, engine_spec(_str(body, "specifier")), body)
+        except ValueError as exc:
+            raise ValueError(f"not a stored policy: {exc}") from None
+    _need(kind in ("feature", "config"), "condition kind")
     ops = []
     for op, value in body:
         _need(op in _OPS, "operator")
@@ -152,6 +170,8 @@ def _build_condition(data: Any) -> Condition:
             ops.append((op, tuple(_scalar(v, "feature value") for v in value)))
         else:
             ops.append((op, _scalar(value, "feature value")))
+    if kind == "config":
+        return ConfigMatch(key, tuple(ops))
     return FeatureMatch(key, tuple(ops))
 
 

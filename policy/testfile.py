@@ -9,6 +9,31 @@ the rule that set those fields, or an error::
         given: {architecture: GlmMoeDsaForCausalLM, platform: rocm, device_arch: gfx950}
         expect: {runner: mrv1, breakable: false, rule: rocm-dsa-stays-on-mrv1}
 
+A case's context may carry the model's config.json (``config:``, a mapping as
+in the file), its identity (``model: zai-org/GLM-5.3``) and engine versions
+(``engine: {vllm: 0.29.0}``), for rules with ``config``, ``model`` and
+``engine`` conditions.
+
+*Invariants* state what must hold on the policy's whole finite domain
+(:class:`interlock.policy.domain.Domain`), and are checked by enumeration::
+
+    invariants:
+      - name: DSA models on ROCm stay on MRV1
+        forall: {platform: rocm, attention: dsa}
+        expect: {runner: mrv1}
+      - name: breakable graphs never compile
+        never: {breakable: true, compile: true}
+      - name: MRV1 on ROCm keeps compiled graphs
+        forall: {platform: rocm}
+        implies: {if: {runner: mrv1}, then: {compile: true}}
+
+``forall`` (a `when` mapping, default every context) selects the contexts;
+``expect`` (decision fields) must hold in each, ``never`` must not hold all
+together in any, and ``implies`` says that wherever the decision has the ``if``
+fields it also has the ``then`` fields. A violation is reported as a
+counterexample: the context, its decision and the rule (file:line) that
+decided the fields concerned.
+
 The file is validated like a policy (unknown keys, bad values: errors at
 file:line:col); names that must exist in the policy (env bindings, rule ids)
 are checked against it when the cases run.
@@ -22,16 +47,26 @@ folder. Without the key, the file tests the policy beside it (``X.yaml``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from interlock.core.errors import PolicyError
+from interlock.policy.conditions import ENGINES, check_version
 from interlock.policy.loader import read_source
 from interlock.policy.model import Location
-from interlock.policy.schema import DecisionFields, EnvName, Name, RuleId, Scalar, validate_doc
+from interlock.policy.schema import (
+    DecisionFields,
+    EnvName,
+    Name,
+    RuleId,
+    Scalar,
+    WhenModel,
+    validate_doc,
+)
 from interlock.policy.source import SourceDoc, parse_yaml
 
 TESTS_SCHEMA_VERSION = 1
@@ -41,6 +76,9 @@ TESTS_SUFFIX = ".tests.yaml"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+Version = Annotated[StrictStr, AfterValidator(check_version)]
 
 
 class Given(_Model):
@@ -55,6 +93,14 @@ class Given(_Model):
     set: DecisionFields = DecisionFields()
     #: The architecture is meant to be outside the policy's catalog (no typo warning).
     outside_catalog: bool = False
+    #: The model's config.json, as a mapping (``config`` conditions see it flattened).
+    config: dict[StrictStr, Any] | None = Field(
+        default=None, description="the model's config.json (a mapping)"
+    )
+    #: The model's identity, like ``--model-id``.
+    model: Name = Field(default=None, description="the model's id")  # type: ignore[assignment]
+    #: Engine versions, like ``--engine-version vllm=0.29.0``.
+    engine: dict[Literal[ENGINES], Version] = {}  # type: ignore[valid-type]
 
 
 class Expect(DecisionFields):
@@ -94,6 +140,41 @@ class Case(_Model):
     expect: Expect
 
 
+class Implication(_Model):
+    if_: DecisionFields = Field(alias="if")
+    then: DecisionFields
+
+
+class Invariant(_Model):
+    """What must hold over the whole domain: exactly one of expect, never, implies."""
+
+    name: Name
+    forall: WhenModel = Field(
+        default=WhenModel(), description="the contexts it is about (a `when`; default: all)"
+    )
+    expect: DecisionFields = Field(
+        default=None, description="decision fields every context must have"
+    )  # type: ignore[assignment]
+    never: DecisionFields = Field(
+        default=None, description="decision fields no context may have all together"
+    )  # type: ignore[assignment]
+    implies: Implication = Field(
+        default=None, description="where the decision has the `if` fields, it has `then`'s"
+    )  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _one_claim(self) -> Invariant:
+        claims = [c for c in ("expect", "never", "implies") if getattr(self, c) is not None]
+        if len(claims) != 1:
+            raise ValueError("an invariant has exactly one of expect, never, implies")
+        fields = [self.expect, self.never] + (
+            [self.implies.if_, self.implies.then] if self.implies is not None else []
+        )
+        if any(f is not None and not f.model_fields_set for f in fields):
+            raise ValueError("an invariant's decision fields cannot be empty")
+        return self
+
+
 class TestsFileModel(_Model):
     schema_version: Literal[TESTS_SCHEMA_VERSION]  # type: ignore[valid-type]
     policy: Annotated[list[StrictStr], Field(min_length=1)] | None = Field(
@@ -101,7 +182,14 @@ class TestsFileModel(_Model):
         description="the policy the cases test, bottom first (paths relative to this file, "
         "'@shipped' the shipped policy); default: X.yaml beside X.tests.yaml",
     )
-    cases: Annotated[list[Case], Field(min_length=1)]
+    cases: list[Case] = []
+    invariants: list[Invariant] = []
+
+    @model_validator(mode="after")
+    def _something(self) -> TestsFileModel:
+        if not self.cases and not self.invariants:
+            raise ValueError("a tests file has at least one case or invariant")
+        return self
 
 
 @dataclass(frozen=True)
@@ -125,11 +213,29 @@ class LoadedCase:
 
 
 @dataclass(frozen=True)
+class LoadedInvariant:
+    """A validated invariant with where it is written."""
+
+    invariant: Invariant
+    index: int
+    doc: SourceDoc
+
+    @property
+    def name(self) -> str:
+        return self.invariant.name
+
+    def at(self, *path: str | int) -> Location:
+        mark = self.doc.mark(("invariants", self.index, *path))
+        return Location(self.doc.name, mark.line, mark.col)
+
+
+@dataclass(frozen=True)
 class TestsFile:
     name: str
     cases: tuple[LoadedCase, ...]
     #: ``(display name, path)`` of the files of the policy the file names, or None.
     policy: tuple[tuple[str, Path], ...] | None = None
+    invariants: tuple[LoadedInvariant, ...] = ()
 
 
 def load_tests(path: str | os.PathLike[str], name: str | None = None) -> TestsFile:
@@ -146,18 +252,27 @@ def parse_tests(content: bytes, name: str, folder: Path | None = None) -> TestsF
     policy = None
     if model.policy is not None:
         policy = _policy_files(model.policy, doc, Path(name).parent if folder is None else folder)
-    seen: dict[str, int] = {}
-    for i, case in enumerate(model.cases):
-        if case.name in seen:
-            first = doc.mark(("cases", seen[case.name], "name")).line
-            raise doc.error(
-                ("cases", i, "name"),
-                f"duplicate case name {case.name!r} (first at line {first}); names identify "
-                "cases in reports and pytest",
-            )
-        seen[case.name] = i
-    cases = tuple(LoadedCase(case, i, doc) for i, case in enumerate(model.cases))
-    return TestsFile(name, cases, policy)
+    named: tuple[tuple[str, Sequence[Case | Invariant]], ...] = (
+        ("cases", model.cases),
+        ("invariants", model.invariants),
+    )
+    for key, items in named:
+        seen: dict[str, int] = {}
+        for i, item in enumerate(items):
+            if item.name in seen:
+                first = doc.mark((key, seen[item.name], "name")).line
+                raise doc.error(
+                    (key, i, "name"),
+                    f"duplicate {key[:-1]} name {item.name!r} (first at line {first}); names "
+                    "identify them in reports and pytest",
+                )
+            seen[item.name] = i
+    return TestsFile(
+        name,
+        tuple(LoadedCase(case, i, doc) for i, case in enumerate(model.cases)),
+        policy,
+        tuple(LoadedInvariant(inv, i, doc) for i, inv in enumerate(model.invariants)),
+    )
 
 
 def _policy_files(

@@ -11,6 +11,7 @@ from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
 GIVEN_ENV = "given with --env"
+GIVEN_ENGINE = "given with --engine-version"
 
 
 def pair(text: str) -> tuple[str, str]:
@@ -53,7 +54,28 @@ def add_context_args(parser: argparse.ArgumentParser) -> None:
         help="model directory, config.json, GGUF file, or a named model (smollm2, demo): "
         "architecture and traits",
     )
+    add_model_id_arg(parser)
     add_policy_args(parser)
+
+
+def add_model_id_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-id",
+        metavar="NAME",
+        help="the model's identity for `model:` conditions, e.g. zai-org/GLM-5.3 (besides "
+        "--model's directory name and _name_or_path)",
+    )
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine-version",
+        action="append",
+        type=pair,
+        default=[],
+        metavar="ENGINE=VERSION",
+        help="the engine version the decision is for, e.g. vllm=0.29.0 (`engine:` conditions)",
+    )
 
 
 def add_context_flags(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +97,7 @@ def add_context_flags(parser: argparse.ArgumentParser) -> None:
         help="deployment feature, e.g. tensor_parallel_size=8 (ints, floats, true/false, strings)",
     )
     add_env_args(parser)
+    add_engine_args(parser)
     parser.add_argument(
         "--set",
         action="append",
@@ -119,16 +142,44 @@ def env_of(
     return env, sources
 
 
+def engine_of(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """``--engine-version`` values as ``(engine, sources)``; an unknown engine or a version
+    that is not PEP 440 is an error naming it."""
+    from interlock.core.errors import InputError
+    from interlock.policy.conditions import ENGINES, check_version
+
+    engine: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for name, text in args.engine_version:
+        if name not in ENGINES:
+            raise InputError(
+                f"--engine-version {name}={text}: unknown engine {name!r}; known: "
+                + ", ".join(ENGINES)
+            )
+        try:
+            engine[name] = check_version(text.strip())
+        except ValueError as exc:
+            raise InputError(f"--engine-version {name}={text}: {exc}") from None
+        sources[f"engine.{name}"] = GIVEN_ENGINE
+    return engine, sources
+
+
 def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     """The keyword arguments of ``make_context`` that :func:`add_context_flags` collects."""
     env, sources = env_of(args, policy)
-    return dict(
+    engine, engine_sources = engine_of(args)
+    flags: dict[str, Any] = dict(
         platform=args.platform,
         device_arch=args.device_arch,
         features=features_of(args, policy),
         env=env,
-        sources=sources,
+        sources={**sources, **engine_sources},
+        engine=engine,
     )
+    if getattr(args, "model_id", None) is not None:
+        flags["model_id"] = args.model_id
+        flags["sources"]["model_id"] = "given with --model-id"
+    return flags
 
 
 def feature_types(policy: Policy) -> dict[str, str]:

@@ -18,8 +18,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "given, else the stack the tests file names (`policy: [\"@shipped\", site.yaml]`), "
         "else $INTERLOCK_POLICY, else the shipped one. Without FILES, the tests file beside "
         "the policy: X.tests.yaml for X.yaml. Prints each case, 'N passed, M failed' and rule "
-        "coverage; a case whose architecture is not in the catalog gets a warning. Exit 1 "
-        "when a case fails (or warns, under --strict) or coverage is below --min-coverage.",
+        "coverage; a case whose architecture is not in the catalog gets a warning. Invariants "
+        "are checked over the policy's whole finite domain, a violation shown as a "
+        "counterexample: the context, its decision and the rule that decided it. Exit 1 "
+        "when a case or an invariant fails (or a case warns, under --strict) or coverage is "
+        "below --min-coverage.",
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="policy tests files")
     add_policy_args(parser)
@@ -50,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from interlock.core.errors import PolicyError
     from interlock.core.terminal import use_color
     from interlock.plugins.capabilities import capability_stage
+    from interlock.policy.invariants import check_invariants
     from interlock.policy.loader import load_policy_sources, policy_paths, read_source
     from interlock.policy.policytest import (
         TestRun,
@@ -68,34 +72,42 @@ def run(args: argparse.Namespace) -> int:
             raise PolicyError(f"no tests file beside the policy {name}: expected {default}")
         paths = [_relative(default)]
     # Cases grouped by the policy they test: --policy for all, else each file's own stack.
-    groups: dict[tuple[tuple[str, Path], ...] | None, list[Any]] = {}
+    groups: dict[tuple[tuple[str, Path], ...] | None, tuple[list[Any], list[Any]]] = {}
     for path in paths:
         tests = load_tests(path)
         key = None if args.policy else tests.policy
-        groups.setdefault(key, []).extend(tests.cases)
+        cases, invariants = groups.setdefault(key, ([], []))
+        cases.extend(tests.cases)
+        invariants.extend(tests.invariants)
     stage = capability_stage()
     runs: list[TestRun] = []
-    for key, cases in groups.items():
+    checked: list[list[Any]] = []
+    for key, (cases, invariants) in groups.items():
         if key is None:
             policy = load(args)
         else:
             policy = load_policy_sources([(name, read_source(p, name)) for name, p in key])
         runs.append(run_cases(policy, cases, capabilities=stage))
-    failed = sum(run.failed for run in runs)
+        checked.append(check_invariants(policy, invariants, capabilities=stage))
+    failed = sum(run.failed for run in runs) + sum(
+        not r.passed for results in checked for r in results
+    )
     warned = sum(bool(r.warnings) for run in runs for r in run.results if r.passed)
     if args.strict:
         failed += warned
     below = [run for run in runs if run.coverage() < args.min_coverage]
     if args.json:
-        write_json(_document(runs, args, failed, below, coverage_to_dict))
+        write_json(_document(runs, checked, args, failed, below, coverage_to_dict))
     else:
         color = use_color(sys.stdout)
-        for run in runs:
+        for run, results in zip(runs, checked, strict=True):
             if len(runs) > 1:
                 print(f"policy {' + '.join(f.path for f in run.policy.files)}:")
             for result in run.results:
                 print("\n".join(render_result(result, color=color)))
-            print("\n".join(render_summary(run)))
+            for invariant in results:
+                print("\n".join(invariant.render()))
+            print("\n".join(render_summary(run, results)))
         if warned and args.strict:
             print(f"policy: error: {warned} case(s) warn, and --strict fails them",
                   file=sys.stderr)
@@ -109,13 +121,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _document(
-    runs: list[Any], args: argparse.Namespace, failed: int, below: list[Any], coverage: Any
+    runs: list[Any],
+    checked: list[list[Any]],
+    args: argparse.Namespace,
+    failed: int,
+    below: list[Any],
+    coverage: Any,
 ) -> dict[str, Any]:
     from interlock.policy.policytest import result_to_dict
 
     return {
         "ok": not failed and not below,
-        "passed": sum(run.passed for run in runs),
+        "passed": sum(run.passed for run in runs)
+        + sum(r.passed for results in checked for r in results),
         "failed": failed,
         "strict": args.strict,
         "min_coverage": args.min_coverage,
@@ -127,9 +145,10 @@ def _document(
                     "revision": run.policy.revision,
                 },
                 "cases": [result_to_dict(r) for r in run.results],
+                "invariants": [r.to_dict() for r in results],
                 "coverage": coverage(run),
             }
-            for run in runs
+            for run, results in zip(runs, checked, strict=True)
         ],
     }
 
