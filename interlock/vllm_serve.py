@@ -114,11 +114,25 @@ def serve_command(
     user_args: Sequence[str],
     user: UserFlags,
     extra: Sequence[str] = (),
+    version: str | None = None,
 ) -> ServeCommand:
-    """The ``vllm serve`` command (argv and env additions) that runs ``resolution``;
+    """The ``vllm serve`` command (argv and env additions) that runs ``resolution`` on vLLM
+    ``version`` (None: unknown, every knob is set): only the env vars and flags that release
+    reads (:data:`interlock.vllm_version.VLLM_KNOBS`); a decision it cannot run is refused.
     ``extra`` are flags for features given with ``--feature`` only."""
+    from interlock.vllm_version import check_known, unsupported
+
     values = resolution.decision.to_dict()
     final, adjustments = target_profile(values, user.pooling)
+    if version is not None:
+        check_known(version)
+    missing = unsupported(version, final)
+    refused = [
+        f"{why} (decided by {resolution.provenance[k.field].source})" for k, why in missing if why
+    ]
+    if refused:
+        raise PolicyError("; ".join(refused))
+    skipped = {k.name for k, _ in missing}
     for adj in adjustments:
         prov = resolution.provenance[adj.field]
         if prov.stage == OVERRIDES:
@@ -136,10 +150,11 @@ def serve_command(
         RUNNER_ENV: RUNNER_VALUES[runner],
         BREAKABLE_ENV: "1" if final["breakable"] else "0",
     }
+    env = {name: value for name, value in env.items() if name not in skipped}
     flags = []
-    if "cudagraph" not in user.overrides:
+    if "cudagraph" not in user.overrides and "-cc.cudagraph_mode" not in skipped:
         flags.append(f"-cc.cudagraph_mode={final['cudagraph'].upper()}")
-    if "compile" not in user.overrides:
+    if "compile" not in user.overrides and "-cc.mode" not in skipped:
         flags.append(f"-cc.mode={'VLLM_COMPILE' if final['compile'] else 'NONE'}")
     sizes = final.get("capture_sizes")
     if sizes:

@@ -21,7 +21,10 @@ from typing import Any
 
 from interlock.commands.common import (
     add_decision_log_args,
+    add_engine_args,
+    add_model_id_arg,
     add_policy_args,
+    engine_of,
     load,
     pair,
     record_decision,
@@ -31,7 +34,8 @@ from interlock.commands.common import (
 #: This command's options; after MODEL they would silently go to vllm serve.
 OWN_OPTIONS = (
     "--platform", "--device-arch", "--policy", "--json", "--feature", "--decision-log",
-    "--strict", "--startup-timeout", "--vllm-version",
+    "--strict", "--startup-timeout", "--vllm-version", "--vllm", "--engine-version",
+    "--model-id",
 )
 #: How long ``serve`` waits for the engine to come up before the check fails (a large model's
 #: load and compilation take minutes).
@@ -73,6 +77,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             help="deployment feature for the policy; one vLLM has a flag for is added to the "
             "command (tensor_parallel_size=8 adds --tensor-parallel-size 8)",
         )
+        sub.add_argument(
+            "--vllm",
+            metavar="PATH",
+            help="the vllm executable (default: vllm on PATH); its version, read by its own "
+            "interpreter, decides `engine:` conditions and which flags are emitted",
+        )
+        add_engine_args(sub)
+        add_model_id_arg(sub)
         add_policy_args(sub)
         add_decision_log_args(sub)
         if name == "args":
@@ -90,7 +102,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             )
             sub.add_argument(
                 "--vllm-version", dest="vllm_version", metavar="X.Y.Z",
-                help="the vLLM release whose log formats to read (default: 0.33.0)",
+                help="the vLLM release whose log formats to read (default: the version "
+                "detected or given with --engine-version, else 0.33.0)",
             )
         sub.set_defaults(run=run)
 
@@ -130,6 +143,15 @@ def run(args: argparse.Namespace) -> int:
     env, sources = process_env(policy)
     sources.update(user.sources())
     sources.update({f"features.{k}": "given with --feature" for k in given})
+    executable = args.vllm or shutil.which("vllm")
+    if args.vllm is not None and not os.access(args.vllm, os.X_OK):
+        raise PolicyError(f"--vllm {args.vllm}: not an executable file")
+    engine, engine_sources = engine_of(args)
+    if "vllm" not in engine and executable is not None:
+        engine, engine_sources = _detected(executable)
+    sources.update(engine_sources)
+    if args.model_id is not None:
+        sources["model_id"] = "given with --model-id"
     context = model_context(
         model.readable,
         platform=args.platform,
@@ -137,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         features={**user.features, **given},
         env=env,
         sources=sources,
+        engine=engine,
+        model_id=args.model_id,
     )
     resolution = resolve(policy, context, user.overrides)
     by_level = level_overrides(resolution, user)
@@ -144,8 +168,14 @@ def run(args: argparse.Namespace) -> int:
         user.overrides.update(by_level)
         user.given_by.update(dict.fromkeys(by_level, user.level_flag))
         resolution = resolve(policy, context, user.overrides)
-    command = serve_command(resolution, model.argument, args.vllm_args, user, extra)
+    version = context.engine.get("vllm")
+    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version)
     where = f"{context.platform} {context.device_arch}".strip()
+    print(
+        f"policy vllm: vLLM {version or 'version unknown'} "
+        f"({context.source('engine.vllm') if version else 'no vllm found; every flag is set'})",
+        file=sys.stderr,
+    )
     print(
         f"policy vllm: {context.architecture} on {where}: {decided_by(resolution)}",
         file=sys.stderr,
@@ -165,19 +195,29 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "args":
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,
-                        overrides=user.overrides, runner=_vllm_runner(command, None))
+                        overrides=user.overrides, runner=_vllm_runner(command, version))
         if args.json:
             write_json(command.to_dict())
         else:
             env_text = " ".join(f"{k}={v}" for k, v in command.env.items())
             print(f"{env_text} {shlex.join(command.argv)}")
         return 0
-    if shutil.which("vllm") is None:
+    if executable is None:
         raise PolicyError(
-            "vllm is not on PATH: install vLLM or activate its environment "
-            "(`policy vllm args MODEL` prints the command instead)"
+            "vllm is not on PATH: install vLLM or activate its environment, or give --vllm "
+            "PATH (`policy vllm args MODEL` prints the command instead)"
         )
-    return _serve(args, resolution, command, user.overrides, model.argument)
+    return _serve(args, resolution, command, user.overrides, model.argument, executable, version)
+
+
+def _detected(executable: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The version of the vLLM ``executable`` runs, as context facts (none if it has none)."""
+    from interlock.vllm_version import detect_engine_version, detected_source
+
+    version = detect_engine_version(executable)
+    if version is None:
+        return {}, {}
+    return {"vllm": str(version)}, {"engine.vllm": detected_source(executable)}
 
 
 def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
@@ -188,12 +228,12 @@ def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
 
 def _serve(
     args: argparse.Namespace, resolution: Any, command: Any, overrides: dict[str, Any],
-    model: str,
+    model: str, executable: str, version: str | None,
 ) -> int:
     from interlock import decision_log
     from interlock.vllm_engine import EngineCheck, Verification, supervise
 
-    check = EngineCheck(command.decision, args.vllm_version)
+    check = EngineCheck(command.decision, args.vllm_version or version)
     path = decision_log.log_path(args.decision_log)
 
     def on_verdict(verdict: Verification) -> None:
@@ -208,7 +248,8 @@ def _serve(
 
     sys.stdout.flush()
     sys.stderr.flush()
+    # The vllm whose version decided: --vllm's, else the one on PATH (argv[0] stays "vllm").
     return supervise(
-        command.argv, {**os.environ, **command.env}, check,
+        [executable, *command.argv[1:]], {**os.environ, **command.env}, check,
         startup_timeout=args.startup_timeout, strict=args.strict, on_verdict=on_verdict,
     )

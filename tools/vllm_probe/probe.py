@@ -21,7 +21,12 @@ Stand-ins, each the smallest that lets the config code run on a CPU machine:
   under its own name with Llama's class, so every decision keyed on the
   architecture name is exact; such rows are ``surrogate``;
 - a release that resolves the platform during ``import vllm`` (0.31.0) gets the
-  stand-in rebound in the modules that took the machine's own.
+  stand-in rebound in the modules that took the machine's own;
+- where the release's runner default reads the model's expert count (0.27.1,
+  0.28.0: a MoE model outside the V2 set runs V1), the architectures the catalogs
+  call mixture-of-experts (``--moe``) get an expert count in their stand-in config;
+- 0.27.1 and 0.28.0 have no ``default_breakable_cudagraph_architectures``: their
+  auto-enabled breakable names are read from the tuple inside ``__post_init__``.
 
 Each stand-in names the vLLM symbol it replaces; when that symbol has moved the
 probe stops with ``ProbeError`` naming it.
@@ -215,14 +220,60 @@ def defaults_named() -> dict[str, list[str]]:
     ):
         if hasattr(config_vllm, symbol):
             named[symbol] = sorted(getattr(config_vllm, symbol))
-    fn = _require(config_vllm, "default_breakable_cudagraph_architectures")
-    fn.cache_clear()
-    named["default_breakable_cudagraph_architectures()"] = sorted(fn())
+    if hasattr(config_vllm, "default_breakable_cudagraph_architectures"):  # 0.29.0 on
+        fn = config_vllm.default_breakable_cudagraph_architectures
+        fn.cache_clear()
+        named["default_breakable_cudagraph_architectures()"] = sorted(fn())
+    else:
+        # 0.27.1 and 0.28.0 decide the V2 default through a platform-dependent function
+        # and auto-enable breakable graphs from a tuple written inside __post_init__.
+        fn = _require(config_vllm, "default_v2_model_runner_architectures")
+        fn.cache_clear()
+        named["default_v2_model_runner_architectures()"] = sorted(fn())
+        named["inline breakable tuple in VllmConfig.__post_init__"] = sorted(
+            inline_breakable_architectures(config_vllm)
+        )
     hooks = _require(models_config, "MODELS_CONFIG_MAP")
     named["MODELS_CONFIG_MAP (compilation hooks)"] = sorted(
         arch for arch, cls in hooks.items() if _hook_touches_compilation(cls)
     )
     return named
+
+
+def inline_breakable_architectures(config_vllm: Any) -> list[str]:
+    """The architecture names of the breakable auto-enable written inline in
+    ``VllmConfig.__post_init__`` (0.27.1, 0.28.0): the string tuple inside the ``if``
+    whose test reads ``VLLM_USE_BREAKABLE_CUDAGRAPH``."""
+    import ast
+    import inspect
+    import textwrap
+
+    config_cls = _require(config_vllm, "VllmConfig")
+    tree = ast.parse(textwrap.dedent(inspect.getsource(config_cls.__post_init__)))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        names = {c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant)}
+        if "VLLM_USE_BREAKABLE_CUDAGRAPH" not in names:
+            continue
+        for tup in ast.walk(node.test):
+            if isinstance(tup, ast.Tuple) and tup.elts and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in tup.elts
+            ):
+                return [e.value for e in tup.elts]  # type: ignore[attr-defined]
+    raise ProbeError(
+        "vLLM moved the breakable auto-enable of VllmConfig.__post_init__ (no "
+        "default_breakable_cudagraph_architectures and no inline tuple of names): the "
+        "probe's reading of it needs updating"
+    )
+
+
+def reads_expert_count() -> bool:
+    """Whether this release's runner default reads the model's expert count: 0.27.1 and
+    0.28.0 default a MoE model outside their V2 set to V1
+    (``VllmConfig._is_default_v2_model_runner_model``)."""
+    config_cls = _require(_import("vllm.config.vllm"), "VllmConfig")
+    return hasattr(config_cls, "_is_default_v2_model_runner_model")
 
 
 def _hook_touches_compilation(cls: Any) -> bool:
@@ -254,6 +305,9 @@ LLAMA = {
 SURROGATE_CLASS = "vllm.model_executor.models.llama:LlamaForCausalLM"
 #: Keys every config carries: DSA models assert on their indexer's.
 EXTRA = {"index_topk": 64, "index_n_heads": 4, "index_head_dim": 64}
+#: Keys a mixture-of-experts architecture's config carries (``--moe``) where the
+#: release's runner default reads the expert count (:func:`reads_expert_count`).
+MOE = {"num_local_experts": 8, "num_experts_per_tok": 2}
 #: Keys the per-architecture hooks (vllm/model_executor/models/config.py) validate.
 EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
     "AliceAIForCausalLM": {
@@ -272,10 +326,12 @@ EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
 REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support")
 
 
-def _model_dir(root: Path, arch: str) -> Path:
+def _model_dir(root: Path, arch: str, moe: bool = False) -> Path:
     path = root / arch
     path.mkdir(parents=True, exist_ok=True)
     config = {**LLAMA, **EXTRA, **EXTRA_BY_ARCH.get(arch, {}), "architectures": [arch]}
+    if moe:
+        config.update(MOE)
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -350,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--surrogates", default="", help="JSON {arch: why} from --inspect")
     parser.add_argument(
+        "--moe",
+        default="",
+        help="comma-separated mixture-of-experts architectures: their stand-in config has "
+        "an expert count where the release's runner default reads it",
+    )
+    parser.add_argument(
         "--requests",
         help="JSON lines {architecture, env, flags}: run these instead of the env grid",
     )
@@ -400,12 +462,13 @@ def main(argv: list[str] | None = None) -> int:
             for env in env_grid(args.env)
         ]
     serve = ServeConfig()
+    moe = set(args.moe.split(",")) - {""} if reads_expert_count() else set()
     models: dict[str, Path] = {}
     with open(args.out, "a", encoding="utf-8") as out:
         for request in requests:
             arch = request["architecture"]
             if arch not in models:
-                models[arch] = _model_dir(tmp, arch)
+                models[arch] = _model_dir(tmp, arch, arch in moe)
                 if arch not in surrogates:
                     # Its own class was inspected; if the config path still fails on the
                     # stand-in config (CUDA-only imports, a real checkpoint's sub-configs),
@@ -435,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update(result)
             if arch in surrogates:
                 row["surrogate"] = surrogates[arch]
+            if arch in moe:
+                row["moe_config"] = True
             row["seconds"] = round(time.perf_counter() - t0, 3)
             out.write(json.dumps(row, sort_keys=True) + "\n")
             out.flush()

@@ -52,7 +52,9 @@ def round_trip(
         ctx = row.context
         try:
             res = resolve(policy, ctx)
-            command = serve_command(res, "MODEL", [], UserFlags())
+            # The flags of the release the snapshot recorded (one that lacks a knob gets none).
+            version = snapshot.engine_version
+            command = serve_command(res, "MODEL", [], UserFlags(), version=version)
         except PolicyError as exc:
             raise SnapshotError(f"policy vllm args fails for {ctx.to_dict()}: {exc}") from None
         request = {"architecture": ctx.architecture, "env": command.env, "flags": command.argv[3:]}
@@ -80,6 +82,7 @@ def round_trip(
         _probe(
             python, env, "--platform", platform, "--device-arch", device_arch,
             "--requests", str(req_file), "--surrogates", json.dumps(surrogates), "--out", str(out),
+            "--moe", ",".join(snapshot.header.get("moe_config", [])),
         )  # fmt: skip
         for line in out.read_text().splitlines():
             got = json.loads(line)

@@ -51,6 +51,18 @@ def catalog_architectures(paths: list[Path]) -> list[str]:
     return sorted(names)
 
 
+def moe_architectures(paths: list[Path]) -> list[str]:
+    """Architectures every catalog naming them calls mixture-of-experts (``moe: true``)."""
+    from interlock.policy import load_policy
+
+    said: dict[str, set[bool]] = {}
+    for path in paths:
+        for arch, entry in load_policy([path]).catalog.items():
+            if "moe" in entry.traits:
+                said.setdefault(arch, set()).add(entry.traits["moe"])
+    return sorted(arch for arch, values in said.items() if values == {True})
+
+
 def _probe(python: Path, env: dict[str, str], *args: str) -> str:
     proc = subprocess.run(
         [str(python), str(PROBE), *args], capture_output=True, text=True, env=env, check=False
@@ -86,11 +98,12 @@ def build(args: argparse.Namespace) -> int:
     version = listed["cuda"]["vllm"]
     if version != args.vllm:
         raise SnapshotError(f"the probe venv has vLLM {version}, not {args.vllm}")
-    named = {k: v for listing in listed.values() for k, v in listing["named"].items()}
-    named["default_breakable_cudagraph_architectures() on rocm"] = listed["rocm"]["named"][
-        "default_breakable_cudagraph_architectures()"
-    ]
+    named = {k: v for k, v in listed["cuda"]["named"].items()}
+    for key, value in listed["rocm"]["named"].items():
+        # Functions (``name()``) answer per platform: ROCm's answer is kept apart.
+        named[f"{key} on rocm" if key.endswith("()") else key] = value
     catalog = catalog_architectures([Path(p) for p in args.policies])
+    moe = moe_architectures([Path(p) for p in args.policies])
     archs = sorted(set(catalog).union(*named.values()))
 
     surrogates = _last_json(_probe(python, env, "--inspect", "--archs", ",".join(archs)))[
@@ -103,6 +116,7 @@ def build(args: argparse.Namespace) -> int:
             python, env,
             "--platform", platform, "--device-arch", device_arch, "--env", args.env,
             "--archs", ",".join(archs), "--surrogates", json.dumps(surrogates), "--out", str(out),
+            "--moe", ",".join(moe),
         )  # fmt: skip
         return out
 
@@ -113,7 +127,7 @@ def build(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
 
     if args.verify:
-        _verify(python, env, work, rows, args.verify, surrogates)
+        _verify(python, env, work, rows, args.verify, surrogates, moe)
 
     header = {
         "snapshot": {
@@ -129,6 +143,7 @@ def build(args: argparse.Namespace) -> int:
             "named_by_vllm_defaults": named,
             "catalogs": [str(Path(p).resolve().relative_to(REPO)) for p in args.policies],
             "surrogates": surrogate_reasons(rows),
+            "moe_config": sorted({r["architecture"] for r in rows if r.get("moe_config")}),
             "contexts": len(rows),
             "fields": list(RESULT_FIELDS),
         }
@@ -173,12 +188,14 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
     kept.update({k: row[k] for k in RESULT_FIELDS if k in row})
     if "surrogate" in row:
         kept["surrogate"] = True
+    if row.get("moe_config"):
+        kept["moe_config"] = True
     return kept
 
 
 def _verify(
     python: Path, env: dict[str, str], work: Path, rows: list[dict[str, Any]], n: int,
-    surrogates: dict[str, str],
+    surrogates: dict[str, str], moe: list[str],
 ) -> None:  # fmt: skip
     """Re-run ``n`` sampled contexts each in a fresh process; the answers must be the same
     as the in-process loop's (nothing leaks from one context into the next)."""
@@ -193,6 +210,7 @@ def _verify(
         _probe(
             python, env, "--platform", row["platform"], "--device-arch", row["device_arch"],
             "--requests", str(request), "--surrogates", json.dumps(surrogates), "--out", str(out),
+            "--moe", ",".join(moe),
         )  # fmt: skip
         fresh = json.loads(out.read_text().splitlines()[0])
         if _row(fresh) != _row(row):
