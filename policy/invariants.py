@@ -79,6 +79,9 @@ class InvariantResult:
         inv = self.invariant.invariant
         forall = inv.forall.model_dump(by_alias=True, exclude_none=True)
         scope = "every context" if not forall else f"forall {_flow(forall)}"
+        if inv.env:
+            shown = ", ".join(f"{k}={'unset' if v is None else v}" for k, v in inv.env.items())
+            scope += f" with {shown}"
         if inv.expect is not None:
             return f"{scope}: expect {_fields_text(_set(inv.expect))}"
         if inv.never is not None:
@@ -131,7 +134,12 @@ def check_invariants(
     ]
     for context in Domain.of(policy).contexts():
         facts = context_facts(policy, context)
-        chosen = [i for i, scope in enumerate(scopes) if scope.matches(facts)]
+        chosen = [
+            i
+            for i, scope in enumerate(scopes)
+            if scope.matches(facts)
+            and all(context.env.get(k) == v for k, v in invariants[i].invariant.env.items())
+        ]
         if not chosen:
             continue
         try:

@@ -27,7 +27,10 @@ in the file), its identity (``model: zai-org/GLM-5.3``) and engine versions
         forall: {platform: rocm}
         implies: {if: {runner: mrv1}, then: {compile: true}}
 
-``forall`` (a `when` mapping, default every context) selects the contexts;
+``forall`` (a `when` mapping, default every context) selects the contexts, and
+``env`` (``{VLLM_USE_V2_MODEL_RUNNER: null}``: unset) narrows them to an
+environment; otherwise every env state of the domain is checked, so an
+operator's override that breaks the claim is a counterexample too.
 ``expect`` (decision fields) must hold in each, ``never`` must not hold all
 together in any, and ``implies`` says that wherever the decision has the ``if``
 fields it also has the ``then`` fields. A violation is reported as a
@@ -151,6 +154,11 @@ class Invariant(_Model):
     name: Name
     forall: WhenModel = Field(
         default=WhenModel(), description="the contexts it is about (a `when`; default: all)"
+    )
+    env: dict[EnvName, StrictStr | None] = Field(
+        default={},
+        description="environment the contexts must carry: a value, or null for unset "
+        "(default: every env state of the domain)",
     )
     expect: DecisionFields = Field(
         default=None, description="decision fields every context must have"

@@ -138,8 +138,8 @@ def test_missing_vllm_is_a_one_line_hint(serve: Any, model: Any) -> None:
     assert proc.returncode == 1 and seen is None
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("policy: error:")]
     assert errors == [
-        "policy: error: vllm is not on PATH: install vLLM or activate its environment "
-        "(`policy vllm args MODEL` prints the command instead)"
+        "policy: error: vllm is not on PATH: install vLLM or activate its environment, or "
+        "give --vllm PATH (`policy vllm args MODEL` prints the command instead)"
     ]
     assert "Traceback" not in proc.stderr
 

@@ -1,0 +1,175 @@
+"""The engine version `policy vllm` decides for: given, detected from the vllm it will exec
+(through that script's own interpreter), or unknown; and the flags each release reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interlock.vllm_version import (
+    VLLM_KNOBS,
+    DetectionError,
+    detect_engine_version,
+    interpreter_of,
+)
+
+#: An "interpreter" that answers the version query the way importlib.metadata would.
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in
+  *importlib.metadata*) echo '{"version": %s}' ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def _fake_vllm(tmp_path: Path, version: str | None, name: str = "python3") -> Path:
+    env = tmp_path / "env" / "bin"
+    env.mkdir(parents=True, exist_ok=True)
+    python = env / name
+    python.write_text(FAKE_PYTHON % ("null" if version is None else json.dumps(version)))
+    python.chmod(0o755)
+    vllm = env / "vllm"
+    vllm.write_text(f"#!{python}\n# -*- coding: utf-8 -*-\nimport sys\n")
+    vllm.chmod(0o755)
+    return vllm
+
+
+def test_the_version_comes_from_the_scripts_own_interpreter(tmp_path: Path) -> None:
+    assert str(detect_engine_version(_fake_vllm(tmp_path, "0.29.0"))) == "0.29.0"
+
+
+def test_an_interpreter_without_vllm_gives_no_version(tmp_path: Path) -> None:
+    assert detect_engine_version(_fake_vllm(tmp_path, None)) is None
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        ("#!/venv/bin/python3.11\n", ["/venv/bin/python3.11"]),
+        ("#!/usr/bin/env -S python3\n", ["python3"]),
+        (
+            "#!/bin/sh\n'''exec' \"/a long/path/python\" \"$0\" \"$@\"\n' '''\n",
+            ["/a long/path/python"],
+        ),
+    ],
+)
+def test_shebang_forms(tmp_path: Path, head: str, expected: list[str]) -> None:
+    script = tmp_path / "vllm"
+    script.write_text(head)
+    assert interpreter_of(script) == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x7fELF\x02\x01", "not a script with a shebang"),
+        (b"#!/bin/bash\necho hi\n", "not a Python interpreter"),
+    ],
+)
+def test_an_executable_that_names_no_python_is_refused(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    script = tmp_path / "vllm"
+    script.write_bytes(content)
+    with pytest.raises(DetectionError, match=message):
+        detect_engine_version(script)
+
+
+def test_a_missing_interpreter_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "vllm"
+    script.write_text("#!/nonexistent/python3\n")
+    with pytest.raises(DetectionError, match="/nonexistent/python3 its shebang names does not"):
+        detect_engine_version(script)
+
+
+def test_an_interpreter_that_reports_nonsense_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DetectionError, match="did not report a vLLM version"):
+        detect_engine_version(_fake_vllm(tmp_path, "not-a-version"))
+
+
+def _model(tmp_path: Path, arch: str) -> Path:
+    path = tmp_path / arch
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    return path
+
+
+def test_policy_vllm_emits_only_what_the_detected_release_reads(cli: Any, tmp_path: Path) -> None:
+    model = _model(tmp_path, "LlamaForCausalLM")
+    new = cli("vllm", "args", "--vllm", _fake_vllm(tmp_path / "a", "0.33.0"), "--platform",
+              "cuda", model)  # fmt: skip
+    assert new.code == 0, new.err
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH=0" in new.out
+    assert "policy vllm: vLLM 0.33.0 (detected (importlib.metadata of" in new.err
+    old = cli("vllm", "args", "--json", "--vllm", _fake_vllm(tmp_path / "b", "0.26.0"),
+              "--platform", "cuda", model)  # fmt: skip
+    assert old.code == 0, old.err
+    doc = old.json()
+    # 0.26.0 has no breakable CUDA graphs, so no VLLM_USE_BREAKABLE_CUDAGRAPH to set.
+    assert doc["env"] == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert doc["resolution"]["context"]["engine"] == {"vllm": "0.26.0"}
+
+
+def test_a_decision_the_release_cannot_run_is_refused_naming_it(
+    cli: Any, tmp_path: Path
+) -> None:
+    model = _model(tmp_path, "GlmMoeDsaForCausalLM")
+    result = cli("vllm", "args", "--vllm", _fake_vllm(tmp_path, "0.26.0"), "--platform", "cuda",
+                 model)  # fmt: skip
+    assert result.code == 1 and result.out == ""
+    assert (
+        "vLLM 0.26.0 does not read VLLM_USE_BREAKABLE_CUDAGRAPH (>=0.27.0; vllm/envs.py: "
+        "absent in 0.26.0, read from 0.27.0 on), so it cannot run breakable=true (decided by "
+        "breakable-dsa)"
+    ) in result.err
+
+
+def test_a_given_version_wins_over_detection_and_an_old_release_is_refused(
+    cli: Any, tmp_path: Path
+) -> None:
+    model = _model(tmp_path, "LlamaForCausalLM")
+    vllm = _fake_vllm(tmp_path, "0.33.0")
+    given = cli("vllm", "args", "--json", "--vllm", vllm, "--engine-version", "vllm=0.29.0",
+                "--platform", "cuda", model)  # fmt: skip
+    assert given.json()["resolution"]["context"]["engine"] == {"vllm": "0.29.0"}
+    assert "given with --engine-version" in given.err
+    older = cli("vllm", "args", "--engine-version", "vllm=0.20.0", "--platform", "cuda", model)
+    assert older.code == 1 and "older than the oldest release" in older.err
+    bad = cli("vllm", "args", "--engine-version", "vllm=newest", "--platform", "cuda", model)
+    assert bad.code != 0 and "not a PEP 440 version" in bad.err and "Traceback" not in bad.err
+
+
+def test_without_a_vllm_the_version_is_unknown_and_every_knob_is_set(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    model = _model(tmp_path, "Qwen3ForCausalLM")
+    result = cli("vllm", "args", "--json", "--platform", "cuda", model)
+    assert result.code == 0, result.err
+    assert result.json()["resolution"]["context"]["engine"] == {}
+    assert set(result.json()["env"]) == {k.name for k in VLLM_KNOBS if k.kind == "env"}
+    assert "vLLM version unknown" in result.err
+
+
+def test_explain_shows_a_given_engine_version_and_engine_conditions_use_it(
+    cli: Any, write: Any
+) -> None:
+    policy = write("p.yaml", """\
+schema_version: 1
+version: t
+defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
+rules:
+  - id: old-vllm-mrv1
+    when: {engine: {vllm: "<0.29"}}
+    set: {runner: mrv1}
+    reason: releases before 0.29 default to MRV1 in this test
+""")
+    old = cli("explain", "A", "--platform", "cuda", "--policy", policy,
+              "--engine-version", "vllm=0.28.0")  # fmt: skip
+    assert "rules old-vllm-mrv1" in old.out
+    assert "engine vllm" in old.out and "given with --engine-version" in old.out
+    unknown = cli("explain", "A", "--platform", "cuda", "--policy", policy)
+    assert "engine.vllm: wanted <0.29, observed unknown (no vllm version" in unknown.out
