@@ -109,8 +109,16 @@ class Conformance:
 
     @property
     def stale_deviations(self) -> list[Deviation]:
+        """Deviations that apply to some context of the snapshot but cover no disagreement
+        there (one that applies to none, e.g. scoped to another engine version, is not
+        stale here)."""
         used = {d.deviation.id for d in self.declared if d.deviation}
-        return [d for d in self.policy.deviations if d.id not in used]
+        rows = [(_facts(self.policy, r.context), r.context.env) for r in self.snapshot.rows]
+        return [
+            d
+            for d in self.policy.deviations
+            if d.id not in used and any(d.applies(facts, env) for facts, env in rows)
+        ]
 
     @property
     def ok(self) -> bool:
