@@ -37,7 +37,7 @@ demo: install
 
 # import-linter and mypy read files, not imports: tools/ hands them pyproject.toml's mapping of
 # interlock.policy, ... onto the root folders (plain `lint-imports` and `mypy` cannot follow it).
-MYPY_SCOPE := interlock.core interlock.policy interlock.plugins interlock.runners.contract
+MYPY_SCOPE := interlock.core interlock.policy interlock.plugins interlock.runners.contract interlock.vllm_version
 
 lint: install
 	$(VENV)/bin/ruff check .

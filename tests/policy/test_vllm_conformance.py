@@ -120,13 +120,20 @@ def test_a_stale_deviation_fails(tmp_path: Path) -> None:
     policy = load_policy_text(
         POLICY
         + """deviations:
-  - {id: never, when: {architecture: B}, field: cudagraph, reason: nothing left}
+  - {id: never, when: {architecture: A}, field: cudagraph, reason: nothing left}
+  - {id: elsewhere, when: {architecture: B}, field: cudagraph, reason: not in this snapshot}
+  - id: other-release
+    when: {architecture: A, engine: {vllm: "<9"}}
+    field: cudagraph
+    reason: a deviation of older releases
 """,
         "p.yaml",
     )
     report = conformance(
         policy, load_snapshot(_snapshot(tmp_path, [{"architecture": "A", **_decided()}]))
     )
+    # A deviation that applies to no context of the snapshot (another architecture, another
+    # engine version: the snapshot's rows carry 9.9.9) is not stale there.
     assert not report.ok and [d.id for d in report.stale_deviations] == ["never"]
 
 
