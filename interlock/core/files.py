@@ -12,7 +12,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from interlock.core.errors import InputError
 
@@ -56,8 +56,9 @@ def check_regular(path: str | os.PathLike[str], name: str | None = None) -> os.s
     return st
 
 
-def read_regular(path: str | os.PathLike[str], limit: int, name: str | None = None) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes."""
+def open_regular(path: str | os.PathLike[str], name: str | None = None) -> BinaryIO:
+    """``path`` opened for reading in binary, if it is (or links to) a regular file: a FIFO
+    is refused without waiting for a writer, a device or directory as what it is."""
     shown = name or os.fspath(path)
     if os.fspath(path) == "":
         raise FileProblem(None, "an empty path names no file")
@@ -70,7 +71,15 @@ def read_regular(path: str | os.PathLike[str], limit: int, name: str | None = No
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise FileProblem(shown, f"is {_kind(st.st_mode)}, not a regular file")
-    with os.fdopen(fd, "rb") as fh:
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: str | os.PathLike[str], limit: int, name: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes."""
+    shown = name or os.fspath(path)
+    with open_regular(path, name) as fh:
+        st = os.fstat(fh.fileno())
         if st.st_size > limit:
             raise FileProblem(shown, f"is {st.st_size} bytes, larger than the {limit} byte limit")
         data = fh.read(limit + 1)

@@ -8,35 +8,41 @@ The cache is used only when ``interlock.core.disk_cache.safe_cache_dir`` allows 
 (otherwise the file is converted into a temporary directory for this process,
 and stderr says so once); an entry is a directory whose files must all be real
 files owned by the user (symbolic links are never followed), listed in a manifest
-with their sizes (and digests of the text files), so a damaged or planted entry
-is converted again. Torch-free, so ``policy explain --model`` can use it.
+with their sizes (and digests of the text files, a sampled digest of the weights),
+so a damaged or planted entry is converted again. Torch-free, so ``policy explain
+--model`` can use it.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from interlock.core.disk_cache import safe_cache_dir
 from interlock.core.errors import ModelError
+from interlock.core.files import FileProblem, open_regular
 
 DEMO = "demo"
 MANIFEST = "interlock-conversion.json"
 # Parsed as text when loaded, so their digests are checked on every use; the weights are
-# checked by size and by safetensors' own header validation (hashing them would cost
-# most of a warm load).
+# checked by size, by a sampled digest (:func:`sampled_sha256`) and by safetensors' own
+# header validation (hashing them whole would cost most of a warm load).
 _DIGESTED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -81,7 +87,7 @@ def model_directory(model: str | os.PathLike[str]) -> Path | None:
     if named is not None:
         return converted(named_file(name), sha256=named.sha256)
     path = Path(name)
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         return converted(path)
     if path.name == "config.json" and path.is_file():
         return path.parent  # the same forms in `policy run`, `policy explain` and LLM
@@ -112,12 +118,33 @@ def named_file(name: str) -> Path:
     )
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path | BinaryIO) -> str:
+    """The sha256 of a file, by path or through an open binary file (read from its start)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(path, "rb") if isinstance(path, Path) else nullcontext(path) as fh:
+        fh.seek(0)
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def sampled_sha256(path: Path) -> str:
+    """A cheap digest of a large file: its size, its first 64 KiB (a safetensors header)
+    and 64 blocks of 4 KiB spread evenly over the rest. A damaged entry of the same size is
+    caught when the damage touches a sampled block (a torn write, a zeroed tail), not
+    everywhere: the converted weights would cost most of a warm load to hash whole."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        digest.update(str(size).encode())
+        digest.update(fh.read(1 << 16))
+        for i in range(_SAMPLES):
+            fh.seek(size * i // _SAMPLES)
+            digest.update(fh.read(1 << 12))
+    return digest.hexdigest()
+
+
+_SAMPLES = 64
 
 
 def converted(path: Path, *, sha256: str | None = None) -> Path:
@@ -125,33 +152,108 @@ def converted(path: Path, *, sha256: str | None = None) -> Path:
 
     ``sha256`` pins the file's content (a named model): a cached conversion under
     that key is used without hashing the file, and a conversion checks it first.
+    The file is opened once: what is hashed is what is converted (a file renamed over
+    it meanwhile is not seen), and a change of the open file during the conversion
+    (size or modification time) discards it.
     """
     from interlock.runners.model import gguf  # numpy: only for a GGUF model
 
-    if not path.is_file():
-        raise ModelSourceError(f"{path}: no such GGUF file")
-    digest = sha256 or file_sha256(path)
-    directory = safe_cache_dir()
-    if directory is None:
-        return _convert_uncached(path, digest, sha256)
-    entry = directory / f"gguf-{digest}-v{gguf.CONVERTER_VERSION}"
-    if _valid(entry, digest):
-        return entry
-    return _convert_cached(path, entry, digest, sha256)
+    try:
+        fh = open_regular(path)
+    except FileProblem as exc:
+        if not path.exists() and not path.is_symlink():
+            raise ModelSourceError(f"{path}: no such GGUF file") from None
+        raise ModelSourceError(f"{exc} (a GGUF file was expected)") from None
+    with fh:
+        digest = sha256 or file_sha256(fh)
+        directory = safe_cache_dir()
+        if directory is None:
+            return _convert_uncached(path, fh, digest, sha256)
+        entry = directory / f"gguf-{digest}-v{gguf.CONVERTER_VERSION}"
+        if _valid(entry, digest):
+            return entry
+        _sweep_staging(directory)
+        try:
+            return _convert_cached(path, fh, entry, digest, sha256)
+        except _CacheUnusable as exc:
+            print(
+                f"interlock: the cache directory {directory} cannot hold the conversion "
+                f"({exc}); converting into a temporary directory instead",
+                file=sys.stderr,
+            )
+            return _convert_uncached(path, fh, digest, sha256)
 
 
-def _convert_uncached(path: Path, digest: str, pinned: str | None) -> Path:
-    target = Path(tempfile.mkdtemp(prefix="interlock-gguf-"))
+class _CacheUnusable(Exception):
+    """Writing into the cache failed for lack of room or permission (not a bad file)."""
+
+
+#: Why a write may fail that says nothing about the GGUF file: the cache only costs speed.
+_CACHE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EDQUOT, errno.EACCES,
+                 errno.EPERM}
+
+
+def _convert_uncached(path: Path, fh: BinaryIO, digest: str, pinned: str | None) -> Path:
+    try:
+        target = Path(tempfile.mkdtemp(prefix="interlock-gguf-"))
+    except OSError as exc:
+        raise ModelSourceError(_no_room(tempfile.gettempdir(), exc)) from None
     atexit.register(shutil.rmtree, target, ignore_errors=True)
-    _convert(path, target, digest, pinned)
+    try:
+        _convert(path, fh, target, digest, pinned)
+    except OSError as exc:
+        shutil.rmtree(target, ignore_errors=True)
+        if exc.errno in _CACHE_ERRNOS:
+            raise ModelSourceError(_no_room(target.parent, exc)) from None
+        raise
     return target
 
 
-def _convert_cached(path: Path, entry: Path, digest: str, pinned: str | None) -> Path:
-    # Converted beside the entry and renamed into place: readers see all of it or none.
-    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
+def _no_room(directory: object, exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return (f"cannot convert the GGUF file: writing into {directory} failed with {name} "
+            f"({exc.strerror or exc}); free space there, or set TMPDIR or "
+            "INTERLOCK_CACHE_DIR to a writable directory")
+
+
+def _staging_prefix(entry_name: str) -> str:
+    return f".{entry_name}.{os.getpid()}."
+
+
+def _sweep_staging(directory: Path) -> None:
+    """Remove the staging directories of conversions whose process is gone (killed by
+    SIGKILL, or a power cut: a partial float32 copy of the weights each)."""
+    for staging in directory.glob(".gguf-*.*.*"):
+        parts = staging.name.split(".")
+        pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+        if pid is None or not _own(staging, directory=True) or _alive(pid):
+            continue
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
     try:
-        _convert(path, staging, digest, pinned)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _convert_cached(
+    path: Path, fh: BinaryIO, entry: Path, digest: str, pinned: str | None
+) -> Path:
+    # Converted beside the entry and renamed into place: readers see all of it or none.
+    try:
+        staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=_staging_prefix(entry.name)))
+    except OSError as exc:
+        if exc.errno in _CACHE_ERRNOS:
+            raise _CacheUnusable(errno.errorcode.get(exc.errno or 0, str(exc))) from None
+        raise
+    try:
+        with _terminated_cleanly():
+            _convert(path, fh, staging, digest, pinned)
         try:
             os.rename(staging, entry)
         except OSError:
@@ -159,16 +261,40 @@ def _convert_cached(path: Path, entry: Path, digest: str, pinned: str | None) ->
                 return entry
             _remove(entry)  # damaged or planted: never read, replaced
             os.rename(staging, entry)
+    except OSError as exc:
+        if exc.errno in _CACHE_ERRNOS:
+            raise _CacheUnusable(errno.errorcode.get(exc.errno or 0, str(exc))) from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return entry
 
 
-def _convert(path: Path, target: Path, digest: str, pinned: str | None) -> None:
+@contextmanager
+def _terminated_cleanly() -> Iterator[None]:
+    """SIGTERM during a conversion unwinds like Ctrl-C (exit 143), so the partial staging
+    copy is removed; outside the main thread the handler cannot be set (the sweep of the
+    next conversion removes it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _convert(path: Path, fh: BinaryIO, target: Path, digest: str, pinned: str | None) -> None:
     from interlock.runners.model import gguf
 
+    before = os.fstat(fh.fileno())
     if pinned is not None:
-        actual = file_sha256(path)
+        actual = file_sha256(fh)
         if actual != pinned:
             raise ModelSourceError(
                 f"{path}: sha256 {actual} differs from the pinned {pinned}; the installed "
@@ -179,12 +305,22 @@ def _convert(path: Path, target: Path, digest: str, pinned: str | None) -> None:
         file=sys.stderr,
     )
     start = time.perf_counter()
-    gguf.convert(gguf.read_gguf(path), target)
+    fh.seek(0)
+    model = gguf.read_gguf(path, os.fdopen(os.dup(fh.fileno()), "rb"))
+    gguf.convert(model, target)
+    after = os.fstat(fh.fileno())
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        raise ModelSourceError(
+            f"{path}: the file changed while it was converted (size or modification time); "
+            "nothing was cached: run again once it is complete"
+        )
     files = {}
     for name in gguf.MODEL_FILES:
         info: dict[str, Any] = {"size": (target / name).stat().st_size}
         if name in _DIGESTED:
             info["sha256"] = file_sha256(target / name)
+        else:
+            info["sampled_sha256"] = sampled_sha256(target / name)
         files[name] = info
     manifest = {
         "source": path.name,
@@ -215,6 +351,8 @@ def _valid(entry: Path, digest: str) -> bool:
             if not _own(file, directory=False) or file.stat().st_size != info["size"]:
                 return False
             if name in _DIGESTED and file_sha256(file) != info["sha256"]:
+                return False
+            if name not in _DIGESTED and sampled_sha256(file) != info["sampled_sha256"]:
                 return False
     except (OSError, ValueError, KeyError, TypeError):
         return False

@@ -17,8 +17,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from interlock.runners.model.config import parse_config
 from interlock.runners.model.gguf.config import family_of, hf_config
 from interlock.runners.model.gguf.reader import Fields, GGUFError, open_reader
 from interlock.runners.model.gguf.tensors import GGUFTensor, gguf_tensor, safetensors_entry
@@ -45,16 +46,21 @@ class GGUFModel:
     tokenizer: dict[str, Any]  # the tokenizer.ggml.* and chat template fields, by short name
 
 
-def read_gguf(path: str | Path) -> GGUFModel:
-    """Read and check ``path``: architecture, tensor types and names, hyperparameters."""
+def read_gguf(path: str | Path, fh: BinaryIO | None = None) -> GGUFModel:
+    """Read and check ``path`` (through ``fh`` when given, which it closes): architecture,
+    tensor types and names, hyperparameters."""
     path = Path(path)
-    reader = open_reader(path)
+    reader = open_reader(path, fh)
     fields = Fields(reader, path)
     family, facts = family_of(fields, path)
     tensors = {t.name: t for t in reader.tensors}
+    tokenizer = tokenizer_fields(fields)  # type-checked first: the config reads the ids too
     config = hf_config(family, facts, fields, tensors, path)
+    # Checked as the runners will read it, before anything is converted or cached: a bad
+    # number is named against the GGUF file, not against the cached config.json.
+    parse_config(config, source=f"{path} (its {facts.name}.* metadata as config.json)")
     converted = tuple(gguf_tensor(t, facts, config, path) for t in reader.tensors)
-    return GGUFModel(path, facts.name, config, converted, tokenizer_fields(fields))
+    return GGUFModel(path, facts.name, config, converted, tokenizer)
 
 
 def convert(model: GGUFModel, directory: Path) -> None:

@@ -3,9 +3,11 @@ and the key (the file is untrusted: the ``gguf`` package parses it)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from interlock.core.files import FileProblem, open_regular
 from interlock.runners.model.sources import ModelSourceError
 
 
@@ -13,23 +15,26 @@ class GGUFError(ModelSourceError):
     """A GGUF file this project cannot convert, naming the file and what is unsupported."""
 
 
-def open_reader(path: Path) -> Any:
-    """The ``gguf.GGUFReader`` of ``path``, once its magic says it is a GGUF file."""
+def open_reader(path: Path, fh: BinaryIO | None = None) -> Any:
+    """The ``gguf.GGUFReader`` of ``path`` (read through ``fh`` when given: the bytes the
+    caller hashed), once :func:`~.layout.check_layout` found its layout sound."""
     import gguf
 
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise GGUFError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if magic != b"GGUF":
-        raise GGUFError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader parses untrusted bytes; any failure means a bad file
-        raise GGUFError(
-            f"{path}: not a readable GGUF file: {type(exc).__name__}: {exc}"
-        ) from None
+    from interlock.runners.model.gguf.layout import check_layout
+
+    if fh is None:
+        try:
+            fh = open_regular(path)
+        except FileProblem as exc:
+            raise GGUFError(str(exc)) from None
+    with fh:
+        check_layout(fh, str(path))
+        try:
+            return gguf.GGUFReader(fh)  # type: ignore[arg-type]  # numpy maps a file object too
+        except Exception as exc:  # the reader parses untrusted bytes; any failure: a bad file
+            raise GGUFError(
+                f"{path}: not a readable GGUF file: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 class Fields:
@@ -83,4 +88,6 @@ class Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise GGUFError(f"{self.path}: metadata {key}={value!r} is not a number")
+        if not math.isfinite(value):  # JSON has no NaN: it would be blamed on the cache
+            raise GGUFError(f"{self.path}: metadata {key}={value!r} is not a finite number")
         return float(value)

@@ -29,13 +29,60 @@ PRE_TOKENIZERS: Mapping[str, tuple[str, ...]] = {
 _CONTROL, _USER_DEFINED = 3, 4
 
 
+#: A token or merge longer than this is refused (real ones are a few dozen bytes).
+MAX_TOKEN_CHARS = 1 << 12
+_IDS = ("bos_token_id", "eos_token_id", "eot_token_id", "unknown_token_id",
+        "padding_token_id")
+_FLAGS = ("add_bos_token", "add_eos_token")
+
+
 def tokenizer_fields(fields: Fields) -> dict[str, Any]:
-    keys = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id", "eos_token_id",
-            "eot_token_id", "unknown_token_id", "padding_token_id", "add_bos_token",
-            "add_eos_token")
+    """The tokenizer metadata, each key type-checked (a string ``"false"`` is not False, a
+    float or bool is not a token id): a wrong type is a GGUFError naming
+    ``tokenizer.ggml.KEY``."""
+    keys = ("model", "pre", "tokens", "merges", "token_type", *_IDS, *_FLAGS)
     found = {key: fields.get(f"tokenizer.ggml.{key}") for key in keys}
     found["chat_template"] = fields.get("tokenizer.chat_template")
-    return {key: value for key, value in found.items() if value is not None}
+    found = {key: value for key, value in found.items() if value is not None}
+    path = fields.path
+
+    def bad(key: str, value: object, allowed: str) -> GGUFError:
+        name = "tokenizer.chat_template" if key == "chat_template" else f"tokenizer.ggml.{key}"
+        text = repr(value)
+        text = text if len(text) <= 60 else f"{text[:60]}…"
+        return GGUFError(f"{path}: metadata {name}={text} is not {allowed}")
+
+    for key in ("model", "pre", "chat_template"):
+        if key in found and not isinstance(found[key], str):
+            raise bad(key, found[key], "a string")
+    for key in ("tokens", "merges"):
+        value = found.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+            raise bad(key, value, "an array of strings")
+        longest = max(value, key=len, default="")
+        if len(longest) > MAX_TOKEN_CHARS:
+            raise bad(key, f"<an entry of {len(longest)} characters>",
+                      f"entries of at most {MAX_TOKEN_CHARS} characters")
+    types = found.get("token_type")
+    if types is not None:
+        if not isinstance(types, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in types
+        ):
+            raise bad("token_type", types, "an array of integers")
+        count = len(found.get("tokens", ()))
+        if len(types) != count:
+            raise bad("token_type", f"<{len(types)} entries>",
+                      f"one entry per token ({count}, tokenizer.ggml.tokens)")
+    for key in _IDS:
+        value = found.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise bad(key, value, "a token id (an integer)")
+    for key in _FLAGS:
+        if key in found and not isinstance(found[key], bool):
+            raise bad(key, found[key], "a bool")
+    return found
 
 
 def build_tokenizer(fields: Mapping[str, Any], path: Path) -> tuple[Any, dict[str, Any]]:
@@ -76,6 +123,12 @@ def build_tokenizer(fields: Mapping[str, Any], path: Path) -> tuple[Any, dict[st
         pair = merge.split(" ")
         if len(pair) != 2:
             raise GGUFError(f"{path}: tokenizer.ggml.merges[{i}]={merge!r} is not 'left right'")
+        unknown = [part for part in (*pair, "".join(pair)) if part not in vocab]
+        if unknown:
+            raise GGUFError(
+                f"{path}: tokenizer.ggml.merges[{i}]={merge!r} names {unknown[0]!r}, which is "
+                "not in tokenizer.ggml.tokens"
+            )
         merges.append((pair[0], pair[1]))
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -96,12 +149,12 @@ def build_tokenizer(fields: Mapping[str, Any], path: Path) -> tuple[Any, dict[st
         index = fields.get(key)
         if index is None:
             return None
-        if not 0 <= int(index) < len(tokens):
+        if not 0 <= index < len(tokens):
             raise GGUFError(f"{path}: tokenizer.ggml.{key}={index} is outside the vocabulary")
-        return tokens[int(index)]
+        return tokens[index]  # type: ignore[no-any-return]
 
     bos = token("bos_token_id")
-    add_bos = bool(fields.get("add_bos_token", False)) and bos is not None
+    add_bos = fields.get("add_bos_token", False) is True and bos is not None
     if add_bos:
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
