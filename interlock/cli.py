@@ -88,14 +88,55 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or with only ``command`` (so that running one
     imports only its module)."""
+    from interlock import __version__
+
     parser = _Parser(
         prog="policy",
         description="Decide, explain and test how an inference engine runs a model.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"policy (interlock) {__version__}"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS if command is None else (command,):
         importlib.import_module(f"interlock.commands.{name}").add_parser(subparsers)
     return parser
+
+
+def _unrecognized(
+    exc: UsageError, parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> UsageError:
+    """argparse reports an unknown option of a subcommand on the top-level parser, with the
+    top-level usage; say it for the subcommand, with its closest option."""
+    prefix = "unrecognized arguments: "
+    message = str(exc)
+    if not message.startswith(prefix) or not argv or argv[0] not in COMMANDS:
+        return exc
+    from interlock.core.suggest import did_you_mean
+
+    sub = _subparser(parser, list(argv))
+    options = [o for action in sub._actions for o in action.option_strings]
+    hints = []
+    for word in message[len(prefix) :].split():
+        if word.startswith("-"):
+            near = did_you_mean(word.split("=")[0], options)
+            if near is not None:
+                hints.append(f"{word.split('=')[0]}: did you mean {near}?")
+    return UsageError(message + ("; " + "; ".join(hints) if hints else ""), sub)
+
+
+def _subparser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The deepest subcommand parser ``argv`` names (``vllm args`` has two levels)."""
+    current = parser
+    for word in argv:
+        choices = next(
+            (a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)),
+            None,
+        )
+        if not isinstance(choices, dict) or word not in choices:
+            break
+        current = choices[word]
+    return current
 
 
 def _wants_json(argv: Sequence[str], args: argparse.Namespace | None) -> bool:
@@ -132,6 +173,8 @@ def _main(argv: list[str]) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # --help and --version exit 0 through argparse
             return exc.code if isinstance(exc.code, int) else 0
+        except UsageError as exc:
+            raise _unrecognized(exc, parser, argv) from None
         return int(args.run(args))
     except KeyboardInterrupt as exc:
         print("policy: interrupted", file=sys.stderr)
