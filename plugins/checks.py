@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from interlock.core.decision import Decision
-from interlock.core.platform import GPU_PLATFORMS
+from interlock.core.platform import (
+    GPU_PLATFORMS,
+    PLATFORM_NAMES,
+    device_arch_problem,
+    platform_problem,
+)
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
+from interlock.policy.conditions import NameMatch
 from interlock.policy.lint import ERROR, WARNING, Check, Finding, RunnerCheck, Subject
 from interlock.policy.lint import lint_paths as _lint_paths
 from interlock.policy.lint import lint_sources as _lint_sources
@@ -56,7 +63,11 @@ def _unserved_cudagraph_modes(registry: PluginRegistry, subject: Subject) -> Ite
         if setting is None:
             continue
         runner = rule.set.get("runner")
-        platforms = subject.domain.platforms_of(rule.when)
+        # A platform nothing knows (a rule's typo) is reported as that, on that rule.
+        known = registry.platforms()
+        platforms = [
+            p for p in subject.domain.platforms_of(rule.when) if platform_problem(p, known) is None
+        ]
         problems = unserved_cudagraph(
             registry, str(setting.value), platforms, str(runner.value) if runner else None
         )
@@ -114,7 +125,44 @@ def registry_checks(registry: PluginRegistry) -> tuple[Check, ...]:
     return (
         lambda subject: _unserved_cudagraph_modes(registry, subject),
         lambda subject: _default_runner_serves(registry, subject),
+        lambda subject: _unknown_platforms(registry, subject),
     )
+
+
+def _unknown_platforms(registry: PluginRegistry, subject: Subject) -> Iterator[Finding]:
+    """Warnings: a rule names a platform that is neither built in nor served by a registered
+    plugin, or a device arch its platforms do not name that way (``rcom``, ``gfx95O``): the
+    rule never matches, and nothing else would say why."""
+    declared = registry.platforms()
+    for rule in subject.policy.rules:
+        platforms = rule.when.name_match("platform")
+        named = sorted(platforms.literals) if platforms is not None else []
+        for where, name in _names(subject, rule, platforms):
+            problem = platform_problem(name, declared) if name in named else None
+            if problem is not None:
+                yield subject.finding(
+                    where, WARNING, "unknown-platform", f"rule {rule.id}: {problem}"
+                )
+        # Without a platform condition an arch must be some platform's (those whose arch
+        # names are known; a plugin's own platform, whose names are not, turns the check off).
+        scope = named or [
+            p for p in dict.fromkeys((*PLATFORM_NAMES, *declared)) if p not in ("cpu", "xpu")
+        ]
+        for where, arch in _names(subject, rule, rule.when.name_match("device_arch")):
+            problem = device_arch_problem(arch, scope)
+            if problem is not None:
+                yield subject.finding(
+                    where, WARNING, "unknown-device-arch", f"rule {rule.id}: {problem}"
+                )
+
+
+def _names(subject: Subject, rule: Any, match: NameMatch | None) -> Iterator[tuple[Any, str]]:
+    """``(location, name)`` of each name a condition lists."""
+    if match is None:
+        return
+    for i, name in enumerate(match.patterns):
+        index = [i] if len(match.patterns) > 1 else []
+        yield subject.at(rule, "when", match.key, *index), name
 
 
 def lint_paths(

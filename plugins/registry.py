@@ -81,6 +81,14 @@ class PluginRegistry:
     def find(self, name: str) -> RegisteredRunner | None:
         return self._runners.get(name)
 
+    def platforms(self) -> list[str]:
+        """Every platform a registered runner serves (the built-in ones and any a plugin
+        declares), in first-served order."""
+        seen: dict[str, None] = {}
+        for reg in self.runners():
+            seen.update(dict.fromkeys(reg.spec.platforms))
+        return list(seen)
+
     def runner(self, name: str) -> RegisteredRunner:
         """The runner called ``name``; PluginError saying why when there is no single one."""
         found = self._runners.get(name)

@@ -25,6 +25,7 @@ from interlock.core.decision import (
     Decision,
     FieldSpec,
 )
+from interlock.core.platform import PLATFORM_NAMES, platform_problem
 from interlock.plugins.api import check_api_range
 
 if TYPE_CHECKING:
@@ -258,6 +259,10 @@ class RunnerSpec:
     unsupported: tuple[Unsupported, ...] = ()
     # The runner an automatic choice moves to when this one cannot serve the context.
     fallback: str | None = None
+    # Platforms this runner brings that are not built in (interlock.core.platform): named
+    # here on purpose, so that a misspelt one ("cdua") is an error, not a platform no
+    # context ever has while the real one silently falls back to another runner.
+    new_platforms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"runner {self.name!r}"
@@ -273,8 +278,18 @@ class RunnerSpec:
         _import_path("factory", self.factory)
         if not isinstance(self.platforms, Mapping) or not self.platforms:
             raise _fail("platforms", "declare at least one, e.g. {'cpu': PlatformSupport(...)}")
+        object.__setattr__(self, "new_platforms", tuple(self.new_platforms))
+        for platform in self.new_platforms:
+            _text("new_platforms", platform, _PLATFORM)
+            if platform in PLATFORM_NAMES:
+                raise _fail("new_platforms", f"{platform!r} is built in; list it in platforms only")
         for platform, support in self.platforms.items():
             _text("platforms", platform, _PLATFORM)
+            problem = platform_problem(platform, self.new_platforms)
+            if problem is not None:
+                raise _fail(
+                    "platforms", f"{problem}; a new platform is also listed in new_platforms"
+                )
             if not isinstance(support, PlatformSupport):
                 raise _fail(f"platforms.{platform}", f"{support!r} is not a PlatformSupport")
         object.__setattr__(self, "platforms", dict(sorted(self.platforms.items())))
@@ -335,6 +350,7 @@ class RunnerSpec:
             "unsupported": [u.to_dict() for u in self.unsupported],
             "fallback": self.fallback,
             "factory": self.factory,
+            "new_platforms": list(self.new_platforms),
         }
 
     @classmethod
@@ -348,6 +364,7 @@ class RunnerSpec:
             factory=data["factory"],
             unsupported=tuple(Unsupported.from_dict(u) for u in data["unsupported"]),
             fallback=data["fallback"],
+            new_platforms=tuple(data.get("new_platforms", ())),
         )
 
 

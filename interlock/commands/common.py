@@ -164,8 +164,29 @@ def engine_of(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]
     return engine, sources
 
 
+def check_target(platform: str | None, device_arch: str | None, flag: str = "--platform") -> None:
+    """A platform named on the command line is a known one (built in, or one a registered
+    plugin serves), and its device arch is named as that platform names them: a typo is an
+    error with "did you mean", not a context no rule matches."""
+    from interlock.core.errors import InputError
+    from interlock.core.platform import device_arch_problem, platform_problem
+
+    if platform is None:
+        return
+    from interlock.plugins import load_registry
+
+    problem = platform_problem(platform, load_registry().platforms())
+    if problem is not None:
+        raise InputError(f"{flag} {platform}: {problem}")
+    if device_arch:
+        problem = device_arch_problem(device_arch, [platform])
+        if problem is not None:
+            raise InputError(f"--device-arch {device_arch}: {problem}")
+
+
 def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     """The keyword arguments of ``make_context`` that :func:`add_context_flags` collects."""
+    check_target(args.platform, args.device_arch)
     env, sources = env_of(args, policy)
     engine, engine_sources = engine_of(args)
     flags: dict[str, Any] = dict(

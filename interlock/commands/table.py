@@ -13,6 +13,7 @@ from interlock.commands.common import (
     engine_of,
     env_of,
     load,
+    pair,
 )
 from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
@@ -21,9 +22,13 @@ from interlock.policy.model import Policy
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "table",
-        help="decision matrix: catalog architectures x platforms",
+        help="decision matrix: catalog architectures x platforms, or x your fleet's targets",
         description="The decision (policy stages and runner capabilities) for every catalog "
-        "architecture on each platform, with no device arch and no features. When the policy "
+        "architecture on each platform (--device-arch and --feature apply to every context). "
+        "With --target P:ARCH (repeatable, e.g. --target cuda:sm_90 --target rocm:gfx950), a "
+        "fleet view: rows are architectures, columns the targets, each cell the decision; on "
+        "a layered policy (@shipped:site.yaml) the cells the last file changes against the "
+        "layers below it are marked (--against STACK names another base). When the policy "
         "has config conditions, one row per distinct truth assignment of its config "
         "predicates (and one with no model config), as `policy diff` enumerates them. The "
         "process environment is not applied; pass --env to apply a binding; "
@@ -36,14 +41,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"platform to include; repeatable (default: {', '.join(PLATFORM_NAMES)} and any a "
         "rule names)",
     )
+    parser.add_argument(
+        "--device-arch", dest="device_arch", metavar="ARCH",
+        help="device arch of every --platform context, e.g. gfx950",
+    )
+    parser.add_argument(
+        "--target", action="append", type=_target, metavar="P[:ARCH]",
+        help="a column of the fleet view: platform and device arch, e.g. rocm:gfx950; repeatable",
+    )
+    parser.add_argument(
+        "--architecture", "-a", action="append", metavar="NAME|GLOB",
+        help="rows to show: an architecture or a glob (Glm*); repeatable (default: the catalog)",
+    )
+    parser.add_argument(
+        "--feature", action="append", type=pair, default=[], metavar="K=V",
+        help="deployment feature of every context, e.g. tensor_parallel_size=8",
+    )
+    parser.add_argument(
+        "--against", metavar="STACK",
+        help="the base policy changed cells are marked against (default: for a layered "
+        "policy, its layers below the last)",
+    )
     parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
+    parser.add_argument("--json", action="store_true", help="the same as --format json")
     add_env_args(parser)
     add_engine_args(parser)
     add_policy_args(parser)
     parser.set_defaults(run=run)
 
 
+def _target(text: str) -> Any:
+    from interlock.policy.fleet import Target
+
+    platform, _, arch = text.partition(":")
+    if not platform:
+        raise argparse.ArgumentTypeError(
+            f"expected PLATFORM[:ARCH], e.g. rocm:gfx950, got {text!r}"
+        )
+    return Target(platform, arch)
+
+
 def run(args: argparse.Namespace) -> int:
+    from interlock.commands.common import check_target, features_of
     from interlock.core.errors import PolicyError
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.context import Context
@@ -51,29 +90,103 @@ def run(args: argparse.Namespace) -> int:
     from interlock.policy.explain import TableError, render_table
     from interlock.policy.resolution import resolve
 
+    fmt = "json" if args.json else args.format
     policy = load(args)
     env, _ = env_of(args, policy, process=False)
     engine, sources = engine_of(args)
-    platforms = args.platform or _platforms(policy)
-    domain = Domain.of(policy)
+    features = features_of(args, policy)
+    architectures = _rows(policy, args.architecture)
     stage = capability_stage()
+    if args.target:
+        return _fleet(args, policy, architectures, stage, fmt, features=features, env=env,
+                      engine=engine, sources=sources)
+    platforms = args.platform or _platforms(policy)
+    for platform in args.platform or ():
+        check_target(platform, args.device_arch)
+    domain = Domain.of(policy)
     rows: list[Any] = []
-    for arch in policy.catalog:
+    for arch in architectures:
         for platform in platforms:
             for config in domain.config_states:
                 context = Context(
-                    arch, platform, env=env, engine=engine, sources=sources,
+                    arch, platform, args.device_arch or "", features=features, env=env,
+                    engine=engine, sources=sources,
                     config=None if config is None else dict(config),
                 )  # fmt: skip
                 try:
                     rows.append(resolve(policy, context, capabilities=stage))
                 except PolicyError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), context.config))
-    sys.stdout.write(render_table(rows, args.format))
-    if args.format == "text":
+    sys.stdout.write(render_table(rows, fmt))
+    if fmt == "text":
         for line in domain.describe_enumeration()[:1] if domain.config_predicates else []:
             sys.stdout.write(f"\nrows per {line}\n")
     return 1 if any(isinstance(r, TableError) for r in rows) else 0
+
+
+def _rows(policy: Policy, patterns: list[str] | None) -> list[str]:
+    """The catalog architectures ``patterns`` select (all without any); a literal name outside
+    the catalog is a row too (it shows the decision for an unknown model)."""
+    from fnmatch import fnmatchcase
+
+    from interlock.core.errors import InputError
+    from interlock.core.suggest import hint
+
+    if not patterns:
+        return list(policy.catalog)
+    rows: dict[str, None] = {}
+    for pattern in patterns:
+        if any(c in pattern for c in "*?["):
+            matched = [a for a in policy.catalog if fnmatchcase(a, pattern)]
+            if not matched:
+                raise InputError(f"--architecture {pattern}: matches no catalog architecture")
+            rows.update(dict.fromkeys(matched))
+        else:
+            if pattern not in policy.catalog and hint(pattern, policy.catalog):
+                raise InputError(
+                    f"--architecture {pattern}: not in the catalog{hint(pattern, policy.catalog)}"
+                )
+            rows[pattern] = None
+    return list(rows)
+
+
+def _fleet(
+    args: argparse.Namespace, policy: Policy, architectures: list[str], stage: Any, fmt: str,
+    **context: Any,
+) -> int:
+    from interlock.commands.common import check_target
+    from interlock.core.errors import InputError
+    from interlock.policy.fleet import fleet, render_fleet
+    from interlock.policy.resolution import resolve
+
+    if args.platform or args.device_arch:
+        raise InputError("--target names each column's platform and arch; drop --platform and "
+                         "--device-arch")
+    for target in args.target:
+        check_target(target.platform, target.device_arch, "--target")
+    table = fleet(
+        policy, architectures, args.target,
+        lambda p, ctx: resolve(p, ctx, capabilities=stage), base=_base(args), **context,
+    )
+    sys.stdout.write(render_fleet(table, fmt))
+    return 1 if table.failed else 0
+
+
+def _base(args: argparse.Namespace) -> Policy | None:
+    """The policy changed cells are compared with: --against, else the layers of a layered
+    policy below its last file (None for a single file)."""
+    from interlock.core.errors import PolicyError
+    from interlock.policy.loader import load_policy, load_policy_sources, policy_paths, read_source
+
+    if args.against is not None:
+        return load_policy([args.against])
+    files = policy_paths(args.policy)
+    if len(files) < 2:
+        return None
+    try:
+        return load_policy_sources([(name, read_source(path, name)) for name, path in files[:-1]])
+    except PolicyError:
+        return None  # the layers below do not stand alone: nothing to compare with
 
 
 def _platforms(policy: Policy) -> list[str]:

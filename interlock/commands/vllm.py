@@ -119,7 +119,7 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.commands.common import features_of
+    from interlock.commands.common import check_target, features_of
     from interlock.core.errors import PolicyError
     from interlock.model_run import decided_by, model_context, process_env
     from interlock.policy.resolution import resolve
@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             f"{own[0]} comes after MODEL, where arguments go to vllm serve; "
             f"put policy vllm's own options before MODEL"
         )
+    check_target(args.platform, args.device_arch)
     policy = load(args)
     user = read_user_flags(args.vllm_args)
     given = features_of(args, policy)

@@ -10,7 +10,7 @@ graph backend). Torch is imported only to detect the platform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
@@ -100,3 +100,63 @@ def detect_platform() -> tuple[str, str, str]:
     if xpu is not None and xpu.is_available():
         return "xpu", "", f"torch {torch.__version__} XPU"
     return "cpu", "", f"torch {torch.__version__} sees no accelerator"
+
+
+#: How the device architectures of a platform are named, where the names are known: the
+#: pattern a name matches, an example, and real names to suggest from.
+@dataclass(frozen=True)
+class ArchNames:
+    pattern: str
+    example: str
+    known: tuple[str, ...]
+
+
+DEVICE_ARCHS: Mapping[str, ArchNames] = {
+    "cuda": ArchNames(r"sm_[0-9]+[a-z]?", "sm_90", (
+        "sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100",
+        "sm_100a", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121")),
+    "rocm": ArchNames(r"gfx[0-9a-f]+", "gfx942", (
+        "gfx900", "gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950",
+        "gfx1030", "gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201")),
+}
+
+
+def platform_problem(name: str, declared: Iterable[str] = ()) -> str | None:
+    """Why ``name`` is not a platform (the built-in ones, or ``declared`` by plugins), with
+    the closest known name; None when it is one."""
+    from interlock.core.suggest import hint
+
+    known = [*PLATFORM_NAMES, *(p for p in declared if p not in PLATFORMS)]
+    if name in known:
+        return None
+    return (
+        f"unknown platform {name!r}; known: {', '.join(known)} (a plugin may declare a new "
+        f"one){hint(name, known)}"
+    )
+
+
+def device_arch_problem(arch: str, platforms: Iterable[str]) -> str | None:
+    """Why ``arch`` (a name or a glob) names no device architecture of any of ``platforms``,
+    with the closest real name; None when it may, or when one of the platforms' names are
+    not known (``cpu``, a plugin's platform): nothing to check then."""
+    import re
+
+    from interlock.core.suggest import hint
+
+    platforms = list(platforms)
+    if not arch or not platforms or any(p not in DEVICE_ARCHS for p in platforms):
+        return None
+    forms = [DEVICE_ARCHS[p] for p in platforms]
+    literal = re.split(r"[*?\[]", arch, maxsplit=1)[0]
+    for form in forms:
+        if re.fullmatch(form.pattern, literal):
+            return None
+        # A glob's fixed part is a prefix of a name: "gfx9*", "sm_1*".
+        if literal != arch and re.fullmatch(form.pattern, literal + "0"):
+            return None
+    names = " or ".join(f"{f.pattern.split('[')[0]}…, e.g. {f.example}" for f in forms)
+    known = [k for f in forms for k in f.known]
+    return (
+        f"device arch {arch!r} is not a {'/'.join(platforms)} architecture name ({names})"
+        + hint(arch, known)
+    )

@@ -26,3 +26,34 @@ def site(tmp_path: Path) -> Path:
     path = tmp_path / "site.yaml"
     path.write_text(SITE)
     return path
+
+
+@pytest.fixture
+def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """install(dist, entry_points, modules): an installed-looking distribution on sys.path for
+    one test; the plugin registry is rediscovered (and not cached) before and after."""
+    import sys
+
+    from interlock import plugins
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
+    from plugin_builders import make_dist
+
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("INTERLOCK_DISABLE_PLUGINS", "INTERLOCK_PLUGINS_STRICT"):
+        monkeypatch.delenv(name, raising=False)
+    path = list(sys.path)
+    site = tmp_path / "site"
+
+    def _install(dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
+        make_dist(site, dist, "1.0", entry_points, modules)
+        if str(site) not in sys.path:
+            sys.path.insert(0, str(site))
+        plugins.reset()
+        return site
+
+    yield _install
+    sys.path[:] = path
+    for name in [m for m in sys.modules if m.startswith("wf_")]:
+        del sys.modules[name]
+    plugins.reset()

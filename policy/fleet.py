@@ -1,0 +1,178 @@
+"""The fleet view of ``policy table``: architectures x the machines an operator runs.
+
+Rows are architectures, columns are targets (a platform and a device arch, e.g.
+``rocm:gfx950``), each cell the decision there. Given a base policy (the shipped
+one, for a site policy layered on it), a cell records which fields the layered
+policy changes, so the table shows what the site policy does to the fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from interlock.core.errors import PolicyError
+from interlock.policy.context import Context
+from interlock.policy.model import Policy
+from interlock.policy.resolution import Resolution
+
+#: Marks a changed cell in the text table.
+CHANGED = "*"
+
+
+@dataclass(frozen=True)
+class Target:
+    platform: str
+    device_arch: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.platform}:{self.device_arch}" if self.device_arch else self.platform
+
+
+@dataclass(frozen=True)
+class Cell:
+    resolution: Resolution | None
+    error: str | None = None
+    #: The base policy's resolution (None without a base, or when it failed).
+    base: Resolution | None = None
+    base_error: str | None = None
+
+    def changed(self) -> list[str]:
+        """Decision fields the policy decides differently from the base (``outcome`` when only
+        one side resolves)."""
+        if self.base is None and self.base_error is None:
+            return []
+        if (self.resolution is None) != (self.base is None):
+            return ["outcome"]
+        if self.resolution is None or self.base is None:
+            return []
+        new, old = self.resolution.decision.to_dict(), self.base.decision.to_dict()
+        return [k for k in new if new[k] != old[k]]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    targets: tuple[Target, ...]
+    rows: tuple[tuple[str, tuple[Cell, ...]], ...]
+    policy: Policy
+    base: Policy | None
+
+    @property
+    def failed(self) -> bool:
+        return any(cell.error is not None for _, cells in self.rows for cell in cells)
+
+
+Resolver = Callable[[Policy, Context], Resolution]
+
+
+def fleet(
+    policy: Policy,
+    architectures: Sequence[str],
+    targets: Sequence[Target],
+    resolver: Resolver,
+    *,
+    base: Policy | None = None,
+    features: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    engine: dict[str, str] | None = None,
+    sources: dict[str, str] | None = None,
+) -> Fleet:
+    """Resolve every architecture on every target (and under ``base``, when given); the
+    keywords are every context's."""
+
+    def one(p: Policy, context: Context) -> tuple[Resolution | None, str | None]:
+        try:
+            return resolver(p, context), None
+        except PolicyError as exc:  # a cell's error is that cell's, not the table's end
+            return None, str(exc)
+
+    rows = []
+    for arch in architectures:
+        cells = []
+        for target in targets:
+            context = Context(
+                arch, target.platform, target.device_arch, features=dict(features or {}),
+                env=dict(env or {}), engine=dict(engine or {}), sources=dict(sources or {}),
+            )
+            res, err = one(policy, context)
+            if base is not None:
+                old, old_err = one(base, context)
+                cells.append(Cell(res, err, old, old_err))
+            else:
+                cells.append(Cell(res, err))
+        rows.append((arch, tuple(cells)))
+    return Fleet(tuple(targets), tuple(rows), policy, base)
+
+
+def _cell_text(cell: Cell) -> str:
+    if cell.resolution is None:
+        return f"error: {(cell.error or '').splitlines()[0]}"
+    d = cell.resolution.decision
+    text = f"{d.runner} {d.cudagraph}"
+    if d.breakable:
+        text += " breakable"
+    elif not d.compile:
+        text += " no-compile"
+    return text + (f" {CHANGED}" if cell.changed() else "")
+
+
+def render_fleet(table: Fleet, fmt: str) -> str:
+    """``text`` (a grid, changed cells marked and a legend), ``csv`` or ``json``."""
+    if fmt == "json":
+        return json.dumps(fleet_to_dict(table), indent=2) + "\n"
+    header = ["architecture", *(t.name for t in table.targets)]
+    grid = [[arch, *(_cell_text(c) for c in cells)] for arch, cells in table.rows]
+    if fmt == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(grid)
+        return out.getvalue()
+    widths = [max(len(header[i]), *(len(r[i]) for r in grid)) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in grid]
+    if table.base is not None:
+        changed = sum(bool(c.changed()) for _, cells in table.rows for c in cells)
+        new = [f.path for f in table.policy.files]
+        old = [f.path for f in table.base.files]
+        added = [p for p in new if p not in old] or new
+        lines += ["", f"{CHANGED} {changed} cell(s) where {' + '.join(added)} changes the "
+                  f"decision of {' + '.join(old)}"]
+    lines.append("cell: runner cudagraph [breakable | no-compile]")
+    return "\n".join(lines) + "\n"
+
+
+def fleet_to_dict(table: Fleet) -> dict[str, Any]:
+    rows = []
+    for arch, cells in table.rows:
+        out = {}
+        for target, cell in zip(table.targets, cells, strict=True):
+            res = cell.resolution
+            entry: dict[str, Any] = {
+                "decision": None if res is None else res.decision.to_dict(),
+                "set_by": None if res is None else {
+                    k: p.source for k, p in res.provenance.items()
+                },
+                "error": cell.error,
+            }
+            if table.base is not None:
+                entry["changed"] = cell.changed()
+                entry["base"] = None if cell.base is None else cell.base.decision.to_dict()
+                entry["base_error"] = cell.base_error
+            out[target.name] = entry
+        rows.append({"architecture": arch, "cells": out})
+    return {
+        "targets": [
+            {"name": t.name, "platform": t.platform, "device_arch": t.device_arch}
+            for t in table.targets
+        ],
+        "policy": table.policy.stamp(),
+        "base": None if table.base is None else table.base.stamp(),
+        "rows": rows,
+    }
