@@ -1,7 +1,8 @@
 """Checking a running ``vllm serve`` against the decision it was started with.
 
 vLLM says what it runs in its startup log, and only there. The lines read (messages as
-vLLM's own source writes them; the same text in every release 0.29–0.33, at these places):
+vLLM's own source writes them; the same text in every release 0.27.1–0.33, at the places
+:data:`FORMATS` lists):
 
 - the engine config, once: ``Initializing a V1 LLM engine (v%s) with config: %s``
   (``v1/engine/core.py``), whose ``compilation_config={...}`` holds
@@ -13,8 +14,8 @@ vLLM's own source writes them; the same text in every release 0.29–0.33, at th
   NONE), and ``Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1...`` (``config/vllm.py``) when
   vLLM switched breakable graphs on by itself;
 - ``Starting vLLM server on %s`` (``entrypoints/launchers/api_server/entry.py``): the
-  engine is built and the server is about to listen; what has not been seen by then will
-  not be.
+  engine is built and the server is about to listen (``entrypoints/openai/api_server.py``
+  before 0.29); what has not been seen by then will not be.
 
 A line is vLLM's when it has the logger's shape (``LEVEL MM-DD HH:MM:SS [file.py:N]
 message``, after any process prefix such as ``(EngineCore pid=12)``); the message is
@@ -55,20 +56,24 @@ class LogFormats:
     ready: str
 
 
-#: The messages, identical in every release below (read from each wheel's source).
+#: The messages, identical in every release below (read from each wheel's source; the ready
+#: line moved from ``entrypoints/openai/api_server.py`` to the launchers in 0.29).
 RUNNER_V2_MESSAGE = "Using V2 Model Runner"
 CONFIG_MESSAGE = re.compile(r"^Initializing a V1 LLM engine \(v(?P<version>[^)]*)\) with config: ")
 BREAKABLE_MESSAGE = "Breakable CUDA graph enabled"
 AUTO_BREAKABLE_MESSAGE = "Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1."
 READY_MESSAGE = "Starting vLLM server on "
 
-_W, _C, _B, _V, _E = (
+_W, _C, _B, _V, _E, _A = (
     "v1/worker/gpu_worker.py", "v1/engine/core.py", "compilation/breakable_cudagraph.py",
     "config/vllm.py", "entrypoints/launchers/api_server/entry.py",
+    "entrypoints/openai/api_server.py",
 )
 FORMATS: dict[str, LogFormats] = {
     f.version: f
     for f in (
+        LogFormats("0.27.1", f"{_W}:385", f"{_C}:122", f"{_B}:288", f"{_V}:1232", f"{_A}:682"),
+        LogFormats("0.28.0", f"{_W}:396", f"{_C}:123", f"{_B}:288", f"{_V}:1335", f"{_A}:657"),
         LogFormats("0.29.0", f"{_W}:429", f"{_C}:123", f"{_B}:288", f"{_V}:717", f"{_E}:139"),
         LogFormats("0.30.0", f"{_W}:441", f"{_C}:124", f"{_B}:293", f"{_V}:763", _E),
         LogFormats("0.31.0", f"{_W}:479", f"{_C}:130", f"{_B}:294", f"{_V}:844", _E),
