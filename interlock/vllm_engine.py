@@ -447,3 +447,92 @@ def _clean_group(pgid: int) -> None:
             return
         time.sleep(0.05)
     _signal_group(pgid, signal.SIGKILL)
+
+
+class EngineFailed(PolicyError):
+    """A started engine did not come up, or died (``policy bench --engine vllm``)."""
+
+    kind = "runtime"
+
+
+class EngineProcess:
+    """One ``vllm serve`` child for a measurement: started in its own process group, its
+    output kept (the last lines, for errors) and fed to ``check``; :meth:`wait_ready`
+    returns once the check has a verdict and ``/health`` answers; :meth:`stop` leaves
+    nothing of it running."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], check: EngineCheck,
+                 port: int, name: str) -> None:
+        self.check, self.port, self.name = check, port, name
+        self.tail: list[str] = []
+        self._lock = threading.Lock()
+        try:
+            self.child = subprocess.Popen(
+                list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as exc:
+            raise EngineFailed(f"{name}: cannot start {argv[0]}: {exc.strerror or exc}") from None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.child.stdout is not None
+        for raw in iter(self.child.stdout.readline, b""):
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            with self._lock:
+                self.tail = [*self.tail[-19:], text]
+                self.check.feed(text)
+
+    def output(self) -> str:
+        """Its last lines of output, on one line (an error message is one line)."""
+        with self._lock:
+            return " | ".join(_ANSI.sub("", line).strip() for line in self.tail[-5:]) or "none"
+
+    def exit_status(self) -> int | None:
+        return self.child.poll()
+
+    def wait_ready(self, timeout: float) -> Verification:
+        """The verdict on the engine's startup log, once ``/health`` answers 200 (raises
+        :class:`EngineFailed` naming the engine when it exits or the time runs out)."""
+        import http.client
+
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.child.poll()
+            if code is not None:
+                self._reader.join(timeout=2.0)
+                raise EngineFailed(
+                    f"{self.name}: {_exit_text(code)}; its last output: {self.output()}"
+                )
+            if time.monotonic() >= deadline:
+                raise EngineFailed(
+                    f"{self.name}: not healthy within {timeout:g} s (GET "
+                    f"http://127.0.0.1:{self.port}/health); its last output: {self.output()}"
+                )
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
+                conn.request("GET", "/health")
+                healthy = conn.getresponse().status == 200
+                conn.close()
+            except OSError:
+                healthy = False
+            if healthy:
+                with self._lock:
+                    verdict = self.check.verdict
+                if verdict is None:
+                    # Up and answering: the ready line may still be in the pipe.
+                    time.sleep(0.05)
+                    with self._lock:
+                        verdict = self.check.verdict or self.check.finish("ready")
+                return verdict
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.child.poll() is None
+
+    def stop(self) -> None:
+        if self.child.poll() is None:
+            _stop(self.child)
+        _clean_group(self.child.pid)
+        self._reader.join(timeout=2.0)

@@ -280,8 +280,11 @@ def check_record(
     error: str,
     warning: str,
     note: str,
+    engine_version: str | None = None,
 ) -> Iterator[tuple[str, str, str]]:
-    """``(severity, code, message)`` findings about one record ``rule`` cites."""
+    """``(severity, code, message)`` findings about one record ``rule`` cites;
+    ``engine_version`` is the vLLM release the policy describes: a record measured on
+    another one (``policy bench --engine vllm``) is stale."""
     path = record_path(cited, policy_file)
     relative = os.path.relpath(path)
     shown = str(path) if relative.startswith("..") else relative
@@ -323,6 +326,15 @@ def check_record(
                 f"significantly slower than {show_scalar(comparison.other)}: "
                 f"{comparison.text()}",
             )
+    engine = record.get("engine")
+    measured_on = engine.get("version") if isinstance(engine, dict) else None
+    if engine_version and measured_on and measured_on != engine_version:
+        yield (
+            warning,
+            "evidence-stale",
+            f"{head}: measured on vLLM {measured_on}, but the policy describes vLLM "
+            f"{engine_version}; re-measure with `policy bench --engine vllm`",
+        )
     stale = staleness(policy_file, lines, path)
     if stale.stale:
         yield (

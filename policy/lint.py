@@ -339,6 +339,9 @@ def evidence(subject: Subject) -> Iterator[Finding]:
     :mod:`interlock.policy.evidence`): invalid records, contradicting or stale evidence."""
     from interlock.policy.evidence import check_record, rule_lines
 
+    # A policy that mirrors a vLLM release says so in its version (``vllm-0.33.0``).
+    version = subject.policy.version
+    engine_version = version[len("vllm-"):] if version.startswith("vllm-") else None
     for rule in subject.policy.rules:
         if not rule.evidence:
             continue
@@ -347,7 +350,7 @@ def evidence(subject: Subject) -> Iterator[Finding]:
         for i, cited in enumerate(rule.evidence):
             where = subject.at(rule, "evidence", i)
             for severity, code, message in check_record(
-                rule, cited, file, lines, ERROR, WARNING, NOTE
+                rule, cited, file, lines, ERROR, WARNING, NOTE, engine_version
             ):
                 yield subject.finding(where, severity, code, message)
 

@@ -28,6 +28,9 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
 
     batches = record["analysis"]["batch_sizes"]
     labels = {c["id"]: c["label"] for c in record["configurations"]}
+    # An engine record's accuracy gate: a flagged cell says so beside its bar.
+    for cid in (record.get("accuracy") or {}).get("flagged", []):
+        labels[cid] += " [outputs diverge]"
     first = next(iter(batches.values()))
     effects = (first.get("effects") or {}).get("tpot_ms") or []
     panels = 2 if effects else 1

@@ -55,14 +55,42 @@ def render_text(record: dict[str, Any]) -> str:
         levels = " ".join(f"{k}={show_scalar(_value(v))}" for k, v in skipped["levels"].items())
         reason = skipped["reason"].replace("\n", " ")
         lines.append(f"skipped {levels}: {reason}")
-    over = record["overhead"]
-    verdict = "within" if over["within_limit"] else "OVER"
-    lines += [
-        "",
-        f"harness overhead: {100 * over['fraction']:.3f} % of the measured time "
-        f"({verdict} the {100 * over['limit']:.0f} % limit); trials took {over['trials_s']:.1f} s",
-    ]
+    over = record.get("overhead")
+    if over is not None:  # an engine record times the engine from outside: no harness share
+        verdict = "within" if over["within_limit"] else "OVER"
+        lines += [
+            "",
+            f"harness overhead: {100 * over['fraction']:.3f} % of the measured time "
+            f"({verdict} the {100 * over['limit']:.0f} % limit); trials took "
+            f"{over['trials_s']:.1f} s",
+        ]
+    if "accuracy" in record:
+        lines += _accuracy(record)
     return "\n".join(lines) + "\n"
+
+
+def _accuracy(record: dict[str, Any]) -> list[str]:
+    """An engine record's engine line, ITL per configuration, and the accuracy gate."""
+    acc, engine = record["accuracy"], record["engine"]
+    lines = ["", f"engine: vLLM {engine['version']}"
+             + (f" on {engine['gpu']}" if engine.get("gpu") else "")
+             + f"; every cell's startup log verified; trials took {engine['trials_s']:.1f} s"]
+    itl: dict[str, list[float]] = {}
+    for s in record["samples"]:
+        if not s["warmup"] and s.get("itl_ms") is not None:
+            itl.setdefault(s["config"], []).append(s["itl_ms"])
+    lines.append(f"accuracy: {acc['prompts']} prompts, first {acc['tokens']} tokens greedy, "
+                 f"against {acc['reference']}; flagged over {100 * acc['max_divergence']:.0f} %")
+    for cid, entry in acc["cells"].items():
+        gaps = sorted(itl.get(cid, []))
+        median = f"ITL {gaps[len(gaps) // 2]:.2f} ms, " if gaps else ""
+        score = ""
+        if "exact_match" in entry:
+            score = f", exact match {100 * entry['exact_match']:.0f} %"
+        mark = "  DIVERGES" if entry["flagged"] else ""
+        lines.append(f"  {cid}: {median}outputs differ on {100 * entry['divergence']:.0f} % "
+                     f"of the prompts{score}{mark}")
+    return lines
 
 
 def effect_text(effect: dict[str, Any]) -> str:

@@ -54,7 +54,64 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--record", metavar="FILE", help="write the record here (default: under the cache dir)"
     )
     parser.add_argument("--plot", metavar="FILE", help="draw TPOT and the effects (.svg/.png)")
+    add_engine_args(parser)
     parser.set_defaults(run=run)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """``--engine vllm`` and what measuring on ``vllm serve`` takes
+    (:mod:`interlock.bench.engine`)."""
+    from interlock.commands.common import add_decision_log_args
+
+    group = parser.add_argument_group(
+        "on vLLM (--engine vllm)",
+        "each cell a `vllm serve` child on its own port, its startup log checked against the "
+        "cell's decision, driven by streaming /v1/completions requests",
+    )
+    group.add_argument(
+        "--engine", choices=("interlock", "vllm"), default="interlock",
+        help="measure interlock's own runners (default) or `vllm serve`",
+    )
+    group.add_argument("--concurrency", type=_positive, default=1, metavar="N",
+                       help="requests in flight at once (default: 1)")
+    group.add_argument("--input-len", type=_positive, default=32, metavar="N",
+                       help="prompt tokens per request (default: 32)")
+    group.add_argument("--output-len", type=_positive, default=32, metavar="N",
+                       help="tokens generated per request, end of sequence ignored (default: 32)")
+    group.add_argument("--prompt-file", metavar="FILE",
+                       help="prompts to send instead (one per line, or a JSON list)")
+    group.add_argument("--requests-per-stream", type=_positive, default=2, metavar="N",
+                       help="requests each of the --concurrency streams sends per trial")
+    group.add_argument("--accuracy-prompts", metavar="FILE",
+                       help="the prompts every cell answers greedily (default: ~50 shipped)")
+    group.add_argument("--accuracy-answers", metavar="FILE",
+                       help="reference answers, one per accuracy prompt: scored by exact match")
+    group.add_argument("--accuracy-tokens", type=_positive, default=16, metavar="N",
+                       help="tokens compared per accuracy prompt (default: 16)")
+    group.add_argument("--max-divergence", type=_share, default=0.1, metavar="SHARE",
+                       help="flag a cell whose outputs differ from the first cell's on more "
+                       "than this share of the prompts (default: 0.1)")
+    group.add_argument("--fail-on-divergence", action="store_true",
+                       help="exit 1 when a cell is flagged")
+    group.add_argument("--startup-timeout", type=float, default=1800.0, metavar="S",
+                       help="seconds each server has to become healthy (default: 1800)")
+    group.add_argument("--vllm-version", metavar="X.Y.Z",
+                       help="the vLLM release whose startup log to read (default: 0.33.0)")
+    group.add_argument("--port", type=_positive, metavar="P",
+                       help="first port to try for the cells (default: free ports)")
+    group.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                       help="an argument for every cell's `vllm serve`; repeat")
+    add_decision_log_args(group)
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share between 0 and 1")
+    return value
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +225,6 @@ def _natural(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from interlock.bench import run as bench_run
-    from interlock.bench.render import render_text
     from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
 
@@ -180,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
             vary[name] = [parse_field(name, level) for level in levels]
         except ValueError as exc:
             raise PolicyError(f"--vary {exc}") from None
+    if args.engine == "vllm":
+        return _run_engine(args, vary)
     workload = workload_of(args)
     policy = load(args)
     flags = context_flags_of(args, policy)
@@ -195,6 +253,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    return _finish(args, record)
+
+
+def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
+    """Write the record (and the plot), print it; for an engine record, the accuracy gate's
+    exit status."""
+    from interlock.bench.render import render_text
+
     path = write_record(record, args.record)
     if args.plot:
         from interlock.bench.plot import write_plot
@@ -211,7 +277,67 @@ def run(args: argparse.Namespace) -> int:
             print(f"plot: {args.plot}")
     sys.stdout.flush()
     print(f"record: {path}", file=sys.stderr)
-    return 0
+    flagged = (record.get("accuracy") or {}).get("flagged") or []
+    return 1 if flagged and args.fail_on_divergence else 0
+
+
+def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
+    """``--engine vllm``: the cells on `vllm serve` (interlock.bench.engine)."""
+    import shutil
+
+    from interlock import decision_log
+    from interlock.bench.engine import (
+        EngineWorkload,
+        measure_engine,
+        read_lines_file,
+        resolve_cells,
+        shipped_accuracy_prompts,
+    )
+    from interlock.core.errors import PolicyError
+    from interlock.model_run import model_context, process_env
+    from interlock.vllm_model import vllm_model
+
+    if shutil.which("vllm") is None:
+        raise PolicyError("--engine vllm: vllm is not on PATH: install vLLM or activate its "
+                          "environment")
+    workload = EngineWorkload(
+        concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+        prompts=tuple(read_lines_file(args.prompt_file, "--prompt-file"))
+        if args.prompt_file else (),
+        requests_per_stream=args.requests_per_stream, trials=args.trials,
+        warmup=args.warmup, seed=args.seed, accuracy_tokens=args.accuracy_tokens,
+        max_divergence=args.max_divergence,
+    )
+    prompts = (read_lines_file(args.accuracy_prompts, "--accuracy-prompts")
+               if args.accuracy_prompts else shipped_accuracy_prompts())
+    answers = (read_lines_file(args.accuracy_answers, "--accuracy-answers")
+               if args.accuracy_answers else None)
+    policy = load(args)
+    model = vllm_model(args.model)
+    flags = context_flags_of(args, policy)
+    env, sources = process_env(policy)
+    env.update(flags["env"])
+    sources.update(flags["sources"])
+    context = model_context(model.readable, platform=flags["platform"],
+                            device_arch=flags["device_arch"], features=flags["features"],
+                            env=env, sources=sources)
+    base, cells, skipped = resolve_cells(policy, context, model.argument, vary, args.vllm_arg)
+    if not cells:
+        raise PolicyError("--engine vllm: every cell was refused: "
+                          + "; ".join(s["reason"] for s in skipped))
+    bar = progress_bar()
+    try:
+        record = measure_engine(
+            model.argument, base, cells, skipped, vary, workload, policy=policy.stamp(),
+            accuracy_prompts=prompts, accuracy_answers=answers,
+            startup_timeout=args.startup_timeout, vllm_version=args.vllm_version,
+            port=args.port, decision_log=decision_log.log_path(args.decision_log),
+            progress=bar, command=command_line(("bench", "--engine", "vllm", args.model), args),
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(args, record)
 
 
 def write_record(record: dict[str, Any], target: str | None) -> Path:

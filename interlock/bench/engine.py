@@ -1,0 +1,527 @@
+"""``policy bench --engine vllm``: the factorial measured on ``vllm serve`` itself.
+
+Each cell of the design is a decision with its varied fields forced, turned into the
+``vllm serve`` command ``policy vllm args`` emits (env and flags), on a port of its own.
+Trials run in the blocks of :mod:`interlock.bench.design`; each trial starts the cell's
+server, waits for ``/health`` (bounded), checks its startup log against the cell's
+decision (:class:`interlock.vllm_engine.EngineCheck`: an engine that does not run the
+cell's decision stops the bench, naming the cell), drives it with streaming
+``/v1/completions`` requests at ``concurrency`` and stops it before the next trial. Times
+are taken per streamed chunk, as ``vllm bench serve`` takes them: TTFT is the first
+chunk's arrival after the request, TPOT the rest of the request's time per output token
+after the first, ITL the gaps between chunks.
+
+The first start of every cell also answers the accuracy prompts greedily
+(``temperature 0``): a cell whose answers differ from the first cell's on more than
+``max_divergence`` of the prompts is flagged; with reference answers each cell also gets
+an exact-match score. The analysis is ``policy bench``'s own
+(:func:`interlock.bench.analysis.analyse`), so is the record's layout, plus ``engine`` and
+``accuracy``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from interlock.core.errors import InputError, PolicyError
+
+#: Seconds a request may stream before the trial fails.
+REQUEST_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class EngineWorkload:
+    """What each trial sends: ``concurrency`` streams, each ``requests_per_stream`` requests
+    of ``input_len`` prompt tokens (or the prompt file's texts, in turn) and ``output_len``
+    generated tokens (end of sequence ignored)."""
+
+    concurrency: int = 1
+    input_len: int = 32
+    output_len: int = 32
+    prompts: tuple[str, ...] = ()
+    requests_per_stream: int = 2
+    trials: int = 5
+    warmup: int = 1
+    seed: int = 0
+    accuracy_tokens: int = 16
+    max_divergence: float = 0.1
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.output_len < 2:
+            problems.append(f"output_len {self.output_len} must be >= 2 (TPOT needs two tokens)")
+        if self.trials < 2:
+            problems.append(f"trials {self.trials} must be >= 2 (an interval needs two)")
+        if not 0 <= self.max_divergence <= 1:
+            problems.append(f"max_divergence {self.max_divergence} must be a share, 0..1")
+        if problems:
+            raise InputError("workload: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        # policy bench's record layout: what render_text and the plot read.
+        data.update(batch_sizes=[self.concurrency], max_tokens=self.output_len,
+                    prompt_token_ids=prompt_ids(self.input_len), prompts=list(self.prompts))
+        return data
+
+
+def prompt_ids(length: int) -> list[int]:
+    """The token ids of the speed prompt: ``length`` ids cycling from 10 (not special ids)."""
+    return [10 + i % 1000 for i in range(length)]
+
+
+def shipped_accuracy_prompts() -> list[str]:
+    """The ~50 short prompts shipped for the accuracy gate."""
+    text = resources.files("interlock.bench").joinpath("accuracy_prompts.json").read_text()
+    return list(json.loads(text))
+
+
+def read_lines_file(path: str, what: str) -> list[str]:
+    """A file of prompts or answers: a JSON list of strings, or one per line."""
+    from interlock.core.files import FileProblem, decode_utf8, read_regular
+
+    try:
+        text = decode_utf8(read_regular(path, 16 * 1024 * 1024), path)
+    except FileProblem as exc:
+        raise InputError(f"{what} {path}: {exc.detail}") from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{what} {path}: not a JSON list: {exc}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise InputError(f"{what} {path}: a JSON file must be a list of strings")
+    else:
+        items = [line for line in text.splitlines() if line.strip()]
+    if not items:
+        raise InputError(f"{what} {path}: holds no entries")
+    return items
+
+
+@dataclass
+class Cell:
+    """One configuration: its forced levels, resolution and ``vllm serve`` command."""
+
+    id: str
+    levels: dict[str, Any]
+    resolution: Any
+    command: Any
+    port: int = 0
+    record: dict[str, Any] = field(default_factory=dict)
+    verification: dict[str, Any] | None = None
+    answers: list[str] | None = None
+
+    @property
+    def label(self) -> str:
+        from interlock.core.fields import show_scalar
+
+        return " ".join(f"{k}={show_scalar(v)}" for k, v in self.levels.items())
+
+
+def free_port(start: int | None, taken: set[int]) -> int:
+    """A port free on 127.0.0.1 now: the first from ``start`` on (skipping ports in use and
+    ``taken``), else one the system picks."""
+    candidates = range(start, min(start + 200, 65536)) if start else [0]
+    for port in candidates:
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise InputError(f"--port {start}: no free port among the 200 from it")
+
+
+def stream_request(
+    port: int, model: str, prompt: str | list[int], max_tokens: int
+) -> dict[str, Any]:
+    """One streaming ``/v1/completions`` request; the arrival time of each chunk."""
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
+    })
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        detail = response.read(500).decode("utf-8", "replace")
+        conn.close()
+        raise PolicyError(f"/v1/completions answered {response.status}: {detail}")
+    chunks: list[float] = []
+    tokens = None
+    while True:
+        line = response.readline()
+        if not line:
+            break
+        text = line.decode("utf-8", "replace").strip()
+        if not text.startswith("data:"):
+            continue
+        payload = text[len("data:"):].strip()
+        if payload == "[DONE]":
+            break
+        event = json.loads(payload)
+        if event.get("choices") and event["choices"][0].get("text"):
+            chunks.append(time.perf_counter())
+        usage = event.get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            tokens = int(usage["completion_tokens"])
+    conn.close()
+    if not chunks:
+        raise PolicyError("/v1/completions streamed no text")
+    count = tokens if tokens is not None else len(chunks)
+    ttft = chunks[0] - start
+    latency = chunks[-1] - start
+    return {
+        "ttft_s": ttft,
+        "tpot_s": (latency - ttft) / (count - 1) if count > 1 else 0.0,
+        "itl_s": [b - a for a, b in zip(chunks, chunks[1:], strict=False)],
+        "tokens": count,
+        "latency_s": latency,
+    }
+
+
+def complete(port: int, model: str, prompt: str, max_tokens: int) -> str:
+    """One greedy, non-streaming completion's text."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    if response.status != 200:
+        raise PolicyError(f"/v1/completions answered {response.status}: {data[:500]!r}")
+    return str(json.loads(data)["choices"][0]["text"])
+
+
+def run_trial(port: int, model: str, workload: EngineWorkload) -> dict[str, Any]:
+    """``concurrency`` streams of requests at once; the trial's metrics (ms)."""
+    results: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def stream(index: int) -> None:
+        try:
+            for n in range(workload.requests_per_stream):
+                prompt: str | list[int] = prompt_ids(workload.input_len)
+                if workload.prompts:
+                    k = index * workload.requests_per_stream + n
+                    prompt = workload.prompts[k % len(workload.prompts)]
+                result = stream_request(port, model, prompt, workload.output_len)
+                with lock:
+                    results.append(result)
+        except (OSError, PolicyError, ValueError) as exc:
+            with lock:
+                errors.append(exc)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(workload.concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise PolicyError(f"a request failed: {errors[0]}")
+    itl = sorted(gap for r in results for gap in r["itl_s"])
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "ttft_ms": round(1e3 * sum(r["ttft_s"] for r in results) / len(results), 4),
+        "tpot_ms": round(1e3 * sum(r["tpot_s"] for r in results) / len(results), 4),
+        "itl_ms": round(1e3 * itl[len(itl) // 2], 4) if itl else None,
+        "throughput_tok_s": round(tokens / wall, 3),
+        "wall_ms": round(1e3 * wall, 3),
+        "requests": len(results),
+    }
+
+
+def gpu_name() -> str | None:
+    """The GPU, as ``nvidia-smi`` or ``rocm-smi`` names it, when either is here."""
+    for tool, args in (("nvidia-smi", ["--query-gpu=name", "--format=csv,noheader"]),
+                       ("rocm-smi", ["--showproductname", "--csv"])):
+        if shutil.which(tool) is None:
+            continue
+        try:
+            out = subprocess.run([tool, *args], capture_output=True, text=True, timeout=20,
+                                 check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        if lines:
+            return lines[-1] if tool == "rocm-smi" else lines[0]
+    return None
+
+
+def resolve_cells(
+    policy: Any,
+    context: Any,
+    model: str,
+    factors: Mapping[str, Sequence[Any]],
+    vllm_args: Sequence[str],
+) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
+    """``(base resolution, cells, skipped)``: every combination's decision with its levels
+    forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
+    command; a combination the policy or vLLM's adjustments refuse is skipped with why."""
+    from interlock.bench.design import combinations
+    from interlock.policy.resolution import resolve
+    from interlock.vllm_flags import read_user_flags
+    from interlock.vllm_serve import serve_command
+
+    user = read_user_flags(vllm_args)
+    clashing = sorted(set(factors) & set(user.overrides))
+    if clashing:
+        raise PolicyError(
+            f"{', '.join(clashing)}: varied and also set by vllm serve arguments; choose one"
+        )
+    base = resolve(policy, context, user.overrides)
+    cells, skipped = [], []
+    for levels in combinations(factors):
+        try:
+            resolution = resolve(policy, context, {**user.overrides, **levels})
+            # The levels are forced in the resolution, not flags the user gave: the command
+            # still carries them explicitly.
+            command = serve_command(resolution, model, vllm_args, user)
+        except PolicyError as exc:
+            skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
+            continue
+        cells.append(Cell(f"c{len(cells)}", dict(levels), resolution, command))
+    return base, cells, skipped
+
+
+Progress = Callable[[int, int], None]
+
+
+def measure_engine(
+    model: str,
+    base: Any,
+    cells: list[Cell],
+    skipped: list[dict[str, Any]],
+    factors: Mapping[str, Sequence[Any]],
+    workload: EngineWorkload,
+    *,
+    policy: dict[str, Any],
+    accuracy_prompts: Sequence[str],
+    accuracy_answers: Sequence[str] | None,
+    startup_timeout: float,
+    vllm_version: str | None,
+    port: int | None,
+    decision_log: str | None,
+    progress: Progress | None,
+    command: str | None,
+) -> dict[str, Any]:
+    """Run the design on ``vllm serve`` and build the evidence record."""
+    from interlock import decision_log as records
+    from interlock.bench.analysis import analyse
+    from interlock.bench.design import block_order
+    from interlock.vllm_engine import EngineCheck, EngineFailed, EngineProcess, log_formats
+
+    log_formats(vllm_version)  # an unknown release is refused before anything starts
+    if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
+        raise InputError(
+            f"--accuracy-answers has {len(accuracy_answers)} answers for "
+            f"{len(accuracy_prompts)} accuracy prompts; give one per prompt"
+        )
+    taken: set[int] = set()
+    for cell in cells:
+        cell.port = free_port(port, taken)
+        taken.add(cell.port)
+        cell.record = records.build_record(
+            cell.resolution, "policy bench", model=model, capabilities=False,
+            runner={"name": cell.command.decision["runner"], "plugin": None,
+                    "distribution": "vllm", "version": vllm_version},
+        )
+    created = datetime.datetime.now(datetime.timezone.utc)
+    blocks = workload.warmup + workload.trials
+    order = block_order(len(cells), blocks, workload.seed)
+    total, done = len(cells) * blocks, 0
+    if progress is not None:
+        progress(0, total)
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for block, row in enumerate(order):
+        for position, index in enumerate(row):
+            cell = cells[index]
+            name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
+            argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
+            engine = EngineProcess(argv, {**os.environ, **cell.command.env},
+                                   EngineCheck(cell.command.decision, vllm_version),
+                                   cell.port, name)
+            try:
+                boot = time.perf_counter()
+                verdict = engine.wait_ready(startup_timeout)
+                startup_s = time.perf_counter() - boot
+                if not verdict.verified:
+                    raise EngineFailed(
+                        f"{name}: the engine does not run the cell's decision: "
+                        + "; ".join(verdict.problems)
+                    )
+                if cell.verification is None:
+                    cell.verification = verdict.to_dict()
+                if cell.answers is None:
+                    cell.answers = [
+                        complete(cell.port, model, p, workload.accuracy_tokens)
+                        for p in accuracy_prompts
+                    ]
+                sample = run_trial(cell.port, model, workload)
+                if not engine.alive():
+                    raise PolicyError("the engine exited before the trial's end")
+            except (OSError, PolicyError) as exc:
+                if isinstance(exc, EngineFailed):
+                    raise
+                code = engine.exit_status()
+                died = "" if code is None else f"the engine exited (status {code}) mid-run: "
+                raise EngineFailed(
+                    f"{name}: {died}{exc}; its last output: {engine.output()}"
+                ) from None
+            finally:
+                engine.stop()
+            samples.append({
+                "config": cell.id, "batch_size": workload.concurrency,
+                "block": block - workload.warmup, "position": position,
+                "warmup": block < workload.warmup, "startup_s": round(startup_s, 3),
+                **sample,
+            })
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    elapsed = time.perf_counter() - started
+    if decision_log is not None:
+        for cell in cells:
+            records.append_record(decision_log, {**cell.record, "engine": {
+                "name": "vllm", "argv": cell.command.argv, "env": cell.command.env,
+                "target": cell.command.decision, **(cell.verification or {})}})
+    ids = [c.id for c in cells]
+    version = next((c.verification["vllm_version"] for c in cells if c.verification),
+                   vllm_version)
+    from interlock.bench import _balance, _cpu_model
+    from interlock.bench.harness import config_hash
+
+    return {
+        "schema": "interlock-evidence/1",
+        "created": created.isoformat(timespec="seconds"),
+        "command": command,
+        "machine": {
+            "platform": base.context.platform, "device_arch": base.context.device_arch,
+            "device_name": gpu_name() or _cpu_model(), "cpu_model": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+        },
+        "software": {"vllm": version, "interlock": _interlock_version()},
+        "engine": {"name": "vllm", "version": version, "gpu": gpu_name(),
+                   "trials_s": round(elapsed, 3)},
+        "policy": policy,
+        "model": {"name": model, "architecture": base.context.architecture,
+                  "config_sha256": _config_sha(model, config_hash)},
+        "context": {
+            "architecture": base.context.architecture,
+            "platform": base.context.platform,
+            "device_arch": base.context.device_arch,
+            "traits": {name: fact.value for name, fact in base.traits.items()},
+            "features": dict(base.context.features),
+            "env": dict(base.context.env),
+        },
+        "workload": workload.to_dict(),
+        "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
+        "base_decision": base.decision.to_dict(),
+        "configurations": [
+            {
+                "id": c.id, "label": c.label, "levels": _jsonable(c.levels),
+                "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
+                "argv": c.command.argv, "env": c.command.env, "port": c.port,
+                "decision_record": c.record["id"], "verification": c.verification,
+            }
+            for c in cells
+        ],
+        "skipped": skipped,
+        "order": {
+            "design": "blocks; each a row of a balanced Latin square (Williams) over the cells; "
+            "every trial starts its cell's server and stops it",
+            "seed": workload.seed,
+            "units": [{"config": cid, "batch_size": workload.concurrency} for cid in ids],
+            "blocks": order,
+            "warmup_blocks": workload.warmup,
+            **_balance(order[workload.warmup:], len(ids)),
+        },
+        "samples": samples,
+        "analysis": analyse(samples, ids, factors, [workload.concurrency],
+                            complete=not skipped, seed=workload.seed),
+        "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),
+    }
+
+
+def accuracy(
+    cells: Sequence[Cell],
+    prompts: Sequence[str],
+    answers: Sequence[str] | None,
+    workload: EngineWorkload,
+) -> dict[str, Any]:
+    """Each cell's greedy answers against the first cell's: the share of prompts whose
+    first ``accuracy_tokens`` tokens differ, flagged over ``max_divergence``; with reference
+    answers, the share whose answer (first line, stripped) matches exactly."""
+    reference = cells[0].answers or [] if cells else []
+    result: dict[str, Any] = {
+        "prompts": len(prompts), "tokens": workload.accuracy_tokens,
+        "max_divergence": workload.max_divergence, "reference": cells[0].id if cells else None,
+        "cells": {},
+    }
+    for cell in cells:
+        got = cell.answers or []
+        differing = [i for i, (a, b) in enumerate(zip(got, reference, strict=True)) if a != b]
+        share = len(differing) / len(prompts) if prompts else 0.0
+        entry: dict[str, Any] = {
+            "divergence": round(share, 4),
+            "diverging_prompts": differing,
+            "flagged": share > workload.max_divergence,
+        }
+        if answers is not None:
+            hits = sum(_first_line(g) == _first_line(a) for g, a in zip(got, answers,
+                                                                       strict=True))
+            entry["exact_match"] = round(hits / len(answers), 4)
+        result["cells"][cell.id] = entry
+    result["flagged"] = [cid for cid, e in result["cells"].items() if e["flagged"]]
+    return result
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0].strip() if stripped else ""
+
+
+def _config_sha(model: str, config_hash: Callable[[str], str]) -> str:
+    import hashlib
+
+    path = Path(model)
+    if path.is_dir() and (path / "config.json").is_file():
+        return config_hash(str(path))
+    return hashlib.sha256(model.encode()).hexdigest()
+
+
+def _interlock_version() -> str:
+    import interlock
+
+    return str(interlock.__version__)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
