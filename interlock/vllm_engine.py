@@ -489,8 +489,13 @@ class EngineProcess:
         with self._lock:
             return " | ".join(_ANSI.sub("", line).strip() for line in self.tail[-5:]) or "none"
 
-    def exit_status(self) -> int | None:
-        return self.child.poll()
+    def exit_status(self, wait: float = 0.0) -> int | None:
+        """Its exit status, waiting up to ``wait`` s for it (a dropped connection comes
+        before the dying server is reaped); None while it runs."""
+        try:
+            return self.child.wait(timeout=wait) if wait else self.child.poll()
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait_ready(self, timeout: float) -> Verification:
         """The verdict on the engine's startup log, once ``/health`` answers 200 (raises

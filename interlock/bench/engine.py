@@ -384,7 +384,7 @@ def measure_engine(
             except (OSError, PolicyError) as exc:
                 if isinstance(exc, EngineFailed):
                     raise
-                code = engine.exit_status()
+                code = engine.exit_status(wait=1.0)
                 died = "" if code is None else f"the engine exited (status {code}) mid-run: "
                 raise EngineFailed(
                     f"{name}: {died}{exc}; its last output: {engine.output()}"
