@@ -40,13 +40,14 @@ from collections.abc import Callable
 import torch
 
 from interlock.llm import LLM
-from interlock.model_run import DEMO, model_target
+from interlock.model_run import model_target
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint
 from interlock.runners.model.config import ModelConfig, load_config
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.layers import Linear
+from interlock.runners.model.sources import DEMO
 from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
 
 

@@ -55,6 +55,7 @@ from interlock.runners.engine.request import Request
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
+from interlock.runners.model.sources import DEMO
 from interlock.runners.parallel.executor import TensorParallelRunner
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ LOG = logging.getLogger("interlock")
 class LLM:
     def __init__(
         self,
-        model: str | Path = "demo",
+        model: str | Path = DEMO,
         *,
         dtype: str = "auto",
         load_format: str = "auto",

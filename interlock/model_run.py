@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from interlock.core.decision import Decision
     from interlock.policy.resolution import Resolution
 
-DEMO = "demo"
 #: Each decision field a run acts on, in the order the log line names them.
 LOGGED_FIELDS = ("runner", "cudagraph", "breakable")
 GIVEN_BY_CALLER = "given by the caller"
@@ -151,9 +150,10 @@ def _chooser(prov: Provenance) -> str:
 
 def model_target(model: str | os.PathLike[str]) -> str:
     """What the policy and the runners read for ``model``: ``demo``, or the model directory
-    (a named model's or a GGUF file's conversion, made on first use). A model that cannot be
-    resolved is a ``PolicyError`` saying why."""
-    from interlock.runners.model.sources import ModelSourceError, model_directory
+    (``runners.model.sources.model_directory``: a named model's or a GGUF file's conversion,
+    made on first use). A named model or GGUF file that cannot be resolved is a
+    ``PolicyError`` saying why; a name of no accepted form, an ``UnknownModel``."""
+    from interlock.runners.model.sources import DEMO, ModelSourceError, model_directory
 
     try:
         directory = model_directory(model)
@@ -167,6 +167,8 @@ def model_context(
 ) -> Context:
     """The context of running ``model``: its architecture and traits (``architecture``, when
     given, must agree), and ``common`` (``make_context``'s keywords)."""
+    from interlock.runners.model.sources import DEMO
+
     target = model_target(model)
     if target != DEMO:
         return make_context(architecture, model=target, **common)

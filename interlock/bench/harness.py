@@ -234,8 +234,8 @@ def prompt_token_ids(workload: Workload, source: Any) -> list[int]:
 
 def config_hash(model: str) -> str:
     """The sha256 of the model's config.json (the demo's built-in config), keys sorted."""
-    from interlock.model_run import DEMO
     from interlock.policy.context import read_model_config
+    from interlock.runners.model.sources import DEMO
 
     if os.fspath(model) == DEMO:
         from interlock.runners.model.demo import DEMO_CONFIG

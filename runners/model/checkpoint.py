@@ -18,7 +18,6 @@ import torch
 
 from interlock.core.decision import DTYPE_CHOICES
 from interlock.core.decision import DTYPES as DTYPE_NAMES
-from interlock.core.errors import InputError
 from interlock.runners.contract import ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
@@ -27,7 +26,7 @@ from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
 from interlock.runners.model.memory import check_fits_in_memory
 from interlock.runners.model.safetensors_format import TensorEntry, write_safetensors
-from interlock.runners.model.sources import NAMED_MODELS, model_directory
+from interlock.runners.model.sources import DEMO, model_directory
 from interlock.runners.model.weights import (
     SAFETENSORS,
     CheckpointError,
@@ -58,12 +57,7 @@ def resolve_model(model: str | Path) -> ModelSource:
     ``runners.model.sources``), or a model directory."""
     directory = model_directory(model)
     if directory is None:
-        return ModelSource(demo.DEMO, None, demo.demo_config())
-    if not (directory / "config.json").is_file():
-        raise InputError(
-            f"model {str(model)!r} is neither {demo.DEMO!r}, a named model "
-            f"({', '.join(NAMED_MODELS)}), a .gguf file nor a directory containing config.json"
-        )
+        return ModelSource(DEMO, None, demo.demo_config())
     return ModelSource(str(directory), directory, load_config(directory))
 
 
@@ -109,10 +103,10 @@ def load_model(
     The demo's weights are its own seeded ones unless ``load_format="dummy"``
     asks for ``spec.seed``'s.
     """
-    directory = None if spec.name == demo.DEMO else Path(spec.name)
+    directory = None if spec.name == DEMO else Path(spec.name)
     if directory is None and spec.load_format == "safetensors":
         raise CheckpointError(
-            f"the {demo.DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
+            f"the {DEMO!r} model has no checkpoint files; use load_format 'auto' or 'dummy'"
         )
     meta = build_model(spec.config, ops, spec.dtype, "meta", spec.max_model_len, tp)
     check_fits_in_memory(spec, meta, device)

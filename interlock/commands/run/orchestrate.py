@@ -8,7 +8,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
-from pathlib import Path
 from typing import Any
 
 from interlock.commands.common import (
@@ -41,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
     from interlock.plugins import load_registry
     from interlock.runners.engine.sampling import SamplingParams
-    from interlock.runners.model.checkpoint import resolve_model
 
     if args.chat and not args.prompt:
         raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")
@@ -50,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
     # Everything the user gave is checked before the decision is logged: the model's form
     # (a config.json it cannot run is still explained, then refused), the sampling values.
     model = model_target(args.model)
-    if model != "demo" and not Path(model, "config.json").is_file():
-        resolve_model(model)  # raises the error naming every accepted form
     max_tokens = args.max_tokens
     if max_tokens is None:
         max_tokens = TEXT_MAX_TOKENS if args.prompt else IDS_MAX_TOKENS
