@@ -9,8 +9,10 @@ from typing import Any
 
 from interlock.core.decision import Decision
 from interlock.core.platform import (
+    DEVICE_ARCHS,
     GPU_PLATFORMS,
     PLATFORM_NAMES,
+    PLATFORMS,
     device_arch_problem,
     platform_problem,
 )
@@ -146,7 +148,8 @@ def _unknown_platforms(registry: PluginRegistry, subject: Subject) -> Iterator[F
         # Without a platform condition an arch must be some platform's (those whose arch
         # names are known; a plugin's own platform, whose names are not, turns the check off).
         scope = named or [
-            p for p in dict.fromkeys((*PLATFORM_NAMES, *declared)) if p not in ("cpu", "xpu")
+            p for p in dict.fromkeys((*PLATFORM_NAMES, *declared))
+            if p in DEVICE_ARCHS or p not in PLATFORMS  # built-ins without arch names: out
         ]
         for where, arch in _names(subject, rule, rule.when.name_match("device_arch")):
             problem = device_arch_problem(arch, scope)
