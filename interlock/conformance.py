@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from interlock.plugins.discovery import PluginSource, Settings, discover, summarize
 from interlock.plugins.registry import PluginRecord, PluginRegistry
 from interlock.plugins.spec import load_import_path
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from interlock.core.decision import Decision
+    from interlock.runners.contract import Runner
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,9 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
     return found
 
 
-def _generate(model: object, platform: str, runner: object, decision: object) -> list[list[int]]:
+def _generate(
+    model: Path, platform: str, runner: Runner, decision: Decision
+) -> list[list[int]]:
     from interlock.core.platform import device_for
     from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams

@@ -310,7 +310,7 @@ def load_weights(model: CausalLM, source: TensorSource) -> None:
                     f"must be floating point ({', '.join(FLOAT_DTYPES)})"
                 )
             whole = shard is None or (shard.start, shard.stop) == (0, shard.full)
-            if whole:
+            if shard is None or whole:
                 source.copy_into(name, slot)
                 loaded = slot
             else:

@@ -169,7 +169,7 @@ def _execute(
             device=device,
             seed=args.seed,
             max_num_seqs=len(prompts),
-            **({} if steps is None else {"max_num_batched_tokens": min(2048, steps)}),
+            max_num_batched_tokens=2048 if steps is None else min(2048, steps),
             decision=decision,
             tensor_parallel_size=args.tensor_parallel_size,
         )
