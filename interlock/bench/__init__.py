@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from interlock.bench.harness import OVERHEAD_LIMIT, Workload
+from interlock.runners.model.sources import DEMO
 
 __all__ = ["OVERHEAD_LIMIT", "Workload", "compare", "measure", "run"]
 
@@ -28,7 +29,7 @@ Progress = Callable[[int, int], None]
 
 
 def run(
-    model: str | os.PathLike[str] = "demo",
+    model: str | os.PathLike[str] = DEMO,
     *,
     vary: Mapping[str, Sequence[Any]] | None = None,
     workload: Workload | None = None,
