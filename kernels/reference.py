@@ -663,36 +663,58 @@ def dsa_index_topk(
 
 @torch_op("sparse_mla_attention")
 def sparse_mla_attention(
-    q: torch.Tensor,
-    latent_cache: torch.Tensor,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     indices: torch.Tensor,
     scale: float,
-    value_dim: int,
 ) -> torch.Tensor:
-    """Attention of each new token over the cached positions it was given (DSA), in MLA's
-    absorbed form.
+    """MLA attention of each new token over the cached positions it was given (DSA), in the
+    absorbed form for prefill and decode alike.
 
-    q [T, H, D] holds queries in the latent space (W_UK folded in, the rope part last);
-    latent_cache [NB, BS, D] one latent row per cached token (compressed KV, then the rope
-    key), paged as in ``paged_attention``; indices [T, K] int32 the positions each token
-    attends to, -1 for none (``dsa_index_topk``'s output). The keys are the whole rows, the
-    values their first ``value_dim`` columns: returns [T, H, value_dim], softmax in float32.
-    A token given no position gets zeros.
-    """
-    n_tokens, _, dim = q.shape
+    q_nope [T, H, Dn] and q_pe [T, H, R] as in ``mla_attention`` (sequences back to back,
+    query_start_loc [B+1]), cache [NB, BS, L + R] the latent cache, kv_b [H, Dn + Dv, L];
+    indices [T, K] int32 the positions each token attends to, -1 for none
+    (``dsa_index_topk``'s output). Each head scores the chosen latent rows with (q_nope W_UK,
+    q_pe), softmax in float32, attends over the rows' latent part, and W_UV maps that to
+    its values: -> [T, H, Dv]. A token given no position gets zeros."""
+    rank = kv_b.shape[2]
+    query = _absorbed_query(q_nope, q_pe, kv_b)  # [T, H, L + R]
+    n_tokens, _, dim = query.shape
     seq, _ = token_positions(seq_lens, query_start_loc, n_tokens)
-    block_size = latent_cache.shape[1]
+    block_size = cache.shape[1]
     chosen = indices.long()
     valid = chosen >= 0
     safe = chosen.clamp(min=0)
     blocks = block_tables.long()[seq[:, None], safe // block_size]
-    rows = latent_cache.reshape(-1, dim).index_select(
+    rows = cache.reshape(-1, dim).index_select(
         0, (blocks * block_size + safe % block_size).reshape(-1)
-    ).view(n_tokens, chosen.shape[1], dim).float()  # [T, K, D]
-    scores = torch.matmul(q.float(), rows.transpose(1, 2)) * scale  # [T, H, K]
+    ).view(n_tokens, chosen.shape[1], dim).float()  # [T, K, L + R]
+    scores = torch.matmul(query.float(), rows.transpose(1, 2)) * scale  # [T, H, K]
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all masked: NaN, then zeros
-    return torch.matmul(probs, rows[..., :value_dim]).to(q.dtype)
+    attended = torch.matmul(probs, rows[..., :rank]).to(query.dtype)  # [T, H, L]
+    # W_UV after attention, [T, H, 1, L] x [H, L, Dv]: contiguous [T, H, Dv] (o_proj views it
+    # as [T, H * Dv] without a copy, which a native tape could not replay).
+    w_uv = kv_b[:, q_nope.shape[2]:].transpose(1, 2)  # [H, L, Dv]
+    return torch.matmul(attended[:, :, None, :], w_uv)[:, :, 0]
+
+
+@torch_op("layer_norm")
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+               ) -> torch.Tensor:
+    """[T, D] -> [T, D]: (x - mean) / sqrt(var + eps) * weight + bias over the last
+    dimension (the DSA indexer's key norm)."""
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+@torch_op("concat")
+def concat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[T, D1], [T, D2], ... -> [T, D1 + D2 + ...]: what one attention split point receives
+    when its query is computed in parts (a DSA layer's MLA query, indexer query and head
+    weights)."""
+    return torch.cat(parts, dim=-1)

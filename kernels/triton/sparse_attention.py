@@ -1,12 +1,13 @@
 """Sparse MLA attention: each token attends to the cached positions its indexer chose.
 
-One program per (token, tile of query heads). Every head of a token reads the same
-latent rows (MLA's keys and values are one shared row per position), so a program
-gathers each chosen row once for its whole tile of heads, split in two column ranges
-(the value columns, then the rope key) so neither is padded to the next power of two of
-their sum (DeepSeek's 512 + 64 would pad to 1024). Online softmax in float32 over the
-chosen positions, in chunks; positions marked -1 are skipped. The grid depends only on
-shapes, so it can be captured in a CUDA graph.
+The wrapper folds W_UK into the query and applies W_UV after, as ``mla_decode_attention``
+does; the kernel attends in the latent space. One program per (token, tile of query
+heads). Every head of a token reads the same latent rows (MLA's keys and values are one
+shared row per position), so a program gathers each chosen row once for its whole tile of
+heads, split in two column ranges (the value columns, then the rope key) so neither is
+padded to the next power of two of their sum (DeepSeek's 512 + 64 would pad to 1024).
+Online softmax in float32 over the chosen positions, in chunks; positions marked -1 are
+skipped. The grid depends only on shapes, so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -102,34 +103,43 @@ def _sparse_kernel(
 
 
 def sparse_mla_attention(
-    q: torch.Tensor,
-    latent_cache: torch.Tensor,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     indices: torch.Tensor,
     scale: float,
-    value_dim: int,
 ) -> torch.Tensor:
-    """Attention of each token over its chosen latent rows (see the reference)."""
-    n_tokens, heads, dim = q.shape
-    out = torch.empty((n_tokens, heads, value_dim), dtype=q.dtype, device=q.device)
+    """``reference.sparse_mla_attention``: q_nope [T, H, Dn], q_pe [T, H, R], cache
+    [NB, BS, L + R], kv_b [H, Dn + Dv, L], indices [T, K] -> [T, H, Dv]."""
+    n_tokens, heads, nope = q_nope.shape
+    rank = kv_b.shape[2]
     if n_tokens == 0:
-        return out
-    unit_stride("q", q)
-    unit_stride("latent_cache", latent_cache)
+        return q_nope.new_empty(0, heads, kv_b.shape[1] - nope)
+    unit_stride("cache", cache)
     unit_stride("block_tables", block_tables)
     unit_stride("indices", indices)
+    # W_UK folded into the query: [H, T, Dn] x [H, Dn, L].
+    q_latent = torch.bmm(q_nope.transpose(0, 1), kv_b[:, :nope]).transpose(0, 1)
+    query = torch.cat([q_latent, q_pe], dim=-1)  # [T, H, L + R], contiguous
+    rope = query.shape[2] - rank
+    attended = torch.empty((n_tokens, heads, rank), dtype=query.dtype, device=query.device)
     seq, _ = token_positions(seq_lens, query_start_loc, n_tokens)
-    block_h, block_n, warps = _launch(value_dim, q.dtype)
-    dot_dtype, dot_precision = dot_operands(q.dtype)
+    block_h, block_n, warps = _launch(rank, query.dtype)
+    dot_dtype, dot_precision = dot_operands(query.dtype)
     _sparse_kernel[(n_tokens, triton.cdiv(heads, block_h))](
-        q, q.stride(0), q.stride(1), latent_cache, latent_cache.stride(0),
-        latent_cache.stride(1), block_tables, block_tables.stride(0), seq, indices,
-        indices.stride(0), out, out.stride(0), out.stride(1), scale,
-        HEADS=heads, VALUE_DIM=value_dim, ROPE_DIM=dim - value_dim, TOP_K=indices.shape[1],
-        BLOCK_H=block_h, BLOCK_V=max(16, triton.next_power_of_2(value_dim)),
-        BLOCK_R=max(16, triton.next_power_of_2(dim - value_dim)), BLOCK_SIZE=latent_cache.shape[1],
+        query, query.stride(0), query.stride(1), cache, cache.stride(0), cache.stride(1),
+        block_tables, block_tables.stride(0), seq, indices, indices.stride(0), attended,
+        attended.stride(0), attended.stride(1), scale,
+        HEADS=heads, VALUE_DIM=rank, ROPE_DIM=rope, TOP_K=indices.shape[1],
+        BLOCK_H=block_h, BLOCK_V=max(16, triton.next_power_of_2(rank)),
+        BLOCK_R=max(16, triton.next_power_of_2(rope)), BLOCK_SIZE=cache.shape[1],
         BLOCK_N=block_n, DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, num_warps=warps,
     )
-    return out
+    # W_UV after attention, [T, H, 1, L] x [H, L, Dv]: contiguous [T, H, Dv] (o_proj views it
+    # as [T, H * Dv] without a copy, which a native tape could not replay).
+    w_uv = kv_b[:, q_nope.shape[2]:].transpose(1, 2)  # [H, L, Dv]
+    return torch.matmul(attended[:, :, None, :], w_uv)[:, :, 0]

@@ -46,12 +46,14 @@ class GraphManager:
         self.replays: Counter[str] = Counter()
         self.eager_steps: Counter[str] = Counter()
         self._views: dict[tuple[GraphKey, bool], ForwardInputs] = {}
+        self.split_points: tuple[str, ...] = ()  # each attention split point, in order
 
     def capture(self, model: CausalLM) -> None:
         """Capture every key, largest first; a key whose capture fails runs eagerly."""
         if self.backend is None or self.static is None:
             return
         forced = ForcedFailures.from_env()
+        self.split_points = tuple(layer.break_label for layer in model.attention_layers)
         start = time.perf_counter()
         for key in self.order:
             self.static.fill_padding(key.tokens, key.seqs)
@@ -113,6 +115,8 @@ class GraphManager:
                 for key, program in self.programs.items()
             ),
             failed={key.label: why for key, why in self.failed.items()},
+            break_points=(self.split_points
+                          if any(p.breaks for p in self.programs.values()) else ()),
             capture_s=self.capture_s,
             replays=dict(self.replays),
             eager_steps=dict(self.eager_steps),

@@ -29,6 +29,9 @@ class GraphReport:
     dropped_sizes: tuple[int, ...] = ()  # asked for, but larger than any batch can be
     captured: tuple[CapturedGraph, ...] = ()
     failed: dict[str, str] = field(default_factory=dict)  # key -> why its capture failed
+    # Where piecewise and breakable programs run eagerly, per layer in order (what each
+    # split point computes); empty when no program breaks.
+    break_points: tuple[str, ...] = ()
     capture_s: float = 0.0
     replays: dict[str, int] = field(default_factory=dict)  # key -> steps it served
     eager_steps: dict[str, int] = field(default_factory=dict)  # reason -> steps
@@ -47,6 +50,7 @@ class GraphReport:
             "captured_sizes": list(self.captured_sizes),
             "captured": [vars(g) for g in self.captured],
             "failed": dict(self.failed),
+            "break_points": list(self.break_points),
             "capture_s": round(self.capture_s, 4),
             "replays": dict(self.replays),
             "eager_steps": dict(self.eager_steps),

@@ -110,6 +110,11 @@ class AttentionLayer(nn.Module):
         """An uninitialised tensor shaped as ``attend(q, ...)`` returns."""
         return torch.empty_like(q)
 
+    @property
+    def break_label(self) -> str:
+        """What this split point computes, for the run report's break points."""
+        return f"layer {self.layer_index}: attention"
+
 
 class Attention(AttentionLayer):
     """Paged causal attention of one layer: store K/V, then attend (the split point)."""

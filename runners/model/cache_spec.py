@@ -7,10 +7,12 @@ A layer's cache is a tuple of named tensors, each ``[num_blocks, block_size, *sh
 * multi-head latent attention (MLA): one ``latent`` of ``(kv_lora_rank + qk_rope_head_dim,)``,
   the compressed KV then the rotary key, both shared by every head. It is the same on every
   tensor-parallel rank: heads split across ranks, but each head reads the whole latent, so
-  sharding heads cannot shard it (production engines replicate it too).
+  sharding heads cannot shard it (production engines replicate it too);
+* DeepSeek sparse attention (DSA): the latent, then on each layer that runs a lightning
+  indexer its ``index`` key of ``index_head_dim`` (also the same on every rank).
 
-Extension point: a layer that keeps more per token (DSA's indexer keys, say) returns one more
-``CacheTensor`` from :func:`layer_cache`; allocation (``interlock.runners.model.kv_cache``),
+A layer that keeps more per token returns one more ``CacheTensor`` from :func:`layer_cache`
+(DSA's ``index`` is one); allocation (``interlock.runners.model.kv_cache``),
 block sizing (``interlock.runners.engine.kv_cache``) and binding (each attention layer's
 ``bind_cache`` receives the tensors in this order) follow from the spec.
 """
@@ -49,7 +51,13 @@ def layer_cache(config: ModelConfig, layer: int, tensor_parallel_size: int = 1) 
     """What layer ``layer`` caches per token on one rank."""
     mla = config.mla
     if mla is not None:
-        return LayerCache((CacheTensor("latent", (mla.kv_lora_rank + mla.qk_rope_head_dim,)),))
+        latent = CacheTensor("latent", (mla.kv_lora_rank + mla.qk_rope_head_dim,))
+        dsa = config.dsa
+        if dsa is not None and dsa.indexer_layers[layer]:
+            # The lightning indexer's key, one per token, replicated like the latent: every
+            # rank selects the same positions for its heads.
+            return LayerCache((latent, CacheTensor("index", (dsa.head_dim,))))
+        return LayerCache((latent,))
     kv_heads = plan_shards(config, tensor_parallel_size).num_kv_heads
     shape = (kv_heads, config.head_dim)
     return LayerCache((CacheTensor("k", shape), CacheTensor("v", shape)))

@@ -115,6 +115,25 @@ class MLAConfig:
 
 
 @dataclass(frozen=True)
+class DSAConfig:
+    """DeepSeek sparse attention (DeepSeek V3.2, GLM-5) on top of MLA: a lightning indexer of
+    ``n_heads`` heads of ``head_dim`` scores the cached positions (its queries from the
+    ``q_lora_rank`` latent, one key per token through ``wk`` and a LayerNorm, rotary on the
+    first ``qk_rope_head_dim`` dims), and attention reads only the ``top_k`` best of them.
+
+    ``indexer_layers``: per layer, whether it runs its own indexer (transformers'
+    ``"full"``); a layer that does not (``"shared"``, GLM-5) reuses the selection of the
+    nearest indexer layer before it. ``rope_interleave``: the indexer's rotary dims are
+    interleaved pairs (GLM-5) rather than two halves (DeepSeek V3.2)."""
+
+    n_heads: int
+    head_dim: int
+    top_k: int
+    indexer_layers: tuple[bool, ...]
+    rope_interleave: bool
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -141,6 +160,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     # Multi-token-prediction layers after the decoder layers in the checkpoint (not run).
     mtp_layers: int = 0
+    dsa: DSAConfig | None = None  # None: attention over every cached position
 
 
 #: ``bad(key, value, allowed)``: the error for an unsupported value, naming the file.
@@ -201,6 +221,18 @@ class RawConfig(BaseModel):
     topk_method: str | None = None
     scoring_func: str | None = None
     num_nextn_predict_layers: int | None = None
+    # DeepSeek V3.2 / GLM-5 (DSA): the lightning indexer, and which layers route (read only
+    # by the families whose ``dsa`` / ``moe`` rules use them). ``index_topk_pattern``,
+    # ``index_topk_freq`` and ``index_skip_topk_offset`` set GLM-5's ``indexer_types`` when
+    # a config leaves it out, as transformers does.
+    index_n_heads: PositiveInt | None = None
+    index_head_dim: PositiveInt | None = None
+    index_topk: PositiveInt | None = None
+    indexer_types: list[str] | None = None
+    index_topk_pattern: str | list[str] | None = None
+    index_topk_freq: int | None = None
+    index_skip_topk_offset: int | None = None
+    mlp_layer_types: list[str] | None = None
     torch_dtype: str | None = None
     dtype: str | None = None
     initializer_range: float = 0.02
@@ -340,6 +372,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         bos_token_id=cfg.bos_token_id,
         eos_token_ids=_eos_ids(cfg.eos_token_id),
         mtp_layers=(cfg.num_nextn_predict_layers or 0) if family.mtp_layers else 0,
+        dsa=None if family.dsa is None else family.dsa(cfg, mla, bad),
     )
 
 

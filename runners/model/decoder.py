@@ -27,6 +27,7 @@ from interlock.kernels.reference import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.dsa import DSASelfAttention, index_cos_sin_cache, link_selections
 from interlock.runners.model.families import checkpoint_names
 from interlock.runners.model.layers import (
     CheckpointSlots,
@@ -68,14 +69,20 @@ class DecoderLayer(nn.Module):
         cos_sin: torch.Tensor,
         tp: TensorParallel,
         plan: ShardPlan,
+        index_cos_sin: torch.Tensor | None = None,
     ) -> None:
+        """``index_cos_sin``: the DSA indexer's rotary table (``dsa.index_cos_sin_cache``),
+        for a model with DeepSeek sparse attention."""
         super().__init__()
         self.ops = ops
         self.eps = config.rms_norm_eps
         self.input_norm = empty_weight(config.hidden_size)
         self.post_attention_norm = empty_weight(config.hidden_size)
         self.self_attn: SelfAttention | MLASelfAttention
-        if config.mla is not None:
+        if index_cos_sin is not None:
+            self.self_attn = DSASelfAttention(config, index, ops, cos_sin, tp, plan,
+                                              index_cos_sin)
+        elif config.mla is not None:
             self.self_attn = MLASelfAttention(config, index, ops, cos_sin, tp, plan)
         else:
             self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
@@ -173,10 +180,19 @@ class CausalLM(nn.Module):
             "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
             persistent=False,
         )
+        index_cos_sin = None
+        if config.dsa is not None:
+            self.register_buffer(
+                "index_cos_sin", index_cos_sin_cache(self.cos_sin_cache, config.dsa.head_dim),
+                persistent=False,
+            )
+            index_cos_sin = self.index_cos_sin
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, self.cos_sin_cache, tp, plan)
+            DecoderLayer(config, i, ops, self.cos_sin_cache, tp, plan, index_cos_sin)
             for i in range(config.num_layers)
         )
+        if config.dsa is not None:
+            link_selections([layer.self_attn.attn for layer in self.layers])
         self.norm = empty_weight(config.hidden_size)
         # None when tied: the logits then reuse the embedding table.
         self.lm_head = (

@@ -17,6 +17,7 @@ from interlock.runners.model.config import (
     SCORING_FUNCS,
     TOPK_METHODS,
     Bad,
+    DSAConfig,
     MLAConfig,
     MoEConfig,
     RawConfig,
@@ -32,6 +33,9 @@ WindowRule = Callable[[RawConfig, int | None, Bad], tuple[int | None, ...]]
 MoERule = Callable[[RawConfig, "Family", Bad], MoEConfig]
 #: ``(config, rope) -> MLAConfig`` for a family with multi-head latent attention.
 MLARule = Callable[[RawConfig, RopeConfig, Bad], MLAConfig]
+#: ``(config, its MLA) -> DSAConfig`` for a family with DeepSeek sparse attention
+#: (``interlock.runners.model.family_dsa``).
+DSARule = Callable[[RawConfig, MLAConfig | None, Bad], DSAConfig]
 
 
 @dataclass(frozen=True)
@@ -177,14 +181,14 @@ class MLADefaults:
     v_head_dim: int = 128
 
 
-def _given(cfg: RawConfig, key: str, default: object) -> object:
+def given(cfg: RawConfig, key: str, default: object) -> object:
     """The config's value of ``key``, or ``default`` when the key is absent (an explicit
     null stays None: ``q_lora_rank: null`` means a plain q_proj)."""
     return getattr(cfg, key) if key in cfg.model_fields_set else default
 
 
-def _positive(cfg: RawConfig, key: str, default: int | None, bad: Bad) -> int:
-    value = _given(cfg, key, default)
+def positive(cfg: RawConfig, key: str, default: int | None, bad: Bad) -> int:
+    value = given(cfg, key, default)
     if not isinstance(value, int) or value < 1:
         raise bad(key, value, "a positive integer")
     return value
@@ -200,11 +204,11 @@ def mla_attention(defaults: MLADefaults, interleave_key: bool) -> MLARule:
     (1 for a factor <= 1): yarn's temperature, applied to the logits as transformers does."""
 
     def rule(cfg: RawConfig, rope: RopeConfig, bad: Bad) -> MLAConfig:
-        q_lora = _given(cfg, "q_lora_rank", defaults.q_lora_rank)
+        q_lora = given(cfg, "q_lora_rank", defaults.q_lora_rank)
         if q_lora is not None:
-            q_lora = _positive(cfg, "q_lora_rank", defaults.q_lora_rank, bad)
-        nope = _positive(cfg, "qk_nope_head_dim", defaults.qk_nope_head_dim, bad)
-        rope_dim = _positive(cfg, "qk_rope_head_dim", defaults.qk_rope_head_dim, bad)
+            q_lora = positive(cfg, "q_lora_rank", defaults.q_lora_rank, bad)
+        nope = positive(cfg, "qk_nope_head_dim", defaults.qk_nope_head_dim, bad)
+        rope_dim = positive(cfg, "qk_rope_head_dim", defaults.qk_rope_head_dim, bad)
         if rope_dim % 2:
             raise bad("qk_rope_head_dim", rope_dim, "an even number (rotary pairs)")
         interleave = True
@@ -217,10 +221,10 @@ def mla_attention(defaults: MLADefaults, interleave_key: bool) -> MLARule:
             scale *= mscale * mscale
         return MLAConfig(
             q_lora_rank=q_lora,
-            kv_lora_rank=_positive(cfg, "kv_lora_rank", defaults.kv_lora_rank, bad),
+            kv_lora_rank=positive(cfg, "kv_lora_rank", defaults.kv_lora_rank, bad),
             qk_nope_head_dim=nope,
             qk_rope_head_dim=rope_dim,
-            v_head_dim=_positive(cfg, "v_head_dim", defaults.v_head_dim, bad),
+            v_head_dim=positive(cfg, "v_head_dim", defaults.v_head_dim, bad),
             rope_interleave=interleave,
             softmax_scale=scale,
         )
@@ -286,23 +290,23 @@ def deepseek_moe(
                             if v is not None), defaults.n_routed_experts)
         if experts < 1:
             raise bad("n_routed_experts", experts, "a positive integer")
-        shared = _given(cfg, "n_shared_experts", defaults.n_shared_experts)
+        shared = given(cfg, "n_shared_experts", defaults.n_shared_experts)
         if not isinstance(shared, int) or shared < 0:
             raise bad("n_shared_experts", shared, "an integer >= 0")
-        top_k = _positive(cfg, "num_experts_per_tok", defaults.num_experts_per_tok, bad)
+        top_k = positive(cfg, "num_experts_per_tok", defaults.num_experts_per_tok, bad)
         if top_k > experts:
             raise bad("num_experts_per_tok", top_k, f"at most n_routed_experts={experts}")
-        first_dense = _given(cfg, "first_k_dense_replace", defaults.first_k_dense_replace)
+        first_dense = given(cfg, "first_k_dense_replace", defaults.first_k_dense_replace)
         if not isinstance(first_dense, int) or first_dense < 0:
             raise bad("first_k_dense_replace", first_dense, "an integer >= 0")
-        size = _positive(cfg, "moe_intermediate_size", defaults.moe_intermediate_size, bad)
+        size = positive(cfg, "moe_intermediate_size", defaults.moe_intermediate_size, bad)
         scaling = finite("routed_scaling_factor",
-                         _given(cfg, "routed_scaling_factor", defaults.routed_scaling_factor),
+                         given(cfg, "routed_scaling_factor", defaults.routed_scaling_factor),
                          bad)
         n_group, topk_group = 1, 1
         if method != "greedy":
-            n_group = _positive(cfg, "n_group", defaults.n_group, bad)
-            topk_group = _positive(cfg, "topk_group", defaults.topk_group, bad)
+            n_group = positive(cfg, "n_group", defaults.n_group, bad)
+            topk_group = positive(cfg, "topk_group", defaults.topk_group, bad)
             if experts % n_group:
                 raise bad("n_group", n_group, f"a divisor of n_routed_experts={experts}")
             if topk_group > n_group:
@@ -318,7 +322,7 @@ def deepseek_moe(
                           f"topk_group={topk_group} groups")
         norm = defaults.norm_topk_prob
         if reads_norm_topk_prob:
-            norm = bool(_given(cfg, "norm_topk_prob", norm))
+            norm = bool(given(cfg, "norm_topk_prob", norm))
         elif cfg.norm_topk_prob:
             raise bad("norm_topk_prob", cfg.norm_topk_prob,
                       f"false (transformers' {family.architecture} never renormalises)")
@@ -390,6 +394,7 @@ class Family:
     windows: WindowRule = no_windows
     moe: MoERule | None = None  # None: dense MLP in every layer
     mla: MLARule | None = None  # None: per-head K/V attention
+    dsa: DSARule | None = None  # None: attention over every cached position
     #: ``layer_tensor_kind`` -> the config keys its shape follows (named in the error when a
     #: checkpoint's shape disagrees with the config).
     shape_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

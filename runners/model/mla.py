@@ -109,6 +109,10 @@ class LatentAttention(AttentionLayer):
     def empty_output(self, q: torch.Tensor) -> torch.Tensor:
         return q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
 
+    @property
+    def break_label(self) -> str:
+        return f"layer {self.layer_index}: latent attention"
+
 
 class MLASelfAttention(nn.Module):
     """DeepSeek's attention block: q (plain or through ``q_lora_rank``), the latent and
@@ -159,19 +163,32 @@ class MLASelfAttention(nn.Module):
         self.o_size = heads * mla.v_head_dim
         self.o_shard = plan.rows(tp.rank, self.o_size, full_heads * mla.v_head_dim, dim=1)
         self.o_proj = RowParallelLinear(self.o_size, hidden, ops, tp, config.o_bias)
-        self.attn = self.attention_class(layer_index, mla, heads, self.kv_b, ops)
+        self.attn = self.attention_layer(layer_index, heads)
+
+    def attention_layer(self, layer_index: int, heads: int) -> LatentAttention:
+        """The split point's layer (``attention_class``; a subclass may build it with more)."""
+        return self.attention_class(layer_index, self.mla, heads, self.kv_b, self.ops)
 
     def project(
         self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
         """Everything before the split point: projections, norms, rotary, the latent-cache
         store. Returns q [T, H*Dn + H*R] (``LatentAttention.query_parts``)."""
+        return self.project_latent(positions, hidden, metadata)[0]
+
+    def project_latent(
+        self, positions: torch.Tensor, hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``project``'s q, and the normed ``q_lora_rank`` latent it came from (None for a
+        plain q_proj): what a DSA indexer computes its queries from."""
         mla, ops = self.mla, self.ops
         tokens = hidden.shape[0]
         a = self.a_proj(hidden)
         q = a[:, : self.a_split]
+        q_latent = None
         if self.q_b_proj is not None:
-            q = self.q_b_proj(ops.rms_norm(q, self.q_a_norm, LATENT_NORM_EPS))
+            q_latent = ops.rms_norm(q, self.q_a_norm, LATENT_NORM_EPS)
+            q = self.q_b_proj(q_latent)
         kv_a = a[:, self.a_split:]
         latent = ops.rms_norm(kv_a[:, : mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
         k_pe = kv_a[:, mla.kv_lora_rank:]
@@ -179,7 +196,7 @@ class MLASelfAttention(nn.Module):
         ops.rotary_embedding(positions, q_pe, k_pe.view(tokens, 1, mla.qk_rope_head_dim),
                              self.cos_sin_cache)
         self.attn.store(latent, k_pe, metadata)
-        return q
+        return q, q_latent
 
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
         """o_proj of the attention output [T, H, Dv] -> [T, hidden], summed over ranks."""

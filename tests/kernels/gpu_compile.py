@@ -106,7 +106,8 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
         "dsa_index_topk": lambda: indexer.dsa_index_topk(
             randn(t, 64, 128), torch.rand(t, 64), index_cache, tables, lens, starts, 0.1, 2048),
         "sparse_mla_attention": lambda: sparse_attention.sparse_mla_attention(
-            randn(t, 128, 576), latent_cache, tables, lens, starts, topk, 0.1, 512),
+            randn(t, 128, 128), randn(t, 128, 64), latent_cache, randn(128, 256, 512), tables,
+            lens, starts, topk, 0.1),
         # DeepSeek-V3's MLA on 8 ranks (16 heads each), its latent cache and routing.
         "mla_decode_attention/deepseek-v3": lambda: mla.mla_decode_attention(
             randn(t, 16, 128), randn(t, 16, 64), randn(blocks, bs, 512 + 64),

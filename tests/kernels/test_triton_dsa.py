@@ -124,49 +124,48 @@ def _indices(gen: torch.Generator, positions: int, top_k: int) -> list[int]:
 
 @settings(max_examples=15, deadline=None)
 @given(data=st.data(), batch=st.integers(1, 3), heads=st.sampled_from([1, 3, 16, 20]),
-       value_dim=st.sampled_from([16, 32, 64, 48]), rope_dim=st.sampled_from([0, 16, 8]),
-       top_k=TOP_K, dtype=st.sampled_from(DTYPES), trailing=st.integers(0, 2),
-       seed=st.integers(0, 2**31 - 1))
+       rank=st.sampled_from([16, 32, 64, 48]), rope=st.sampled_from([16, 8]),
+       nope=st.sampled_from([8, 16]), top_k=TOP_K, dtype=st.sampled_from(DTYPES),
+       trailing=st.integers(0, 2), seed=st.integers(0, 2**31 - 1))
 def test_sparse_mla_attention(
-    data: st.DataObject, batch: int, heads: int, value_dim: int, rope_dim: int, top_k: int,
+    data: st.DataObject, batch: int, heads: int, rank: int, rope: int, nope: int, top_k: int,
     dtype: torch.dtype, trailing: int, seed: int,
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     cached = data.draw(st.lists(CACHED, min_size=batch, max_size=batch))
     new = data.draw(st.lists(NEW, min_size=batch, max_size=batch))
     tables, seq_lens, starts, tokens = _batch(gen, cached, new, trailing)
-    dim = value_dim + rope_dim
-    cache = randn(gen, batch * TABLE_WIDTH + 2, BLOCK_SIZE, dim, dtype=dtype)
-    q = randn(gen, tokens, heads, dim, dtype=dtype)
+    cache = randn(gen, batch * TABLE_WIDTH + 2, BLOCK_SIZE, rank + rope, dtype=dtype)
+    kv_b = randn(gen, heads, nope + 12, rank, dtype=dtype, scale=rank**-0.5)
+    q_nope = randn(gen, tokens, heads, nope, dtype=dtype)
+    q_pe = randn(gen, tokens, heads, rope, dtype=dtype)
     rows = []
     for c, n in zip(cached, new, strict=True):
         rows += [_indices(gen, c + j + 1, top_k) for j in range(n)]
     rows += [[-1] * top_k] * trailing
     indices = torch.tensor(rows, dtype=torch.int32).view(tokens, top_k).to(DEVICE)
-    args = (q, cache, tables, seq_lens, starts, indices, dim**-0.5, value_dim)
+    args = (q_nope, q_pe, cache, kv_b, tables, seq_lens, starts, indices,
+            (nope + rope)**-0.5)
     actual = triton_op("sparse_mla_attention", dtype)(*args)
     expected = torch_op("sparse_mla_attention")(*args)
-    assert actual.shape == (tokens, heads, value_dim) and actual.dtype == dtype
+    assert actual.shape == (tokens, heads, 12) and actual.dtype == dtype
     assert_close(actual, expected, dtype, ACCUMULATING_TOLERANCES)
     assert torch.all(actual[sum(new):] == 0), "tokens given no position must get zeros"
 
 
-def test_sparse_mla_attention_over_the_chosen_positions_is_dense_attention_there() -> None:
-    """Given every visible position, the sparse op is causal attention over the latent rows
-    (the reference checked against plain softmax attention, not against itself)."""
+def test_sparse_attention_over_every_visible_position_is_mla_decode() -> None:
+    """Given every position a decoding token sees, the sparse op is MLA's dense decode
+    attention (the reference checked against another op, not against itself)."""
     gen = torch.Generator().manual_seed(2)
-    tables, seq_lens, starts, tokens = _batch(gen, [5], [4], 0)
-    cache = randn(gen, TABLE_WIDTH + 2, BLOCK_SIZE, 24)
-    q = randn(gen, tokens, 2, 24)
-    indices = torch.tensor([[p if p <= 5 + t else -1 for p in range(9)] for t in range(4)],
-                           dtype=torch.int32, device=DEVICE)
-    out = torch_op("sparse_mla_attention")(q, cache, tables, seq_lens, starts, indices, 0.3, 16)
-    flat = cache.view(-1, 24)
-    rows = flat[(tables[0, torch.arange(9) // BLOCK_SIZE].long() * BLOCK_SIZE
-                 + torch.arange(9, device=DEVICE) % BLOCK_SIZE)]
-    mask = torch.arange(9, device=DEVICE)[None, :] <= torch.arange(5, 9, device=DEVICE)[:, None]
-    probs = torch.softmax((q @ rows.t() * 0.3).masked_fill(~mask[:, None, :], float("-inf")), -1)
-    torch.testing.assert_close(out, probs @ rows[:, :16])
-    triton_out = triton_op("sparse_mla_attention")(q, cache, tables, seq_lens, starts, indices,
-                                                    0.3, 16)
-    assert_close(triton_out, out, torch.float32, ACCUMULATING_TOLERANCES)
+    lens = [9, 30, 1]
+    tables, seq_lens, starts, tokens = _batch(gen, [n - 1 for n in lens], [1, 1, 1], 0)
+    cache = randn(gen, 3 * TABLE_WIDTH + 2, BLOCK_SIZE, 24)
+    kv_b = randn(gen, 2, 8 + 12, 16, scale=0.25)
+    q_nope, q_pe = randn(gen, tokens, 2, 8), randn(gen, tokens, 2, 8)
+    indices = torch.tensor([list(range(n)) + [-1] * (32 - n) for n in lens], dtype=torch.int32,
+                           device=DEVICE)
+    dense = torch_op("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables, seq_lens, 0.3)
+    args = (q_nope, q_pe, cache, kv_b, tables, seq_lens, starts, indices, 0.3)
+    torch.testing.assert_close(torch_op("sparse_mla_attention")(*args), dense)
+    assert_close(triton_op("sparse_mla_attention")(*args), dense, torch.float32,
+                 ACCUMULATING_TOLERANCES)

@@ -21,6 +21,9 @@ MLA: dict[str, Any] = {
     "num_key_value_heads": 4,
 }
 
+# The indexer of every DSA config below, on DeepSeek's MLA sizes.
+DSA: dict[str, Any] = {**MLA, "index_topk": 4, "index_n_heads": 8, "index_head_dim": 16}
+
 # A different rope scaling, window and head layout per family, so together they cover
 # what these configs can vary.
 TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -73,6 +76,17 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "first_k_dense_replace": 0, "norm_topk_prob": False, "n_shared_experts": 0,
         "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "mscale": 0.9,
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 32},
+    }),
+    # DeepSeek sparse attention: a top-4 of prompts up to 19 tokens, so the selection
+    # matters; 8 indexer heads, so scores rarely tie at 0 (where transformers' top-k and
+    # ours may pick different positions). GLM-5's third layer reuses the second's selection.
+    "deepseek_v32": ("deepseek_v32", "DeepseekV32ForCausalLM", {
+        **DSA, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+    }),
+    "glm_moe_dsa": ("glm_moe_dsa", "GlmMoeDsaForCausalLM", {
+        **DSA, "num_hidden_layers": 3, "index_topk_freq": 2, "first_k_dense_replace": 1,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 0.8, "original_max_position_embeddings": 64},
     }),
 }
 

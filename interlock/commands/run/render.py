@@ -144,6 +144,8 @@ def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -
                 f"  captured {graph['key']}: {graph['segments']} segment(s), "
                 f"{graph['breaks']} eager break(s)"
             )
+        for point in graphs.get("break_points", []):
+            lines.append(f"  break point {point}")
         for key, why in graphs.get("failed", {}).items():
             lines.append(f"  failed {key}: {why}")
         for key, count in graphs.get("replays", {}).items():
