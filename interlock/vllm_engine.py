@@ -94,16 +94,26 @@ _CUDAGRAPH = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(?P<name>[A-Z_]+): [
 
 
 def log_formats(version: str | None) -> LogFormats:
-    """The formats of vLLM ``version`` (None: :data:`DEFAULT_VERSION`); an unknown release is
-    an error naming the known ones."""
+    """The formats of vLLM ``version`` (None: :data:`DEFAULT_VERSION`). A release whose wheel
+    was not read (a patch release, a newer or older one) gets the nearest older read
+    release's (the oldest's when it is older than all): the messages have not changed in any
+    release read, only the lines they are logged at; ``LogFormats.version`` then names the
+    release the formats are from. A version that is not one is an error."""
+    from packaging.version import InvalidVersion, Version
+
     version = version or DEFAULT_VERSION
-    formats = FORMATS.get(version)
-    if formats is None:
+    if version in FORMATS:
+        return FORMATS[version]
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
         raise PolicyError(
-            f"vLLM {version}: interlock knows the startup log of vLLM "
-            f"{', '.join(FORMATS)} only; give --vllm-version with one of them"
-        )
-    return formats
+            f"vLLM version {version!r} is not a version (e.g. 0.33.0); interlock knows the "
+            f"startup log of vLLM {', '.join(FORMATS)}"
+        ) from None
+    known = sorted(FORMATS, key=Version)
+    older = [v for v in known if Version(v) <= wanted]
+    return FORMATS[older[-1] if older else known[0]]
 
 
 def expected_from(decision: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,6 +173,7 @@ class EngineCheck:
     can only be an absence (V1, breakable off) waits for the ready line."""
 
     def __init__(self, decision: Mapping[str, Any], version: str | None = None) -> None:
+        self.version = version or DEFAULT_VERSION
         self.formats = log_formats(version)
         self.expected = expected_from(decision)
         self.seen: dict[str, Any] = {}
@@ -259,8 +270,9 @@ class EngineCheck:
             seen=dict(seen),
             problems=list(self.problems),
             ended_by=ended_by,
-            vllm_version=seen.get("vllm_version", self.formats.version),
+            vllm_version=seen.get("vllm_version", self.version),
             formats={
+                "for_version": self.version,
                 "version": self.formats.version,
                 "runner_v2": self.formats.runner_v2,
                 "config": self.formats.config,

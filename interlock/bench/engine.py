@@ -331,7 +331,7 @@ def measure_engine(
     from interlock.bench.design import block_order
     from interlock.vllm_engine import EngineCheck, EngineFailed, EngineProcess, log_formats
 
-    log_formats(vllm_version)  # an unknown release is refused before anything starts
+    log_formats(vllm_version)  # a version that is not one is refused before anything starts
     if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
         raise InputError(
             f"--accuracy-answers has {len(accuracy_answers)} answers for "

@@ -226,5 +226,9 @@ def test_the_check_reads_every_known_release_and_each_process_prefix() -> None:
         assert check.feed("echo Starting vLLM server on nothing") is None
         verdict = check.feed("INFO 12-01 10:00:02 [entry.py:139] Starting vLLM server on x")
         assert verdict is not None and verdict.verified, verdict
+    # A release whose wheel was not read takes the nearest older read release's formats.
+    assert EngineCheck(decision, "0.33.2").formats.version == "0.33.0"
+    assert EngineCheck(decision, "0.30.1").formats.version == "0.30.0"
+    assert EngineCheck(decision, "0.26.0").formats.version == "0.27.1"
     with pytest.raises(Exception, match="knows the startup log of vLLM 0.27.1"):
-        EngineCheck(decision, "0.20.0")
+        EngineCheck(decision, "latest")
