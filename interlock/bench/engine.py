@@ -274,10 +274,12 @@ def resolve_cells(
     model: str,
     factors: Mapping[str, Sequence[Any]],
     vllm_args: Sequence[str],
+    version: str | None = None,
 ) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
     """``(base resolution, cells, skipped)``: every combination's decision with its levels
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
-    command; a combination the policy or vLLM's adjustments refuse is skipped with why."""
+    command for vLLM ``version`` (None: unknown, every flag set); a combination the policy
+    or vLLM's adjustments refuse is skipped with why."""
     from interlock.bench.design import combinations
     from interlock.policy.resolution import resolve
     from interlock.vllm_flags import read_user_flags
@@ -295,8 +297,8 @@ def resolve_cells(
         try:
             resolution = resolve(policy, context, {**user.overrides, **levels})
             # The levels are forced in the resolution, not flags the user gave: the command
-            # still carries them explicitly.
-            command = serve_command(resolution, model, vllm_args, user)
+            # still carries them explicitly (those ``version`` reads).
+            command = serve_command(resolution, model, vllm_args, user, (), version)
         except PolicyError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue

@@ -318,10 +318,18 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     env, sources = process_env(policy)
     env.update(flags["env"])
     sources.update(flags["sources"])
+    # The vLLM that runs: its version is a fact of the context (rules may test it), decides
+    # which flags the cells' commands carry and which log formats are read.
+    from interlock.commands.vllm import detected_engine
+
+    engine, engine_sources = detected_engine(shutil.which("vllm") or "vllm")
+    sources.update(engine_sources)
     context = model_context(model.readable, platform=flags["platform"],
                             device_arch=flags["device_arch"], features=flags["features"],
-                            env=env, sources=sources)
-    base, cells, skipped = resolve_cells(policy, context, model.argument, vary, args.vllm_arg)
+                            env=env, sources=sources, engine=engine)
+    version = args.vllm_version or engine.get("vllm")
+    base, cells, skipped = resolve_cells(policy, context, model.argument, vary, args.vllm_arg,
+                                         engine.get("vllm"))
     if not cells:
         raise PolicyError("--engine vllm: every cell was refused: "
                           + "; ".join(s["reason"] for s in skipped))
@@ -330,7 +338,7 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
         record = measure_engine(
             model.argument, base, cells, skipped, vary, workload, policy=policy.stamp(),
             accuracy_prompts=prompts, accuracy_answers=answers,
-            startup_timeout=args.startup_timeout, vllm_version=args.vllm_version,
+            startup_timeout=args.startup_timeout, vllm_version=version,
             port=args.port, decision_log=decision_log.log_path(args.decision_log),
             progress=bar, command=command_line(("bench", "--engine", "vllm", args.model), args),
         )

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise PolicyError(f"--vllm {args.vllm}: not an executable file")
     engine, engine_sources = engine_of(args)
     if "vllm" not in engine and executable is not None:
-        engine, engine_sources = _detected(executable)
+        engine, engine_sources = detected_engine(executable)
     sources.update(engine_sources)
     if args.model_id is not None:
         sources["model_id"] = "given with --model-id"
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     return _serve(args, resolution, command, user.overrides, model.argument, executable, version)
 
 
-def _detected(executable: str) -> tuple[dict[str, str], dict[str, str]]:
+def detected_engine(executable: str) -> tuple[dict[str, str], dict[str, str]]:
     """The version of the vLLM ``executable`` runs, as context facts (none if it has none)."""
     from interlock.vllm_version import detect_engine_version, detected_source
 
