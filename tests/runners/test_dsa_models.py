@@ -23,7 +23,7 @@ MAX_TOKENS = [12, 7, 10]
 CPU_GRAPHS = "debug" if native_unavailable("cpu") else "native"
 MODELS = ["glm_moe_dsa", "deepseek_v32"]
 MODES = [("none", False), ("piecewise", False), ("full_and_piecewise", False),
-         ("full_and_piecewise", True)]
+         ("full_and_piecewise", True), ("full", False), ("full_decode_only", False)]
 
 
 def generate(path: Path, decision: Decision, **engine) -> tuple[list[list[int]], object]:

@@ -40,6 +40,17 @@ MLA_CONFIG = parse_config({
     "topk_group": 1, "moe_intermediate_size": 32,
 })
 
+#: A GLM-5 config (DSA over MLA): the first layer also caches an indexer key of 16 values per
+#: token; the second reuses its selection and caches the latent only.
+DSA_CONFIG = parse_config({
+    "architectures": ["GlmMoeDsaForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+    "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "index_topk": 4, "index_n_heads": 2, "index_head_dim": 16,
+    "indexer_types": ["full", "shared"],
+})
+
 
 class CacheCheckingRunner:
     """Stands in for a model: remembers which (request, position, token) each slot holds,
@@ -75,40 +86,41 @@ class CacheCheckingRunner:
 
 
 class LatentCacheRunner(CacheCheckingRunner):
-    """The fake runner over a real MLA latent cache, allocated from the config's cache spec:
-    each fed token's latent and rotary key (values naming its request, position and token)
-    go in with ``store_latent_cache``; every step reads each sequence's whole history back
-    through its block table, so a block reused or a preemption mishandled shows as a wrong
-    entry."""
+    """The fake runner over a real MLA latent cache (and a DSA layer's index cache beside
+    it), allocated from the config's cache spec: each fed token's entry in every cache tensor
+    (values naming its request, position and token) goes in with ``store_latent_cache``;
+    every step reads each sequence's whole history back through its block table, so a block
+    reused or a preemption mishandled shows as a wrong entry."""
 
     def load(self, model, kv_cache, decision) -> None:
         super().load(model, kv_cache, decision)
         self.caches = allocate_kv_cache(model.config, kv_cache, "float32", "cpu")
         self.ids: dict[str, int] = {}
 
-    def entry(self, request_id: str, pos: int, token: int) -> torch.Tensor:
+    def entry(self, request_id: str, pos: int, token: int, width: int) -> torch.Tensor:
         number = self.ids.setdefault(request_id, len(self.ids) + 1)
-        width = self.caches[0][0].shape[-1]
         return torch.tensor([number, pos, token], dtype=torch.float32).repeat(width // 3 + 1)[
             :width]
 
     def execute(self, batch: ScheduledBatch) -> RunnerOutput:
-        rank = MLA_CONFIG.mla.kv_lora_rank
+        tensors = [cache for layer in self.caches for cache in layer]
         for seq in batch.sequences:
             slots = [self.slot(seq.block_table, p) for p in range(seq.start_position, seq.seq_len)]
-            entries = torch.stack([self.entry(seq.request_id, seq.start_position + i, t)
-                                   for i, t in enumerate(seq.token_ids)])
-            for (latent,) in self.caches:
-                reference.store_latent_cache(entries[:, :rank], entries[:, rank:], latent,
-                                             torch.tensor(slots))
+            for cache in tensors:
+                width = cache.shape[-1]
+                entries = torch.stack([self.entry(seq.request_id, seq.start_position + i, t, width)
+                                       for i, t in enumerate(seq.token_ids)])
+                reference.store_latent_cache(entries[:, : width // 2], entries[:, width // 2:],
+                                             cache, torch.tensor(slots))
         output = super().execute(batch)  # records what each slot should hold
         for seq in batch.sequences:
-            for (latent,) in self.caches:
-                flat = latent.view(-1, latent.shape[-1])
+            for cache in tensors:
+                flat = cache.view(-1, cache.shape[-1])
                 for pos in range(seq.seq_len):
                     slot = self.slot(seq.block_table, pos)
                     request_id, stored_pos, token = self.slots[slot]
-                    assert flat[slot].tolist() == self.entry(request_id, stored_pos, token).tolist()
+                    expected = self.entry(request_id, stored_pos, token, cache.shape[-1])
+                    assert flat[slot].tolist() == expected.tolist()
         return output
 
 
@@ -215,11 +227,13 @@ def test_preempted_requests_are_recomputed_and_finish_with_the_same_tokens():
     assert released == {r.request_id for r in tight}
 
 
-def test_the_latent_cache_survives_preemption_and_block_reuse():
+@pytest.mark.parametrize("config", [MLA_CONFIG, DSA_CONFIG], ids=["mla", "dsa"])
+def test_the_latent_cache_survives_preemption_and_block_reuse(config):
+    """And, for DSA, the index cache beside it (on the layers that run an indexer)."""
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
-    roomy = run(make_engine(64, model_config=MLA_CONFIG, runner=LatentCacheRunner()),
+    roomy = run(make_engine(64, model_config=config, runner=LatentCacheRunner()),
                 prompts, 10)
-    tight_engine = make_engine(5, model_config=MLA_CONFIG, runner=LatentCacheRunner(),
+    tight_engine = make_engine(5, model_config=config, runner=LatentCacheRunner(),
                                max_num_batched_tokens=6)
     tight = run(tight_engine, prompts, 10)
     assert sum(r.num_preemptions for r in tight) > 0
@@ -244,6 +258,9 @@ def test_blocks_are_counted_in_latent_bytes():
     assert latent.num_blocks * 16 > 4 * (budget // per_head) * 16
     # The same holds per rank: the latent is replicated, not split, across ranks.
     assert bytes_per_block(MLA_CONFIG, "float32", 16, tensor_parallel_size=2) == 2 * 24 * 4 * 16
+    # DSA adds its indexer key where an indexer runs, replicated too.
+    for ranks in (1, 2):
+        assert bytes_per_block(DSA_CONFIG, "float32", 16, ranks) == (2 * 24 + 16) * 4 * 16
 
 
 @given(
