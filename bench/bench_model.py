@@ -21,7 +21,7 @@ Measures, side by side in one process with the runs interleaved (medians of --re
 interlock runs the decision the shipped policy resolves for the model on the CPU unless
 --runner / --cudagraph override it. transformers loads the same weights: the demo's
 written as a checkpoint, or a GGUF model's conversion (whose every tensor equals
-transformers' own GGUF loader's: tests/models/test_smollm2.py).
+transformers' own GGUF loader's: tests/runners/models/test_smollm2.py).
 """
 
 from __future__ import annotations

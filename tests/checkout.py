@@ -6,11 +6,22 @@ Importable from every test module (pytest puts tests/ on the import path for its
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "policies.yaml"
+HISTORY = REPO / "examples" / "history"
+BEFORE_51653 = HISTORY / "2026-08-12-before-vllm-51653.yaml"
+BEFORE_53155 = HISTORY / "2026-08-31-before-vllm-53155.yaml"
+#: The shipped policy as it stood after vLLM #53155, until interlock tracked vLLM releases.
+SEED_53155 = HISTORY / "2026-09-01-vllm-53155.yaml"
+SEED_53155_TESTS = HISTORY / "2026-09-01-vllm-53155.tests.yaml"
 
 
 def _tools_module(name: str) -> Any:
@@ -37,3 +48,27 @@ def copy_checkout(dest: Path) -> Path:
         shutil.copytree(REPO / name, dest / name, ignore=ignore)
     shutil.copy(REPO / "pyproject.toml", dest)
     return dest
+
+
+def copy_package(dest: Path) -> Path:
+    """A copy of the ``interlock`` package laid out as an install has it (``interlock/policy/``
+    ...) with pyproject.toml beside it; returns ``dest``, to put on PYTHONPATH."""
+    return layout.assemble(dest)
+
+
+def python_in(
+    path: Path,
+    *args: str,
+    cwd: Path | None = None,
+    pythonpath: Sequence[Path] = (),
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``python args...`` with ``path`` (then ``pythonpath``) first on the import path, in place
+    of the caller's own PYTHONPATH (which points at this checkout)."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=os.pathsep.join(map(str, [path, *pythonpath])), NO_COLOR="1")
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd or path, env=environ, capture_output=True, text=True,
+        timeout=600,
+    )

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 from checkout import PACKAGE_FOLDERS, REPO
 from hypothesis import settings
+from policy_texts import MINIMAL
+
+from interlock.testing import register_plugin  # noqa: F401  (the fixture plugin authors use)
+
+if TYPE_CHECKING:
+    from tiny_models import TinyModels
 
 settings.register_profile("ci", max_examples=50, deadline=None)
 settings.register_profile("dev", max_examples=25, deadline=None)
@@ -32,6 +39,64 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A private cache directory, and none of the caller's policy, vLLM or colour settings."""
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("INTERLOCK_POLICY", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture
+def fresh_plugins(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A fresh plugin registry before and after the test, a private cache directory, none of
+    the caller's plugin settings, and sys.path restored."""
+    from interlock import plugins
+
+    monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    for name in (
+        "INTERLOCK_DISABLE_PLUGINS",
+        "INTERLOCK_PLUGINS_STRICT",
+        "INTERLOCK_NO_PLUGIN_CACHE",
+        "INTERLOCK_POLICY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    path = list(sys.path)
+    plugins.reset()
+    yield
+    sys.path[:] = path
+    plugins.reset()
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models gain nothing from a second thread, and on a busy machine two threads
+    mostly wait for each other."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Tiny transformers checkpoints of each family, built once a session on first use."""
+    from tiny_models import TinyModels  # torch and transformers: only where a test needs them
+
+    return TinyModels(tmp_path_factory.mktemp("tiny-checkpoints"))
+
+
+@pytest.fixture
+def base() -> str:
+    """A small complete policy: two catalog entries, one env binding, no rules."""
+    return MINIMAL
 
 
 class CliResult(NamedTuple):

@@ -34,10 +34,9 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     one test; the plugin registry is rediscovered (and not cached) before and after."""
     import sys
 
-    from interlock import plugins
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
     from plugin_builders import make_dist
+
+    from interlock import plugins
 
     monkeypatch.setenv("INTERLOCK_CACHE_DIR", str(tmp_path / "cache"))
     for name in ("INTERLOCK_DISABLE_PLUGINS", "INTERLOCK_PLUGINS_STRICT"):

@@ -7,14 +7,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from plugin_builders import make_dist
 
 from interlock import plugins
 from interlock.core import disk_cache
-from interlock.testing import register_plugin  # noqa: F401  (a fixture)
-
-# The installed-looking distributions of the plugin tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
-from plugin_builders import make_dist  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

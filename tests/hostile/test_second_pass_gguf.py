@@ -8,21 +8,18 @@ import os
 import signal
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf_builders import rewrite_gguf, write_tiny_gguf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from gguf_builders import rewrite_gguf, write_tiny_gguf  # noqa: E402
-
-from interlock.core import disk_cache  # noqa: E402
-from interlock.core.errors import ModelError  # noqa: E402
-from interlock.runners.model import sources  # noqa: E402
-from interlock.runners.model.gguf.layout import MAX_STRINGS  # noqa: E402
+from interlock.core import disk_cache
+from interlock.core.errors import ModelError
+from interlock.runners.model import sources
+from interlock.runners.model.gguf.layout import MAX_STRINGS
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,10 @@ from its conversion."""
 from __future__ import annotations
 
 import importlib.metadata
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from gguf_builders import write_tiny_gguf  # noqa: E402
+from gguf_builders import write_tiny_gguf
 
 
 def _installed(distribution: str) -> bool:

@@ -1,27 +1,17 @@
-"""Fixtures of the runners tests: tiny transformers checkpoints and a logits-recording runner."""
+"""Fixtures of the runners tests: one torch thread, a logits-recording runner (the tiny
+checkpoints are tests/tiny_models.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-import torch
-from runner_fixtures import RecordingRunner, TinyModels
+from tiny_models import RecordingRunner
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models gain nothing from a second thread, and on a busy machine two threads
-    mostly wait for each other."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    return TinyModels(tmp_path_factory.mktemp("tiny-checkpoints"))
+def _one_thread(one_torch_thread: None) -> None:
+    """Every runner test on one torch thread."""
 
 
 @pytest.fixture

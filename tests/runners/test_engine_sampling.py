@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from runner_fixtures import PROMPTS
+from tiny_models import PROMPTS
 
 from interlock.llm import LLM
 from interlock.runners.contract import Decision

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runner_fixtures import NEW_TOKENS, PROMPTS
+from tiny_models import NEW_TOKENS, PROMPTS
 
 from interlock.llm import LLM
 from interlock.runners.contract import Decision

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runner_fixtures import NEW_TOKENS, PROMPTS, TINY_CONFIGS
+from tiny_models import NEW_TOKENS, PROMPTS, TINY_CONFIGS
 
 from interlock.llm import LLM
 from interlock.runners.contract import Decision

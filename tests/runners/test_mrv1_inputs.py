@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from runner_fixtures import PROMPTS
+from tiny_models import PROMPTS
 
 from interlock.llm import LLM
 from interlock.runners.contract import Decision, Sampling, ScheduledBatch, ScheduledSequence

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
-from runner_fixtures import PROMPTS, TINY_CONFIGS
+from tiny_models import PROMPTS, TINY_CONFIGS
 from tp_harness import Job, rank_main, run_job
 
 from interlock.llm import LLM

@@ -1,0 +1,64 @@
+"""The wheel installs beside Hugging Face's ``kernels`` package: both import, ours intact.
+
+Before everything moved under ``interlock.``, the wheel put a top-level ``kernels`` package
+into site-packages, and installing Hugging Face's overwrote it. Needs PyPI (CI has it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from checkout import python_in
+
+#: Hugging Face's package of the same top-level name (a transformers optional dependency).
+HF_KERNELS = "kernels==0.17.2"
+
+CHECKS = """
+import sys
+from pathlib import Path
+
+import kernels
+import interlock
+from interlock.kernels import REGISTRY
+
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
+target = Path(sys.argv[1]).resolve()
+assert Path(interlock.__file__).resolve().is_relative_to(target), interlock.__file__
+assert Path(kernels.__file__).resolve() == target / "kernels" / "__init__.py", kernels.__file__
+assert callable(kernels.get_kernel), "Hugging Face's kernels package"
+assert {"rms_norm", "paged_attention", "sample"} <= set(REGISTRY.ops()), REGISTRY.ops()
+print("ok")
+"""
+
+
+def pip(*args: str, cwd: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"pip {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_beside_hugging_face_kernels(
+    tmp_path: Path, interlock_wheel: Path
+) -> None:
+    target = tmp_path / "target"
+    pip("install", "--no-deps", "--target", str(target), str(interlock_wheel), HF_KERNELS,
+        cwd=tmp_path)
+
+    top = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
+    assert top - {"bin"} == {"interlock", "kernels"}
+    done = python_in(target, "-c", CHECKS, str(target), cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+    done = python_in(
+        target, "-m", "interlock.cli", "run", "--model", "demo", "--max-tokens", "4",
+        "--prompt-token-ids", "1,2,3", cwd=tmp_path,
+        env={"INTERLOCK_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[0] prompt [1, 2, 3]\n    -> [" in done.stdout and "(length)" in done.stdout
