@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from runner_fixtures import PROMPTS
+from tiny_models import PROMPTS
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM

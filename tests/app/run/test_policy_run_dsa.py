@@ -5,22 +5,18 @@ runs the seed's 2x2 (runner x breakable) on it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from runner_fixtures import TinyModels
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from hf_oracle import transformers_greedy  # noqa: E402
+from hf_oracle import transformers_greedy
+from tiny_models import TinyModels
 
 PROMPT = list(range(1, 11))  # longer than the model's index_topk of 4
 
 
 @pytest.fixture(scope="module")
-def tiny_glm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    models = TinyModels(tmp_path_factory.mktemp("dsa-checkpoints"))
-    return models.path("glm_moe_dsa"), models.hf("glm_moe_dsa")
+def tiny_glm(tiny_models: TinyModels) -> tuple[Path, object]:
+    return tiny_models.path("glm_moe_dsa"), tiny_models.hf("glm_moe_dsa")
 
 
 def test_explain_derives_attention_dsa_from_the_config(cli, tiny_glm):
