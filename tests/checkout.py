@@ -5,6 +5,7 @@ Importable from every test module (pytest puts tests/ on the import path for its
 
 from __future__ import annotations
 
+import filecmp
 import importlib.util
 import os
 import shutil
@@ -72,3 +73,19 @@ def python_in(
         [sys.executable, *args], cwd=cwd or path, env=environ, capture_output=True, text=True,
         timeout=600,
     )
+
+
+def changed_files(a: Path, b: Path) -> list[str]:
+    """Files that differ between two copies of the package (same files in both), as paths
+    ``interlock/...``."""
+    compared = filecmp.dircmp(a, b, ignore=["__pycache__"])
+    changed: list[str] = []
+
+    def walk(cmp: filecmp.dircmp, prefix: str) -> None:
+        assert not cmp.left_only and not cmp.right_only, (cmp.left_only, cmp.right_only)
+        changed.extend(f"{prefix}/{name}" for name in cmp.diff_files)
+        for name, sub in cmp.subdirs.items():
+            walk(sub, f"{prefix}/{name}")
+
+    walk(compared, "interlock")
+    return sorted(changed)

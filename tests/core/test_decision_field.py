@@ -10,11 +10,10 @@ fallback and errors, the runners' check, ``policy explain`` and ``policy plugins
 
 from __future__ import annotations
 
-import filecmp
 import re
 from pathlib import Path
 
-from checkout import REPO, copy_package, python_in
+from checkout import REPO, changed_files, copy_package, python_in
 
 SECTION = "## Adding a decision field"
 #: Where each of the README's blocks goes: before or after an anchor of its file.
@@ -154,7 +153,7 @@ def test_a_new_decision_field_needs_two_package_files_and_its_runner(tmp_path: P
         added = body + anchor if where == "before" else anchor + body
         path.write_text(source.replace(anchor, added))
     original = copy_package(tmp_path / "original")
-    assert _changed(original / "interlock", root / "interlock") == sorted(PLACES)
+    assert changed_files(original / "interlock", root / "interlock") == sorted(PLACES)
     site = tmp_path / "site"
     _plugin_distribution(site)
     work = tmp_path / "work"
@@ -166,21 +165,6 @@ def test_a_new_decision_field_needs_two_package_files_and_its_runner(tmp_path: P
         env={"INTERLOCK_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
-
-
-def _changed(a: Path, b: Path) -> list[str]:
-    """Files that differ between two trees, as paths under b's parent."""
-    compared = filecmp.dircmp(a, b, ignore=["__pycache__"])
-    changed: list[str] = []
-
-    def walk(cmp: filecmp.dircmp, prefix: str) -> None:
-        assert not cmp.left_only and not cmp.right_only, (cmp.left_only, cmp.right_only)
-        changed.extend(f"{prefix}/{name}" for name in cmp.diff_files)
-        for name, sub in cmp.subdirs.items():
-            walk(sub, f"{prefix}/{name}")
-
-    walk(compared, "interlock")
-    return sorted(changed)
 
 
 def _plugin_distribution(site: Path) -> None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .conftest import copy_package, python_in
-from .test_decision_field import _changed
+from checkout import changed_files, copy_package, python_in
 
 HOME = "interlock/core/platform.py"
 #: The last entry of PLATFORMS, and the new one written after it.
@@ -67,7 +66,7 @@ def test_a_new_platform_is_one_entry_in_core_platform(tmp_path: Path) -> None:
     assert source.count(ANCHOR) == 1, "the cpu entry of PLATFORMS moved"
     path.write_text(source.replace(ANCHOR, ANCHOR + ENTRY))
     original = copy_package(tmp_path / "original")
-    assert _changed(original / "interlock", root / "interlock") == [HOME]
+    assert changed_files(original / "interlock", root / "interlock") == [HOME]
     (tmp_path / "checks.py").write_text(CHECKS)
     done = python_in(root, str(tmp_path / "checks.py"), cwd=tmp_path,
                      env={"INTERLOCK_CACHE_DIR": str(tmp_path / "cache")})
