@@ -28,6 +28,7 @@ def test_two_ranks_on_one_machine_report_the_split(policy_run, tiny_llama):
     assert two["tensor_parallel"] == {
         "size": 2, "backend": "gloo", "launcher": "torch.multiprocessing",
         "heads_per_rank": 2, "kv_heads_per_rank": 1, "notes": [],
+        "collectives": "shared memory (float32 on one host; gloo for other dtypes)",
     }
     assert one["tensor_parallel"] is None
 
