@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from interlock.app.arguments import check_llm_arguments
 from interlock.app.outputs import (
     CompletionOutput,
     GenerationInterrupted,
@@ -91,6 +94,16 @@ class LLM:
         tensor_parallel_size: int = 1,
         decision_log: str | os.PathLike[str] | None = None,
     ) -> None:
+        check_llm_arguments(
+            {"dtype": dtype, "load_format": load_format, "device": device, "seed": seed,
+             "block_size": block_size, "num_blocks": num_blocks,
+             "kv_cache_memory": kv_cache_memory, "max_num_seqs": max_num_seqs,
+             "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
+             "tensor_parallel_size": tensor_parallel_size}
+        )
+        # One generate/chat at a time: the engine's batch is not shared between threads.
+        self._lock = threading.Lock()
+        self._owner: int | None = None
         source = resolve_model(model)
         # A size the model cannot be split into is refused before anything is decided,
         # loaded or started.
@@ -180,6 +193,31 @@ class LLM:
         All requests are validated before any runs: one that cannot fit the
         engine even alone raises ``RequestRejected`` and nothing is run.
         """
+        with self._serialised():
+            return self._generate(prompts, sampling_params, on_tokens)
+
+    @contextmanager
+    def _serialised(self) -> Iterator[None]:
+        """generate/chat from several threads run one after another; from inside one (an
+        on_tokens callback) it is refused, as it would corrupt the running batch."""
+        if self._owner == threading.get_ident():
+            raise InputError(
+                "generate() or chat() called while this thread's generate() is running (from "
+                "an on_tokens callback?); call it after it returns"
+            )
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        on_tokens: OnTokens | None,
+    ) -> list[CompletionOutput]:
         batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
@@ -225,6 +263,11 @@ class LLM:
     ) -> list[CompletionOutput]:
         """``generate`` for one conversation (a list of messages) or several, each rendered
         with the model's chat template and an assistant turn to answer."""
+        if not isinstance(conversations, (list, tuple)):
+            raise InputError(
+                f"chat() takes a list of messages or of conversations, got "
+                f"{type(conversations).__name__}"
+            )
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # type: ignore[list-item]
         prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
@@ -239,7 +282,7 @@ class LLM:
             )
         text = self.chat_template.render(messages)
         # The template writes every special token itself (BOS included, where it wants one).
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, False, name="chat template output").ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of generated tokens (special tokens such as EOS left out)."""

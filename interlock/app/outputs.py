@@ -40,7 +40,8 @@ def as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """``prompts`` as a list of prompts (one text or one list of token ids is one prompt)."""
     if isinstance(prompts, str):
         return [prompts]
-    if not isinstance(prompts, Sequence):
+    if isinstance(prompts, (bytes, bytearray, memoryview)) or not isinstance(prompts, Sequence):
+        # bytes are a sequence of ints, but not token ids: b"abc" would run ids 97, 98, 99
         raise InputError(
             f"prompts must be text, a list of token ids, or a list of those; got "
             f"{type(prompts).__name__}"

@@ -9,6 +9,9 @@ from interlock.core.errors import InputError
 
 #: Seeds live in int64 tensors on the device.
 SEED_LIMIT = 2**63
+#: Below this, logits / temperature overflow float32 (1e-45 is 0 there): sampling would
+#: be garbage, not near-greedy, so such a temperature is refused.
+MIN_TEMPERATURE = 1e-4
 
 
 def _int(name: str, value: object, allowed: str) -> int:
@@ -45,8 +48,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if _int("max_tokens", self.max_tokens, "an integer >= 1") < 1:
             raise InputError(f"max_tokens={self.max_tokens} is invalid; allowed: an integer >= 1")
-        allowed = "a finite number >= 0 (0 = greedy)"
-        if _real("temperature", self.temperature, allowed) < 0:
+        allowed = f"a finite number >= 0 (0 = greedy; otherwise >= {MIN_TEMPERATURE})"
+        temperature = _real("temperature", self.temperature, allowed)
+        if temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
             raise InputError(f"temperature={self.temperature} is invalid; allowed: {allowed}")
         if _int("top_k", self.top_k, "an integer >= 0 (0 = off)") < 0:
             raise InputError(f"top_k={self.top_k} is invalid; allowed: >= 0 (0 = off)")

@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a prompt as token ids; repeat for several (default: one prompt, 1,2,3)",
     )
     parser.add_argument(
-        "--prompt", action="append", default=[], metavar="TEXT",
+        "--prompt", action="append", default=[], metavar="TEXT", type=_utf8,
         help="a text prompt (needs the model's tokenizer.json); repeat for several",
     )
     parser.add_argument(
@@ -68,6 +68,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--verbose", action="store_true", help="add the trace, kernel choices and captured graphs"
     )
     parser.set_defaults(run=run)
+
+
+def _utf8(text: str) -> str:
+    """A text argument: Python hands an undecodable byte of the command line over as a
+    lone surrogate, which the tokenizer cannot encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = text[exc.start].encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 (byte 0x{raw.hex()} at position {exc.start})"
+        ) from None
+    return text
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
