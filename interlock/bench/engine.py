@@ -306,6 +306,28 @@ def resolve_cells(
     return base, cells, skipped
 
 
+def compare_cells(
+    old: Any, new: Any, context: Any, model: str, vllm_args: Sequence[str],
+    version: str | None,
+) -> tuple[Any, Any, list[Cell]]:
+    """``(old resolution, new resolution, cells)``: what two policies decide for ``context``
+    on vLLM, as the cells ``old`` and ``new`` of a factor ``policy`` (none when vLLM would be
+    started alike)."""
+    from interlock.policy.resolution import resolve
+    from interlock.vllm_flags import read_user_flags
+    from interlock.vllm_serve import serve_command
+
+    user = read_user_flags(vllm_args)
+    cells = []
+    for name, policy in (("old", old), ("new", new)):
+        resolution = resolve(policy, context, user.overrides)
+        command = serve_command(resolution, model, vllm_args, user, (), version)
+        cells.append(Cell(name, {"policy": name}, resolution, command))
+    same = (cells[0].command.argv, cells[0].command.env) == (
+        cells[1].command.argv, cells[1].command.env)
+    return cells[0].resolution, cells[1].resolution, [] if same else cells
+
+
 Progress = Callable[[int, int], None]
 
 

@@ -283,21 +283,59 @@ def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
 
 def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     """``--engine vllm``: the cells on `vllm serve` (interlock.bench.engine)."""
+    from interlock.bench.engine import resolve_cells
+    from interlock.core.errors import PolicyError
+
+    policy = load(args)
+    setup = engine_setup(args, policy, context_flags_of(args, policy))
+    base, cells, skipped = resolve_cells(policy, setup.context, setup.model, vary,
+                                         args.vllm_arg, setup.detected)
+    if not cells:
+        raise PolicyError("--engine vllm: every cell was refused: "
+                          + "; ".join(s["reason"] for s in skipped))
+    record = measure_on_engine(
+        args, setup, base, cells, skipped, vary, policy.stamp(),
+        command_line(("bench", "--engine", "vllm", args.model), args),
+    )
+    return _finish(args, record)
+
+
+class EngineSetup:
+    """What measuring on `vllm serve` takes besides the cells, read from the flags."""
+
+    def __init__(self, **parts: Any) -> None:
+        self.model: str = parts["model"]
+        self.context: Any = parts["context"]
+        self.workload: Any = parts["workload"]
+        self.prompts: list[str] = parts["prompts"]
+        self.answers: list[str] | None = parts["answers"]
+        #: The vLLM release detected (None: not known), and the one whose log is read.
+        self.detected: str | None = parts["detected"]
+        self.version: str | None = parts["version"]
+
+
+def engine_setup(
+    args: argparse.Namespace, policy: Any, flags: dict[str, Any], *, process: bool = True
+) -> EngineSetup:
+    """The engine workload, the accuracy prompts and answers, and the context of running
+    MODEL on the `vllm` on PATH (its version detected: rules may test it, it decides which
+    flags the commands carry and which log formats are read). ``flags``: ``make_context``'s
+    keywords from the command line; ``process``: the process environment's values of the
+    policy's env bindings count (``policy diff`` measures with none set)."""
     import shutil
 
-    from interlock import decision_log
     from interlock.bench.engine import (
         EngineWorkload,
-        measure_engine,
         read_lines_file,
-        resolve_cells,
         shipped_accuracy_prompts,
     )
+    from interlock.commands.vllm import detected_engine
     from interlock.core.errors import PolicyError
     from interlock.model_run import model_context, process_env
     from interlock.vllm_model import vllm_model
 
-    if shutil.which("vllm") is None:
+    executable = shutil.which("vllm")
+    if executable is None:
         raise PolicyError("--engine vllm: vllm is not on PATH: install vLLM or activate its "
                           "environment")
     workload = EngineWorkload(
@@ -312,40 +350,42 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
                if args.accuracy_prompts else shipped_accuracy_prompts())
     answers = (read_lines_file(args.accuracy_answers, "--accuracy-answers")
                if args.accuracy_answers else None)
-    policy = load(args)
     model = vllm_model(args.model)
-    flags = context_flags_of(args, policy)
-    env, sources = process_env(policy)
-    env.update(flags["env"])
-    sources.update(flags["sources"])
-    # The vLLM that runs: its version is a fact of the context (rules may test it), decides
-    # which flags the cells' commands carry and which log formats are read.
-    from interlock.commands.vllm import detected_engine
-
-    engine, engine_sources = detected_engine(shutil.which("vllm") or "vllm")
+    env, sources = process_env(policy) if process else ({}, {})
+    env.update(flags.get("env", {}))
+    sources.update(flags.get("sources", {}))
+    engine, engine_sources = detected_engine(executable)
     sources.update(engine_sources)
-    context = model_context(model.readable, platform=flags["platform"],
-                            device_arch=flags["device_arch"], features=flags["features"],
-                            env=env, sources=sources, engine=engine)
-    version = args.vllm_version or engine.get("vllm")
-    base, cells, skipped = resolve_cells(policy, context, model.argument, vary, args.vllm_arg,
-                                         engine.get("vllm"))
-    if not cells:
-        raise PolicyError("--engine vllm: every cell was refused: "
-                          + "; ".join(s["reason"] for s in skipped))
+    context = model_context(model.readable, platform=flags.get("platform"),
+                            device_arch=flags.get("device_arch"),
+                            features=flags.get("features", {}), env=env, sources=sources,
+                            engine=engine)
+    return EngineSetup(model=model.argument, context=context, workload=workload,
+                       prompts=prompts, answers=answers, detected=engine.get("vllm"),
+                       version=args.vllm_version or engine.get("vllm"))
+
+
+def measure_on_engine(
+    args: argparse.Namespace, setup: EngineSetup, base: Any, cells: list[Any],
+    skipped: list[dict[str, Any]], factors: dict[str, list[Any]], policy: dict[str, Any],
+    command: str,
+) -> dict[str, Any]:
+    """Run the cells on `vllm serve` with a progress bar; the record."""
+    from interlock import decision_log
+    from interlock.bench.engine import measure_engine
+
     bar = progress_bar()
     try:
-        record = measure_engine(
-            model.argument, base, cells, skipped, vary, workload, policy=policy.stamp(),
-            accuracy_prompts=prompts, accuracy_answers=answers,
-            startup_timeout=args.startup_timeout, vllm_version=version,
+        return measure_engine(
+            setup.model, base, cells, skipped, factors, setup.workload, policy=policy,
+            accuracy_prompts=setup.prompts, accuracy_answers=setup.answers,
+            startup_timeout=args.startup_timeout, vllm_version=setup.version,
             port=args.port, decision_log=decision_log.log_path(args.decision_log),
-            progress=bar, command=command_line(("bench", "--engine", "vllm", args.model), args),
+            progress=bar, command=command,
         )
     finally:
         if bar is not None:
             bar.close()
-    return _finish(args, record)
 
 
 def write_record(record: dict[str, Any], target: str | None) -> Path:

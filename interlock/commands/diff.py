@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from interlock.commands.bench import add_workload_args
+from interlock.commands.bench import add_engine_args, add_workload_args
 from interlock.commands.common import write_json
 from interlock.core.errors import PolicyError
 
@@ -63,6 +63,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="exit 1 when a measured TPOT change is a significant regression beyond PCT %%",
     )
     add_workload_args(measure)
+    measure.add_argument("--platform", help="with --engine vllm: the platform vLLM runs on "
+                         "(default: detected)")
+    measure.add_argument("--device-arch", dest="device_arch", metavar="ARCH",
+                         help="with --engine vllm: e.g. sm_90 or gfx950")
+    add_engine_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -91,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         raise PolicyError("--measure needs --model PATH|demo: the model to run the decisions on")
     if not args.measure and (args.model is not None or args.max_regression is not None):
         raise PolicyError("--model and --max-regression only apply with --measure")
+    if args.engine != "vllm" and (args.platform or args.device_arch):
+        raise PolicyError("--platform and --device-arch apply to --engine vllm: interlock's "
+                          "runners measure on this machine")
     diff = diff_policies(old, new, args.fields or DECISION_FIELDS)
     measured = _measure(args, old, new, diff) if args.measure else None
     if args.json:
@@ -114,20 +122,23 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
     from interlock.commands.bench import command_line, progress_bar, workload_of
     from interlock.core.platform import detect_platform
 
-    workload = workload_of(args)
-    bar = progress_bar()
-    try:
-        before, after, record = compare(
-            args.model, old, new, workload=workload, dtype=args.dtype,
-            load_format=args.load_format, progress=bar,
-            command=command_line(
-                ("diff", args.old, args.new, "--measure", "--model", args.model), args
-            ),
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    here = detect_platform()[0]
+    words = ("diff", args.old, args.new, "--measure", "--model", args.model)
+    if args.engine == "vllm":
+        before, after, record = _measure_engine(args, old, new, words)
+        here = before.context.platform
+    else:
+        workload = workload_of(args)
+        bar = progress_bar()
+        try:
+            before, after, record = compare(
+                args.model, old, new, workload=workload, dtype=args.dtype,
+                load_format=args.load_format, progress=bar,
+                command=command_line(words, args),
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        here = detect_platform()[0]
     arch = before.context.architecture
     unmeasured: dict[str, set[Any]] = {}
     for change in diff.changes:
@@ -170,8 +181,35 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
         )
     result["measured"] = entries
     result["regressions"] = [e["batch_size"] for e in entries if e["regression"]]
+    if "accuracy" in record:  # on vLLM: the new decision's answers against the old one's
+        result["accuracy"] = record["accuracy"]["cells"]["new"]
+        if args.fail_on_divergence and record["accuracy"]["flagged"]:
+            result["regressions"].append("accuracy")
     result["record"] = str(_keep(record))
     return result
+
+
+def _measure_engine(
+    args: argparse.Namespace, old: Any, new: Any, words: tuple[str, ...]
+) -> tuple[Any, Any, dict[str, Any] | None]:
+    """``--engine vllm``: the old and new decisions for --model as two cells on `vllm serve`
+    (none when vLLM would be started alike)."""
+    from interlock.bench.engine import compare_cells
+    from interlock.commands.bench import command_line, engine_setup, measure_on_engine
+
+    flags = {"platform": args.platform, "device_arch": args.device_arch, "env": {},
+             "sources": {}}
+    setup = engine_setup(args, new, flags, process=False)
+    before, after, cells = compare_cells(old, new, setup.context, setup.model, args.vllm_arg,
+                                         setup.detected)
+    if not cells:
+        return before, after, None
+    record = measure_on_engine(
+        args, setup, before, cells, [], {"policy": ["old", "new"]},
+        {"old": old.stamp(), "new": new.stamp()},
+        command_line((*words[:-2], "--engine", "vllm", *words[-2:]), args),
+    )
+    return before, after, record
 
 
 def _unmeasured(context: Any, architecture: str, here: str) -> str | None:
@@ -222,6 +260,11 @@ def _measure_text(measured: dict[str, Any]) -> str:
                 f"{entry['new_tpot_ms']['value']:.2f} ms/token: {d['value']:+.2f} "
                 f"[{d['low']:+.2f}, {d['high']:+.2f}] ({entry['delta_pct']:+.1f} %), {verdict}"
             )
+        accuracy = measured.get("accuracy")
+        if accuracy is not None:
+            mark = ": DIVERGES" if accuracy["flagged"] else ""
+            lines.append(f"  accuracy: the new decision's greedy outputs differ from the old "
+                         f"one's on {100 * accuracy['divergence']:.0f} % of the prompts{mark}")
         lines.append(f"  record: {measured['record']}")
     for item in measured["unmeasured"]:
         lines.append(f"unmeasured: {item['contexts']} changed context(s) {item['reason']}")

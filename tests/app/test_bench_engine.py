@@ -182,3 +182,38 @@ def test_a_rule_cites_the_engine_record_and_check_knows_its_vllm(
     explained = cli("explain", "LlamaForCausalLM", "--platform", "cuda",
                     "--policy", str(tmp_path / "vllm-0.33.0.yaml"))
     assert "evidence: runner mrv1" in explained.out
+
+
+SITE_MRV1 = """\
+schema_version: 1
+version: "site-1"
+rules:
+  - id: site-llama-mrv1
+    when: {architecture: LlamaForCausalLM, platform: cuda}
+    set: {runner: mrv1}
+    reason: our Llama deployments run the V1 model runner until V2 is measured faster
+"""
+
+
+def test_diff_measure_gates_a_policy_edit_on_the_engine(bench: Bench, tmp_path: Path) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE_MRV1)
+    # The edit moves Llama from V1 (the site's) back to V2 (the shipped default): +3 ms/token
+    # on the fake, and its greedy outputs differ.
+    proc = subprocess.run(
+        [sys.executable, "-m", "interlock.cli", "diff", f"@shipped{os.pathsep}{site}",
+         "@shipped", "--measure", "--engine", "vllm", "--model", str(bench.model),
+         "--platform", "cuda", "--device-arch", "sm_90", "--max-regression", "20",
+         "--trials", "3", "--warmup", "0", "--output-len", "16", "--concurrency", "2",
+         "--requests-per-stream", "1", "--accuracy-tokens", "4", "--json",
+         "--fail-on-divergence"],
+        capture_output=True, text=True, env={**bench.env, "FAKE_DIVERGE": "mrv2:false"},
+        cwd=REPO, timeout=120, check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    measured = json.loads(proc.stdout)["measure"]
+    assert (measured["old"]["runner"], measured["new"]["runner"]) == ("mrv1", "mrv2")
+    (entry,) = measured["measured"]
+    assert entry["regression"] is True and entry["delta_ms"]["low"] > 0
+    assert measured["accuracy"]["flagged"] is True
+    assert measured["regressions"] == [2, "accuracy"]
