@@ -16,13 +16,16 @@ from typing import Any, TypeVar
 
 from interlock.plugins.api import ENTRY_POINT_GROUP, api_incompatibility
 from interlock.plugins.isolation import PluginCrash, plugin_code
-from interlock.plugins.registry import PluginRecord, PluginRegistry, Status
+from interlock.plugins.registry import (
+    BUILTIN_DISTRIBUTION,
+    PluginRecord,
+    PluginRegistry,
+    Status,
+)
 from interlock.plugins.settings import DISABLE_ENV, STRICT_ENV, PluginError, Settings
 from interlock.plugins.spec import KernelSpec, RunnerSpec, SpecError
 
 SpecT = TypeVar("SpecT", RunnerSpec, KernelSpec)
-#: The distribution of the built-in plugins (mrv1, mrv2), which others cannot shadow.
-BUILTIN_DISTRIBUTION = "interlock"
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def discover(sources: Sequence[PluginSource], settings: Settings) -> Discovery:
     registry = PluginRegistry(records, sorted(settings.disabled - known))
     if settings.strict and registry.conflicts:
         raise PluginError(f"{STRICT_ENV}=1: " + registry.why_missing(min(registry.conflicts)))
+    if settings.strict and registry.shadowed:
+        raise PluginError(f"{STRICT_ENV}=1: " + registry.shadowing(min(registry.shadowed))[0])
     return Discovery(registry, _watched_files(sources, modules_before))
 
 

@@ -11,6 +11,8 @@ from interlock.plugins.settings import DISABLE_ENV, PluginError
 from interlock.plugins.spec import KernelSpec, RunnerSpec
 
 Status = Literal["ok", "failed", "disabled", "incompatible"]
+#: The distribution of the built-in plugins (mrv1, mrv2), which others cannot shadow.
+BUILTIN_DISTRIBUTION = "interlock"
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,20 @@ class PluginRegistry:
                 for spec in plugin.runners:
                     providers.setdefault(spec.name, []).append(RegisteredRunner(spec, plugin))
         self._runners = {name: regs[0] for name, regs in providers.items() if len(regs) == 1}
-        self.conflicts: dict[str, tuple[PluginRecord, ...]] = {
-            name: tuple(r.plugin for r in regs) for name, regs in providers.items() if len(regs) > 1
-        }
+        #: A runner name a third-party plugin reuses from a built-in one: the built-in is
+        #: kept (as for plugin names, see discovery), the others listed here.
+        self.shadowed: dict[str, tuple[RegisteredRunner, tuple[PluginRecord, ...]]] = {}
+        self.conflicts: dict[str, tuple[PluginRecord, ...]] = {}
+        for name, regs in providers.items():
+            if len(regs) < 2:
+                continue
+            builtin = [r for r in regs if r.plugin.distribution == BUILTIN_DISTRIBUTION]
+            if len(builtin) == 1:
+                self._runners[name] = builtin[0]
+                others = tuple(r.plugin for r in regs if r is not builtin[0])
+                self.shadowed[name] = (builtin[0], others)
+            else:
+                self.conflicts[name] = tuple(r.plugin for r in regs)
 
     def runner_names(self) -> list[str]:
         """Names a policy may use: registered by exactly one ok plugin."""
@@ -130,9 +143,22 @@ class PluginRegistry:
                 )
         return "; ".join(lines)
 
+    def shadowing(self, name: str) -> list[str]:
+        """The clash of a third-party runner named like built-in runner ``name``, one line per
+        plugin reusing the name, naming both distributions."""
+        kept, others = self.shadowed[name]
+        return [
+            f"runner {name!r} is registered by the built-in plugin {kept.plugin.provider} and "
+            f"by {plugin.provider}; the built-in one is kept, and {plugin.provider}'s {name!r} "
+            f"is never used: rename it (RunnerSpec(name=...)) in {plugin.distribution}"
+            for plugin in others
+        ]
+
     def problems(self) -> list[str]:
         """Registry-wide inconsistencies: conflicts, dangling or cyclic fallbacks, stray names."""
         found = [self.why_missing(name) for name in sorted(self.conflicts)]
+        for name in sorted(self.shadowed):
+            found += self.shadowing(name)
         for reg in self.runners():
             chain = [reg.spec.name]
             spec: RunnerSpec | None = reg.spec

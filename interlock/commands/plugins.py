@@ -16,7 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Discover the installed plugins afresh (entry point group interlock.plugins) "
         "and list each with its distribution, status (ok, failed: ..., disabled, "
         "incompatible: ...), runners with their capabilities, and kernel implementations. "
-        "Exit 1 when a plugin failed or the registry is inconsistent (e.g. two plugins "
+        "Each runner's factory is imported (as a run would), and a plugin providing nothing "
+        "gets a warning naming the missing @hookimpl marker. Exit 1 when a plugin failed, a "
+        "factory does not import, or the registry is inconsistent (e.g. two plugins "
         "registering one runner name).",
     )
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -29,37 +31,108 @@ def run(args: argparse.Namespace) -> int:
     registry = load_registry(refresh=True)
     problems = [f"plugin {p.provider} {p.status_line}" for p in registry.failed()]
     problems += registry.problems()
+    factories = {p.name: _factories(p) for p in registry.plugins if p.status == "ok"}
+    problems += [
+        f"plugin {p.provider}: runner {name!r}: {why}"
+        for p in registry.plugins for name, why in factories.get(p.name, {}).items()
+        if why != "ok"
+    ]
+    warnings = [w for p in registry.plugins if (w := _provides_nothing(p)) is not None]
     if args.json:
         doc = {
             "plugin_api": PLUGIN_API_VERSION,
-            "plugins": [p.to_dict() for p in registry.plugins],
+            "plugins": [
+                {**p.to_dict(), "factories": factories.get(p.name, {})} for p in registry.plugins
+            ],
             "problems": problems,
+            "warnings": warnings,
         }
         write_json(doc)
     else:
         lines = [f"plugin API {PLUGIN_API_VERSION}"]
         for plugin in registry.plugins:
-            lines += ["", *_plugin_lines(plugin)]
+            lines += ["", *_plugin_lines(plugin, factories.get(plugin.name, {}))]
         sys.stdout.write("\n".join(lines) + "\n")
+        for warning in warnings:
+            print(f"policy: warning: {warning}", file=sys.stderr)
         for problem in problems:
             print(f"policy: problem: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
-def _plugin_lines(plugin: Any) -> list[str]:
+def _factories(plugin: Any) -> dict[str, str]:
+    """Per runner: ``ok`` when its factory imports and is callable, else why not (a typo such
+    as ``myrunner.runner:MyRuner`` would otherwise fail only when a run starts)."""
+    from interlock.conformance import check_factories
+    from interlock.plugins.isolation import PluginCrash, plugin_code
+
+    try:
+        with plugin_code():  # the plugin's import-time prints go to stderr, not into --json
+            found = {f.subject: f.message for f in check_factories(plugin)}
+    except PluginCrash as exc:  # SystemExit and the like from the plugin's import
+        return {spec.name: f"importing the factory crashed: {exc}" for spec in plugin.runners}
+    return {spec.name: found.get(spec.name, "ok") for spec in plugin.runners}
+
+
+def _provides_nothing(plugin: Any) -> str | None:
+    """The warning for an ok plugin that provides no runner and no kernel, naming the hook
+    functions that lack the ``@hookimpl`` marker (pluggy ignores them without it)."""
+    if plugin.status != "ok" or plugin.runners or plugin.kernels:
+        return None
+    import inspect
+
+    from interlock.plugins.hookspecs import PROJECT, Hooks
+
+    obj = _entry_object(plugin.source)
+    hooks = [n for n in vars(Hooks) if n.startswith(f"{PROJECT}_")]
+    unmarked = []
+    for name in hooks:
+        fn = getattr(obj, name, None) if obj is not None else None
+        if callable(fn) and not hasattr(fn, f"{PROJECT}_impl"):
+            try:
+                where = f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+            except (OSError, TypeError):
+                where = plugin.source
+            unmarked.append(f"{name} ({where})")
+    if unmarked:
+        why = (f"{', '.join(unmarked)} {'is' if len(unmarked) == 1 else 'are'} not marked "
+               "@hookimpl (from interlock.plugins import hookimpl), so pluggy never calls it")
+    else:
+        why = f"it has no function marked @hookimpl named {' or '.join(hooks)}"
+    return f"plugin {plugin.provider} provides nothing: {why}"
+
+
+def _entry_object(source: str) -> Any:
+    """The object an entry point value names, when it is already imported (discovery did)."""
+    module_name, _, attr = source.partition(":")
+    module = sys.modules.get(module_name.strip())
+    if module is None or not attr:
+        return module
+    obj: Any = module
+    for part in attr.strip().split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _plugin_lines(plugin: Any, factories: dict[str, str]) -> list[str]:
     lines = [
         f"{plugin.name}  {plugin.distribution} {plugin.version}  {plugin.status_line}",
         f"  source       {plugin.source}",
     ]
     for spec in plugin.runners:
         lines += [f"  runner {spec.name}: {spec.description}", *_runner_lines(spec)]
+        if spec.name in factories:
+            verdict = factories[spec.name]
+            lines.append(
+                f"    factory import         {'ok (imported)' if verdict == 'ok' else verdict}"
+            )
     for kernel in plugin.kernels:
         lines.append(
             f"  kernel {kernel.op}/{kernel.backend}  {', '.join(kernel.platforms)}  "
             f"{', '.join(kernel.dtypes)}  {kernel.target}"
         )
     if not plugin.runners and not plugin.kernels and plugin.status == "ok":
-        lines.append("  provides nothing")
+        lines.append("  provides nothing (warning: see below)")
     return lines
 
 

@@ -11,6 +11,8 @@ from interlock.plugins import KernelSpec, RunnerSpec, hookimpl
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
+#: `policy plugins` imports every factory (issue 24 item 11): these listings name a real one.
+IMPORTABLE = "interlock.runners.mrv1.runner:MRV1Runner"
 KERNEL = KernelSpec(
     op="silu_and_mul",
     backend="mine",
@@ -23,7 +25,8 @@ KERNEL = KernelSpec(
 
 def test_text_lists_plugins_runners_and_kernels(register_plugin, cli) -> None:  # type: ignore[no-untyped-def]
     register_plugin(
-        Declares(spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1"), kernels=(KERNEL,)),
+        Declares(spec("tiny", {"cpu": EAGER_ONLY}, fallback="mrv1", factory=IMPORTABLE),
+                 kernels=(KERNEL,)),
         "tiny-plugin",
         distribution="tiny-dist",
         version="2.1",
@@ -63,7 +66,10 @@ def test_failures_are_listed_and_make_the_exit_code(register_plugin, cli) -> Non
 
 def test_json_document(register_plugin, cli, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("INTERLOCK_DISABLE_PLUGINS", "mrv2")
-    register_plugin(Declares(spec("tiny", {"cpu": EAGER_ONLY}), kernels=(KERNEL,)), "tiny-plugin")
+    register_plugin(
+        Declares(spec("tiny", {"cpu": EAGER_ONLY}, factory=IMPORTABLE), kernels=(KERNEL,)),
+        "tiny-plugin",
+    )
     code, out, _ = cli("plugins", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["plugin_api"] == "1.0" and doc["problems"] == []

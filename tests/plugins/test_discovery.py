@@ -176,7 +176,8 @@ def test_duplicate_runner_names_are_an_error_naming_both(tmp_path: Path) -> None
 
 def test_duplicate_runner_names_are_fatal_in_strict_mode(register_plugin, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("INTERLOCK_PLUGINS_STRICT", "1")
-    with pytest.raises(PluginError, match="registered by two plugins, mrv1 .* and copycat"):
+    wanted = "registered by the built-in plugin mrv1 .* and by copycat"
+    with pytest.raises(PluginError, match=wanted):
         register_plugin(Declares(spec("mrv1")), "copycat")
 
 
