@@ -60,4 +60,10 @@ def runner_from_plugin(name: str) -> Runner:
             f"built a {type(runner).__name__}, which does not implement "
             "interlock.runners.contract.Runner (load, execute, report)"
         )
-    return runner
+    from interlock.plugins.registry import BUILTIN_DISTRIBUTION
+
+    if registered.plugin.distribution == BUILTIN_DISTRIBUTION:
+        return runner
+    from interlock.app.plugin_runner import PluginRunner
+
+    return PluginRunner(runner, name, registered.plugin.provider)
