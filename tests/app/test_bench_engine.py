@@ -141,10 +141,20 @@ def test_ports_in_use_are_skipped(bench: Bench) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         proc, record = bench("--vary", "runner=mrv1,mrv2", "--trials", "2", "--warmup", "0",
-                             "--port", str(port), FAKE_BASE_MS="0.5")
+                             "--port", str(port), "--decision-log", str(bench.tmp / "log.jsonl"),
+                             FAKE_BASE_MS="0.5")
     assert proc.returncode == 0, proc.stderr
     assert port not in {c["port"] for c in record["configurations"]}
     assert all(c["port"] > port for c in record["configurations"])
+    # Each cell's decision record, cited by the evidence, with its verified startup log.
+    import jsonschema
+
+    schema = json.loads((REPO / "schemas" / "decision-record.schema.json").read_text())
+    lines = [json.loads(line) for line in (bench.tmp / "log.jsonl").read_text().splitlines()]
+    for line in lines:
+        jsonschema.validate(line, schema)
+    assert [r["id"] for r in lines] == [c["decision_record"] for c in record["configurations"]]
+    assert all(r["command"] == "policy bench" and r["engine"]["verified"] for r in lines)
 
 
 ENGINE_POLICY = """\
