@@ -40,6 +40,15 @@ MODELS: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 64, "norm_topk_prob": True,
     },
     "mistral": {"architectures": ["MistralForCausalLM"], "sliding_window": 8},
+    # DSA over MLA with DeepSeek routing: the indexer's top-4 of prompts up to 37 tokens,
+    # and a layer that reuses the first one's selection.
+    "glm_moe_dsa": {
+        "architectures": ["GlmMoeDsaForCausalLM"], "q_lora_rank": 32, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "first_k_dense_replace": 1, "index_topk": 4, "index_n_heads": 4,
+        "index_head_dim": 32, "indexer_types": ["full", "shared"],
+    },
 }
 # Several KV blocks, a single token, and one in between; batched together.
 PROMPTS = [[(7 * i + 3) % 256 for i in range(37)], [5], [11, 40, 99, 3, 250, 17, 64, 8, 31]]
@@ -57,7 +66,10 @@ def _generate(
     return tokens, {k.op: k for k in llm.report().kernels}
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.slow) if name == "glm_moe_dsa" else name
+    for name in MODELS  # the DSA model takes ~25 s in the interpreter
+])
 def test_every_op_forced_to_triton_generates_the_torch_tokens(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
