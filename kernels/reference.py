@@ -388,14 +388,15 @@ def mla_decode_attention(
             shape = (q_nope.shape[0], q_nope.shape[1], kv_b.shape[1] - q_nope.shape[2])
             return q_nope.new_zeros(shape)
         block_tables = block_tables[:, : -(-longest // cache.shape[1])]
-    latent = _gather_blocks(cache, block_tables)[:, None]  # [B, 1, S, L + R]
-    allowed = _visible(seq_lens.long() - 1, latent.shape[2], None)[:, None, None, :]
-    attended = torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, None, :], latent, latent[..., :rank], attn_mask=allowed, scale=scale,
-        enable_gqa=True,
-    )[:, :, 0]  # [B, H, L]
-    # A padding row (seq_len 0) has every key masked: SDPA yields NaN there.
-    attended = attended.nan_to_num(0.0)
+    latent = _gather_blocks(cache, block_tables)  # [B, S, L + R]
+    # Batched products over the one shared latent per sequence (SDPA would repeat it for
+    # every head): scores [B, H, S], softmax in float32, attended latent [B, H, L].
+    scores = torch.bmm(query, latent.transpose(1, 2)).float() * scale
+    allowed = _visible(seq_lens.long() - 1, latent.shape[1], None)[:, None, :]
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    # A padding row (seq_len 0) has every key masked: the softmax yields NaN there.
+    weights = weights.nan_to_num(0.0).to(query.dtype)
+    attended = torch.bmm(weights, latent[..., :rank])
     w_uv = kv_b[:, q_nope.shape[2]:]  # [H, Dv, L]
     return torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
@@ -522,6 +523,8 @@ def moe_experts(
     topk_ids: torch.Tensor,
 ) -> torch.Tensor:
     """Routed SwiGLU experts: x [T, H], w13 [E, 2I, H] (gate; up), w2 [E, H, I] -> [T, H].
+    Either may have each expert's matrix packed by ``pack_weight`` ([E, 2I / 16, H, 16],
+    [E, H / 16, I, 16]), as ``linear`` takes it.
 
     Each token's output is the sum over its k experts of
     weight * w2 @ silu_and_mul(w13 @ x), accumulated expert by expert.
@@ -530,7 +533,8 @@ def moe_experts(
     weights = topk_weights.to(x.dtype)
     for expert in torch.unique(topk_ids).tolist():
         token_idx, slot = torch.where(topk_ids == expert)
-        hidden = silu_and_mul(x[token_idx] @ w13[expert].t()) @ w2[expert].t()
+        gate_up = linear(x[token_idx], w13[expert], None, False)
+        hidden = linear(silu_and_mul(gate_up), w2[expert], None, False)
         out.index_add_(0, token_idx, hidden * weights[token_idx, slot, None])
     return out
 

@@ -35,6 +35,7 @@ KERNELS = {
     "embedding": "interlock.kernels.native.ops:embedding",
     "select_rows": "interlock.kernels.native.ops:select_rows",
     "pack_weight": "interlock.kernels.native.ops:pack_weight",
+    "moe_experts": "interlock.kernels.native.ops:moe_experts",
 }
 """op -> lazy "module:function" target."""
 

@@ -215,11 +215,11 @@ class CausalLM(nn.Module):
         self.pack_weights()
 
     def pack_weights(self) -> None:
-        """Pack every linear weight, and a tied LM head if the table's ``embedding`` takes
-        a packed table, if the table's ``linear`` wants them packed
-        (``KernelTable.packs_weights``): once, after loading."""
+        """Pack every linear weight and routed expert (``moe.pack_experts``), and a tied LM
+        head if the table's ``embedding`` takes a packed table, if the table's ``linear``
+        wants them packed (``KernelTable.packs_weights``): once, after loading."""
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, (Linear, SparseMoE, DeepseekMoE)):
                 module.pack()
         table = self.embed_tokens
         if (self.config.tie_word_embeddings and self.ops.packs_weights

@@ -12,11 +12,33 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from interlock.kernels.native import BACKEND as NATIVE
+from interlock.kernels.reference import PACK_STRIP
+from interlock.kernels.registry import REFERENCE_BACKEND
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.config import ModelConfig
-from interlock.runners.model.layers import CheckpointSlots, DenseMLP, empty_weight
+from interlock.runners.model.layers import CheckpointSlots, DenseMLP, empty_weight, frozen
 from interlock.runners.model.sharding import Shard
 from interlock.runners.parallel.group import TensorParallel
+
+
+def pack_experts(
+    w13: torch.Tensor, w2: torch.Tensor, ops: KernelTable
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert weights packed in place, each expert's matrix by ``pack_weight``, when the
+    table packs linear weights (``KernelTable.packs_weights``) and its ``moe_experts`` takes
+    packed experts (the native kernels and the reference do) and every matrix's outputs are
+    a multiple of ``PACK_STRIP``; else as they are. Once, after loading."""
+    experts = w13.shape[0]
+    if (not ops.packs_weights
+            or ops.choice("moe_experts").impl.backend not in (NATIVE, REFERENCE_BACKEND)
+            or w13.shape[1] % PACK_STRIP or w2.shape[1] % PACK_STRIP):
+        return w13, w2
+    for matrices in (w13, w2):
+        for expert in range(experts):
+            ops.pack_weight(matrices[expert])
+    return (frozen(w13.view(experts, w13.shape[1] // PACK_STRIP, w13.shape[2], PACK_STRIP)),
+            frozen(w2.view(experts, w2.shape[1] // PACK_STRIP, w2.shape[2], PACK_STRIP)))
 
 
 class SparseMoE(nn.Module):
@@ -64,6 +86,9 @@ class SparseMoE(nn.Module):
             gate = torch.sigmoid(F.linear(x, self.shared_expert_gate))
             out = out + gate * self.shared_expert(x)
         return self.tp.all_reduce(out)
+
+    def pack(self) -> None:
+        self.w13, self.w2 = pack_experts(self.w13, self.w2, self.ops)
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
         gate, up, down = self.expert_names
@@ -131,6 +156,9 @@ class DeepseekMoE(nn.Module):
         if self.routing.shared_experts:
             out = ops.add(out, self.shared_experts(x))
         return self.tp.all_reduce(out)
+
+    def pack(self) -> None:
+        self.w13, self.w2 = pack_experts(self.w13, self.w2, self.ops)
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
         gate, up, down = self.expert_names

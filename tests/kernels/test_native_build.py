@@ -95,7 +95,8 @@ def _call_sites() -> list[tuple[str, int, int]]:
         if not (isinstance(first, ast.Attribute) and first.attr.startswith("OP_")):
             continue
         func = node.func
-        if isinstance(func, ast.Name) and func.id == "_run":
+        # ``run``: a helper's parameter standing for ``_run`` or ``_untaped`` (same signature).
+        if isinstance(func, ast.Name) and func.id in ("_run", "run"):
             packed = node.args[1]
             assert isinstance(packed, ast.Tuple), f"ops.py:{node.lineno}: pass a literal tuple"
             args = packed.elts

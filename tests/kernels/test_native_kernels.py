@@ -307,3 +307,31 @@ def test_per_head_norms_read_the_heads_of_a_fused_projection_in_place() -> None:
     out = native("rms_norm")(q, weight, 1e-6)
     assert out.shape == (5, 3, 8)
     torch.testing.assert_close(out, reference("rms_norm")(q, weight, 1e-6), **TIGHT)
+
+
+@settings(max_examples=12, deadline=None)
+@given(tokens=st.integers(1, 20), experts=st.integers(1, 6), hidden=st.sampled_from([16, 48]),
+       intermediate=st.sampled_from([8, 16, 40]), seed=SEEDS, data=st.data())
+def test_moe_experts_over_packed_experts(tokens: int, experts: int, hidden: int,
+                                         intermediate: int, seed: int,
+                                         data: st.DataObject) -> None:
+    top_k = data.draw(st.integers(1, experts))
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(gen, tokens, hidden)
+    w13 = randn(gen, experts, 2 * intermediate, hidden) * hidden**-0.5
+    w2 = randn(gen, experts, hidden, intermediate) * intermediate**-0.5
+    weights, ids = reference("moe_route")(randn(gen, tokens, experts), top_k, True)
+    expected = reference("moe_experts")(x, w13, w2, weights, ids)
+    # Unpacked, native hands the experts to the reference; packed, both take them packed.
+    torch.testing.assert_close(native("moe_experts")(x, w13, w2, weights, ids), expected,
+                               **TIGHT)
+    packed13, packed2 = w13.clone(), w2.clone()
+    for expert in range(experts):
+        native("pack_weight")(packed13[expert])
+        native("pack_weight")(packed2[expert])
+    packed13 = packed13.view(experts, 2 * intermediate // 16, hidden, 16)
+    packed2 = packed2.view(experts, hidden // 16, intermediate, 16)
+    torch.testing.assert_close(native("moe_experts")(x, packed13, packed2, weights, ids),
+                               expected, **SUMS)
+    torch.testing.assert_close(reference("moe_experts")(x, packed13, packed2, weights, ids),
+                               expected, **SUMS)

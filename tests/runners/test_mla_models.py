@@ -16,6 +16,7 @@ from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.kv_cache import bytes_per_block
 from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.graphs.backends import DEBUG_ENV
 from interlock.runners.model.cache_spec import (
     elements_per_token,
     layer_caches,
@@ -65,6 +66,20 @@ def test_every_graph_mode_gives_transformers_tokens(runner, mode, breakable, tin
     assert not graphs.failed and not report.fallbacks
     if mode != "none":
         assert graphs.captured
+
+
+@pytest.mark.parametrize(("runner", "mode", "breakable"), [
+    ("mrv1", "piecewise", False), ("mrv2", "full_and_piecewise", True), ("mrv2", "full", False),
+])
+def test_the_debug_graph_backend_gives_the_same_tokens(runner, mode, breakable, tiny_models,
+                                                       monkeypatch):
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    name = "deepseek_v2_grouped"
+    decision = Decision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
+    tokens, report = generate(tiny_models.path(name), decision)
+    assert tokens == expected(tiny_models, name)
+    assert report.graphs.backend == "debug"
+    assert not report.graphs.failed and report.graphs.captured
 
 
 @pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
