@@ -35,7 +35,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_model import greedy_generators, machine, policy_decision, timed  # noqa: E402
+from bench_model import (  # noqa: E402
+    greedy_generators,
+    machine,
+    policy_decision,
+    read_bandwidth,
+    timed,
+)
 
 from interlock.llm import LLM  # noqa: E402
 
@@ -64,6 +70,18 @@ def build_checkpoint(directory: Path) -> torch.nn.Module:
             buffer.uniform_(-0.05, 0.05)  # zero-initialised: some, so that it matters
     model.save_pretrained(directory)
     return model
+
+
+def decode_bytes_per_token(hf: torch.nn.Module) -> int:
+    """Weight bytes a batch-1 decode step reads, in either engine: every parameter but the
+    embedding table (one row of it) and the routed experts a token does not pick (it picks
+    num_experts_per_tok of n_routed_experts per MoE layer)."""
+    total = sum(p.numel() * p.element_size() for p in hf.parameters())
+    embedding = hf.get_input_embeddings().weight
+    routed = sum(p.numel() * p.element_size() for name, p in hf.named_parameters()
+                 if ".mlp.experts." in name)
+    unpicked = 1 - CONFIG["num_experts_per_tok"] / CONFIG["n_routed_experts"]
+    return int(total - embedding.numel() * embedding.element_size() - routed * unpicked)
 
 
 def main() -> None:
@@ -121,6 +139,8 @@ def main() -> None:
     throughput = compare(lambda e: concurrency * new_tokens / median[e, "concurrent"])
     report = llm.report()
     kv = report.kv_cache
+    bandwidth = max(read_bandwidth().values())
+    weight_bytes = decode_bytes_per_token(hf)
     layers, heads = CONFIG["num_hidden_layers"], CONFIG["num_attention_heads"]
     head_dim = CONFIG["v_head_dim"]
     per_head = layers * 2 * heads * head_dim * 4
@@ -140,6 +160,8 @@ def main() -> None:
         },
         "batch1_tpot_ms": tpot,
         "concurrent_tokens_per_s": throughput,
+        "roofline": {"weight_bytes_per_token": weight_bytes, "read_gb_per_s": bandwidth / 1e9,
+                     "roofline_ms": weight_bytes / bandwidth * 1e3},
     }
     if args.json:
         print(json.dumps(figures, indent=2))
@@ -161,6 +183,9 @@ def main() -> None:
     print(f"| {concurrency} concurrent requests, output tokens/s | "
           f"{throughput['interlock']:.1f} | {throughput['transformers']:.1f} | "
           f"{throughput['ratio']:.2f}x | >= 2x |")
+    roof = figures["roofline"]
+    print(f"roofline: {weight_bytes / 1e6:.0f} MB of weights per decoded token / "
+          f"{roof['read_gb_per_s']:.1f} GB/s read = {roof['roofline_ms']:.1f} ms")
 
 
 if __name__ == "__main__":

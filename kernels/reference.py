@@ -382,20 +382,30 @@ def mla_decode_attention(
     longest sequence uses are read; elsewhere the whole block table (no host sync)."""
     rank = kv_b.shape[2]
     query = _absorbed_query(q_nope, q_pe, kv_b)
+    # Without a host sync (a GPU), every row is masked to its length and padding rows are
+    # cleaned; on the CPU the lengths are free to read, and both only when needed.
+    same_length: int | None = None  # every sequence this long: no mask
+    padded = True
     if block_tables.device.type == "cpu":
-        longest = max(seq_lens.tolist(), default=0)
+        lengths = seq_lens.tolist()
+        longest = max(lengths, default=0)
         if longest == 0:
             shape = (q_nope.shape[0], q_nope.shape[1], kv_b.shape[1] - q_nope.shape[2])
             return q_nope.new_zeros(shape)
         block_tables = block_tables[:, : -(-longest // cache.shape[1])]
-    latent = _gather_blocks(cache, block_tables)  # [B, S, L + R]
+        same_length = longest if min(lengths) == longest else None
+        padded = min(lengths) == 0
+    latent = _gather_blocks(cache, block_tables)[:, :same_length]
     # Batched products over the one shared latent per sequence (SDPA would repeat it for
     # every head): scores [B, H, S], softmax in float32, attended latent [B, H, L].
     scores = torch.bmm(query, latent.transpose(1, 2)).float() * scale
-    allowed = _visible(seq_lens.long() - 1, latent.shape[1], None)[:, None, :]
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    # A padding row (seq_len 0) has every key masked: the softmax yields NaN there.
-    weights = weights.nan_to_num(0.0).to(query.dtype)
+    if same_length is None:
+        allowed = _visible(seq_lens.long() - 1, latent.shape[1], None)[:, None, :]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if padded:  # a padding row (seq_len 0) has every key masked: the softmax yields NaN
+        weights = weights.nan_to_num(0.0)
+    weights = weights.to(query.dtype)
     attended = torch.bmm(weights, latent[..., :rank])
     w_uv = kv_b[:, q_nope.shape[2]:]  # [H, Dv, L]
     return torch.bmm(attended.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
