@@ -73,6 +73,29 @@ LOG = logging.getLogger("interlock")
 
 
 class LLM:
+    """A model loaded for offline generation, under the policy's decision for this machine.
+
+    ``LLM(model)`` takes what ``policy run --model`` takes: ``demo`` (the built-in model),
+    a named model (``smollm2``), a GGUF file, or a Hugging Face model directory (or its
+    ``config.json``). The policy decides the runner and the graph settings as
+    ``policy run`` does (``policy=`` files, ``overrides``, the process environment's
+    bindings); ``decision=`` (with ``runner=``, an object) bypasses it. ``device`` is a
+    torch device string (None: detected); naming one this torch cannot use is an
+    ``InputError`` saying so. The engine limits (``max_num_seqs``,
+    ``max_num_batched_tokens``, ``max_model_len``, ``block_size``, ``num_blocks`` or
+    ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
+
+    ``generate(prompts, sampling_params)`` takes token-id lists or, with a tokenizer,
+    text, and returns one output per prompt; ``chat(messages)`` applies the model's chat
+    template. Calls are serialised: one ``LLM`` is safe to share between threads, one
+    call at a time. ``llm.resolution`` is the decision with its trace.
+
+    ``from interlock import LLM, SamplingParams`` imports both, as from vLLM; the
+    sampling parameters are interlock's own (``interlock.runners.engine.sampling``):
+    ``max_tokens``, ``temperature`` (0, the default, is greedy), ``top_k``, ``top_p``,
+    ``seed``, ``ignore_eos`` and ``stop_token_ids``.
+    """
+
     def __init__(
         self,
         model: str | Path = DEMO,

@@ -139,8 +139,13 @@ class GraphRunner(ABC):
         (``RunnerSpec.unserved``, the judge stage 5 asks too): stage 5 of the policy never
         hands it anything else; a hand-made decision gets an error."""
         if decision.runner != self.name:
+            cls = type(self)
             raise RunnerError(
-                f"the decision names runner {decision.runner!r}, but this is {self.name!r}"
+                f"runner {self.name} ({cls.__module__}.{cls.__qualname__}) refuses the "
+                f"decision: it names runner {decision.runner!r}, but this is {self.name!r}; a "
+                f"runner built on {self.name} subclasses {cls.__qualname__} and sets its own "
+                f"name (and runner_spec) to the RunnerSpec its plugin declares (docs/plugins.md, "
+                f"'Building on a built-in runner'; examples/wrapped-runner-plugin)"
             )
         support = self.runner_spec.platforms.get(platform)
         missing = why_missing(support.requires if support is not None else (), platform)

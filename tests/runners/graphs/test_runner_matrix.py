@@ -147,5 +147,5 @@ def test_compile_compiles_each_graph_segment_before_capture(llama_oracle, monkey
 
 
 def test_a_decision_for_another_runner_is_refused(llama_oracle):
-    with pytest.raises(RunnerError, match="the decision names runner 'mrv2', but this is 'mrv1'"):
+    with pytest.raises(RunnerError, match="it names runner 'mrv2', but this is 'mrv1'"):
         run_case(llama_oracle.path, MRV1Runner(), Decision("mrv2", "full"))
