@@ -187,9 +187,10 @@ def check_runs_tiny_model(record: PluginRecord) -> list[Finding]:
             support = spec.platforms.get(platform)
             if support is None:
                 continue
-            candidates = [Decision(spec.name, mode) for mode in support.cudagraph]
+            modes = list(support.cudagraph)  # stored in the vocabulary's order
+            candidates = [Decision(spec.name, mode) for mode in modes]
             if support.breakable:
-                candidates.append(Decision(spec.name, support.cudagraph[-1], breakable=True))
+                candidates.append(Decision(spec.name, modes[-1], breakable=True))
             # What the runner serves here, as stage 5 and its own load judge it (a fact it
             # requires that does not hold on this machine rules a decision out).
             facts = machine_facts(support.requires, platform)

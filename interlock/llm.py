@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from interlock.app.arguments import check_llm_arguments
 from interlock.app.outputs import (
@@ -291,9 +291,12 @@ class LLM:
                 f"chat() takes a list of messages or of conversations, got "
                 f"{type(conversations).__name__}"
             )
+        batch: Sequence[Sequence[Message]]
         if conversations and isinstance(conversations[0], Mapping):
-            conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+            batch = [cast(Sequence[Message], conversations)]
+        else:
+            batch = cast(Sequence[Sequence[Message]], conversations)
+        prompts = [self.apply_chat_template(c) for c in batch]
         return self.generate(prompts, sampling_params, on_tokens=on_tokens)
 
     def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
@@ -314,17 +317,21 @@ class LLM:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def encode(self, prompt: Prompt) -> list[int]:
-        if not isinstance(prompt, str):
-            if isinstance(prompt, bytes) or not isinstance(prompt, Sequence):
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
                 raise InputError(
-                    f"a prompt is text or a list of token ids; got {type(prompt).__name__}"
+                    "text prompts need a tokenizer.json in the model directory; pass token ids "
+                    "instead"
                 )
-            return list(prompt)
-        if self.tokenizer is None:
+            return self.tokenizer.encode(prompt).ids
+        # Typed as token ids from here: an isinstance check of ``prompt`` itself would widen it
+        # back to the declared str | Sequence[int] (str is a Sequence too).
+        token_ids: Sequence[int] = prompt
+        if not isinstance(token_ids, Sequence) or isinstance(token_ids, bytes):
             raise InputError(
-                "text prompts need a tokenizer.json in the model directory; pass token ids instead"
+                f"a prompt is text or a list of token ids; got {type(token_ids).__name__}"
             )
-        return self.tokenizer.encode(prompt).ids
+        return list(token_ids)
 
     def report(self) -> RunnerReport:
         return self.engine.report()
@@ -342,6 +349,8 @@ class LLM:
         self.close()
 
     def _output(self, request: Request) -> CompletionOutput:
+        if request.finish_reason is None:  # generate finishes or aborts each of its requests
+            raise RuntimeError(f"request {request.request_id} has not finished")
         tokens = tuple(request.output_token_ids)
         text = None if self.tokenizer is None else self.decode(tokens)
         first = request.first_token_time

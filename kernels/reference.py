@@ -290,15 +290,16 @@ def paged_decode_attention(
 
 def _consecutive_blocks(
     k_cache: torch.Tensor, v_cache: torch.Tensor, used: torch.Tensor, length: int
-) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One sequence whose blocks are consecutive in the cache (as a lone request's usually
-    are): its keys and values [1, length, Hk, D] as views, with nothing copied."""
+    are): its keys and values [1, length, Hk, D] as views, with nothing copied; None
+    otherwise."""
     if used.shape[0] != 1:
-        return None, None
+        return None
     blocks = used[0].tolist()
     first = blocks[0]
     if blocks != list(range(first, first + len(blocks))):
-        return None, None
+        return None
     span = slice(first, first + len(blocks))
     shape = (1, -1, *k_cache.shape[2:])
     return k_cache[span].view(shape)[:, :length], v_cache[span].view(shape)[:, :length]
@@ -323,10 +324,12 @@ def _cpu_decode_attention(
         return torch.zeros_like(q)
     block_size = k_cache.shape[1]
     used = block_tables[:, : -(-longest // block_size)]
-    keys, values = _consecutive_blocks(k_cache, v_cache, used, longest)
-    if keys is None:  # [B, S, Hk, D] either way
+    views = _consecutive_blocks(k_cache, v_cache, used, longest)
+    if views is None:  # [B, S, Hk, D] either way
         keys = _gather_blocks(k_cache, used)[:, :longest]
         values = _gather_blocks(v_cache, used)[:, :longest]
+    else:
+        keys, values = views
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, Hk, S, D]
     unmasked = min(lengths) == longest and (sliding_window is None or longest <= sliding_window)
     mask = None

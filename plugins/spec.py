@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -117,13 +117,16 @@ class Unserved:
 @dataclass(frozen=True)
 class PlatformSupport:
     """What a runner serves on one platform: for each decision field it declares (an attribute
-    named like the field), the values it serves: a set of choices, or True for a switch."""
+    named like the field), the values it serves: a set of choices, or True for a switch.
 
-    cudagraph: tuple[CudagraphMode, ...]
+    A set of choices is declared in any collection (a set, a list, a tuple) and stored as a
+    tuple, distinct and in the vocabulary's order."""
+
+    cudagraph: Collection[CudagraphMode]
     breakable: bool = False
     compile: bool = False  # torch.compile
     # Facts that must be true for the runner to serve this platform at all.
-    requires: tuple[str, ...] = ()
+    requires: Collection[str] = ()
     # The largest tensor_parallel_size served: 1 (the default) is no tensor parallelism,
     # None no limit of the runner's own (the model's head counts still limit it).
     max_tensor_parallel_size: int | None = 1

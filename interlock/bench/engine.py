@@ -292,7 +292,8 @@ def resolve_cells(
             f"{', '.join(clashing)}: varied and also set by vllm serve arguments; choose one"
         )
     base = resolve(policy, context, user.overrides)
-    cells, skipped = [], []
+    cells: list[Cell] = []
+    skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
             resolution = resolve(policy, context, {**user.overrides, **levels})

@@ -99,7 +99,7 @@ def factorial_effects(
             effects.append(
                 Effect(
                     tuple(factors[i][0] for i in subset),
-                    tuple(tuple(factors[i][1]) for i in subset),  # type: ignore[misc]
+                    tuple(tuple(factors[i][1]) for i in subset),
                     interval(draws @ weights, float(medians @ weights)),
                 )
             )

@@ -302,7 +302,9 @@ def _logging_by_env() -> bool:
     return bool(os.environ.get(LOG_ENV))
 
 
-def add_decision_log_args(parser: argparse.ArgumentParser, *, prompts: bool = False) -> None:
+def add_decision_log_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, prompts: bool = False
+) -> None:
     """--decision-log FILE (and, for commands that take prompts, --decision-log-prompts)."""
     parser.add_argument(
         "--decision-log", dest="decision_log", metavar="FILE",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 CudagraphMode = Literal["none", "piecewise", "full", "full_decode_only", "full_and_piecewise"]
-CUDAGRAPH_MODES: tuple[str, ...] = get_args(CudagraphMode)
+CUDAGRAPH_MODES: tuple[CudagraphMode, ...] = get_args(CudagraphMode)
 #: The graph a batch is captured as; None: it runs eagerly.
 Graph = Literal["full", "piecewise"] | None
 

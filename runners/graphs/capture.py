@@ -173,7 +173,7 @@ def _compiled(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
 
 def _guarded(fn: Callable[[], torch.Tensor | Outputs], key: GraphKey, fail: bool) -> SegmentFn:
     if not fail:
-        return fn  # type: ignore[return-value]
+        return fn
 
     def failing() -> Outputs:
         raise CaptureError(f"capture of {key.label} failed: forced by ${FAIL_ENV}")

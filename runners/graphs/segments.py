@@ -49,9 +49,19 @@ class AttentionBreak:
 class Program(Protocol):
     """A captured forward for one graph key."""
 
-    outputs: Outputs
-    segments: int  # graph segments
-    breaks: int  # eager attention breaks between them
+    # Read-only: the programs derive their counts from what they captured.
+    @property
+    def outputs(self) -> Outputs: ...
+
+    @property
+    def segments(self) -> int:
+        """Graph segments."""
+        ...
+
+    @property
+    def breaks(self) -> int:
+        """Eager attention breaks between the segments."""
+        ...
 
     def replay(self, metadata: AttentionMetadata) -> Outputs:
         """Run the program; breaks use ``metadata`` (same buffers, this step's batch kind)."""

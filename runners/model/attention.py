@@ -57,10 +57,11 @@ class AttentionMetadata:
 
 
 class AttentionSplit(Protocol):
-    """Called at each attention split point instead of ``layer.attend(q, metadata)``."""
+    """Called at each attention split point instead of ``layer.attend(q, metadata)`` (with
+    the arguments by position: a hook names them as it likes)."""
 
     def __call__(
-        self, layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata
+        self, layer: AttentionLayer, q: torch.Tensor, metadata: AttentionMetadata, /
     ) -> torch.Tensor: ...
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import nn
@@ -44,7 +45,7 @@ from interlock.runners.model.rope import cos_sin_cache
 from interlock.runners.model.sharding import ShardPlan, plan_shards
 from interlock.runners.parallel.group import SINGLE, TensorParallel
 
-Tensor = torch.Tensor
+Tensor: TypeAlias = torch.Tensor
 PieceFn = Callable[[Tensor | None, Tensor | None], tuple[Tensor, Tensor]]
 
 

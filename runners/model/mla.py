@@ -148,7 +148,7 @@ class MLASelfAttention(nn.Module):
         # Under tensor parallelism q is this rank's heads; q_a and kv_a are whole.
         self.a_split = mla.q_lora_rank if mla.q_lora_rank is not None else self.q_size
         self.a_proj = Linear(hidden, self.a_split + latent, ops, config.qkv_bias)
-        if config.qkv_bias and mla.q_lora_rank is None:
+        if self.a_proj.bias is not None and mla.q_lora_rank is None:
             # attention_bias biases kv_a, not a plain q_proj: its rows of the bias stay 0.
             self.a_proj.bias.data[: self.a_split].zero_()
         self.q_a_norm: nn.Parameter | None = None

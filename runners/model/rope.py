@@ -39,9 +39,17 @@ def inverse_frequencies(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float
     raise ValueError(f"rope type {rope.type!r} has no frequency rule")
 
 
+def _original_context(rope: RopeConfig) -> int:
+    """The context the checkpoint was trained at, which llama3 and yarn scale from
+    (parse_config fills it in for both)."""
+    if rope.original_max_position_embeddings is None:
+        raise ValueError(f"rope type {rope.type!r} needs original_max_position_embeddings")
+    return rope.original_max_position_embeddings
+
+
 def _llama3(rope: RopeConfig, inv_freq: torch.Tensor) -> torch.Tensor:
     """Long wavelengths divided by factor, short ones kept, a smooth ramp in between."""
-    context = rope.original_max_position_embeddings
+    context = _original_context(rope)
     low_freq_wavelen = context / rope.low_freq_factor
     high_freq_wavelen = context / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -69,7 +77,7 @@ def _yarn(rope: RopeConfig, dim: int, exponents: torch.Tensor) -> tuple[torch.Te
             attention_factor = mscale(factor)
 
     def correction_dim(rotations: float) -> float:
-        context = rope.original_max_position_embeddings
+        context = _original_context(rope)
         return dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
 
     low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)

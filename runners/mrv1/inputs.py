@@ -96,7 +96,7 @@ def prepare_host_inputs(
     logits_indices[:real_seqs] = query_start_loc[1 : real_seqs + 1] - 1
 
     def per_seq(values: list, dtype: type, padding: float = 0) -> np.ndarray:
-        out = np.full(total_seqs, padding, dtype=dtype)
+        out: np.ndarray = np.full(total_seqs, padding, dtype=dtype)
         out[:real_seqs] = values
         return out
 

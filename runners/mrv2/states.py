@@ -11,6 +11,7 @@ step's rows and token counts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -147,7 +148,7 @@ class RequestStates:
             rows, cols, ids = self._tensor(blocks).unbind(1)
             self.block_tables[rows, cols] = ids.to(torch.int32)
 
-    def _tensor(self, values: list[tuple[int, ...]]) -> torch.Tensor:
+    def _tensor(self, values: Sequence[tuple[int, ...]]) -> torch.Tensor:
         host = torch.tensor(values, dtype=torch.int64)
         if self.device.type == "cpu":
             return host

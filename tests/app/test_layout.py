@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,17 @@ def test_the_acceptance_command_prints_the_tracked_path(tmp_path: Path) -> None:
         check=True,
     )
     assert done.stdout.strip() == str(REPO / "policy" / "loader.py")
+
+
+def test_the_wheel_lays_every_module_out_under_its_package(interlock_wheel: Path) -> None:
+    with zipfile.ZipFile(interlock_wheel) as wheel:
+        names = set(wheel.namelist())
+    assert "interlock/py.typed" in names  # the annotations are for users' type checkers too
+    for name, path in layout.module_files().items():
+        if path.suffix == ".py":
+            tail = "/__init__.py" if path.stem == "__init__" else ".py"
+            installed = "/".join(name.split(".")) + tail
+            assert installed in names, f"{name}: {installed} is not in the wheel"
 
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:

@@ -59,7 +59,7 @@ class _Cursor:
         self.need(size, what)
         (value,) = struct.unpack_from(self.order + fmt, self.data, self.at)
         self.at += size
-        return value  # type: ignore[no-any-return]
+        return value
 
     def count(self, what: str) -> int:
         return int(self.scalar("Q", what))

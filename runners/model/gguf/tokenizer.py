@@ -151,7 +151,7 @@ def build_tokenizer(fields: Mapping[str, Any], path: Path) -> tuple[Any, dict[st
             return None
         if not 0 <= index < len(tokens):
             raise GGUFError(f"{path}: tokenizer.ggml.{key}={index} is outside the vocabulary")
-        return tokens[index]  # type: ignore[no-any-return]
+        return tokens[index]
 
     bos = token("bos_token_id")
     add_bos = fields.get("add_bos_token", False) is True and bos is not None
