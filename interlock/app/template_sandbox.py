@@ -109,7 +109,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def concat(self, parts: Iterable[Any]) -> str:
         text = "".join(str(part) for part in parts)
-        return self.check(text)  # type: ignore[no-any-return]
+        return self.check(text)
 
     # -- jinja2's hooks -----------------------------------------------------------------
 

@@ -49,7 +49,7 @@ class TextCodec:
                 raise InputError(
                     f"token id {i!r} is invalid; allowed: an integer in 0..{self.vocab_size - 1}"
                 )
-        return self._guarded(  # type: ignore[no-any-return]
+        return self._guarded(
             lambda: self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         )
 
