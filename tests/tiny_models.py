@@ -22,7 +22,12 @@ MLA: dict[str, Any] = {
 }
 
 # The indexer of every DSA config below, on DeepSeek's MLA sizes.
-DSA: dict[str, Any] = {**MLA, "index_topk": 4, "index_n_heads": 8, "index_head_dim": 16}
+# No padding_idx: transformers zeroes the pad token's embedding row, and a zero hidden state
+# gives the indexer a zero query, so every position of that step scores exactly 0; which of
+# equal scores torch.topk keeps is an accident of its implementation (and of the row's
+# padded length), where the op keeps the lowest positions.
+DSA: dict[str, Any] = {**MLA, "index_topk": 4, "index_n_heads": 8, "index_head_dim": 16,
+                       "pad_token_id": None}
 
 # A different rope scaling, window and head layout per family, so together they cover
 # what these configs can vary.
