@@ -92,11 +92,13 @@ class Comparison:
     delta: float
     low: float
     high: float
+    #: The record measured enough trials to call a difference significant.
+    claimable: bool = True
 
     @property
     def slower(self) -> bool:
         """The rule's value is significantly slower than the other level."""
-        return self.low > 0
+        return self.claimable and self.low > 0
 
     def text(self) -> str:
         return (
@@ -129,8 +131,10 @@ def comparisons(rule: Rule, record: dict[str, Any]) -> tuple[list[Comparison], l
                 sign = 1 if value == second else -1
                 low, high = sorted((sign * effect["low"], sign * effect["high"]))
                 other = first if value == second else second
+                claims = record["analysis"].get("claims")
                 found.append(
-                    Comparison(name, value, other, batch, sign * effect["value"], low, high)
+                    Comparison(name, value, other, batch, sign * effect["value"], low, high,
+                               claims is not False)
                 )
         if len(found) == before:
             unmeasured.append(

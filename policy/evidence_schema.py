@@ -48,6 +48,11 @@ class AnalysisModel(_Model):
     confidence: Annotated[float, Field(gt=0, lt=1)]
     resamples: Annotated[int, Field(gt=0)]
     effects_note: str | None
+    #: Trials (blocks) per configuration, and the fewest from which a difference is called
+    #: significant (absent in records written before that rule).
+    trials: Annotated[int, Field(ge=0)] | None = None
+    min_trials: Annotated[int, Field(ge=1)] | None = None
+    claims: bool | None = None
     batch_sizes: Annotated[dict[_Name, BatchAnalysisModel], Field(min_length=1)]
 
 

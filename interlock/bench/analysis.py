@@ -10,6 +10,7 @@ import numpy as np
 
 from interlock.bench.stats import (
     CONFIDENCE,
+    MIN_TRIALS,
     RESAMPLES,
     factorial_effects,
     interval,
@@ -46,10 +47,12 @@ def analyse(
         effects_note = "some combinations were skipped, so the design is not a complete 2^k"
     rng = np.random.default_rng(seed)
     per_batch: dict[str, Any] = {}
+    trials = 0
     for batch_size in batch_sizes:
         tables = {m: _table(samples, config_ids, batch_size, m) for m in METRICS}
         draws = {m: resample_medians(t, rng, RESAMPLES) for m, t in tables.items()}
         medians = {m: np.median(t, axis=1) for m, t in tables.items()}
+        trials = tables[SPEED_METRIC].shape[1]
         configurations = {
             cid: {m: interval(draws[m][:, i], float(medians[m][i])).to_dict() for m in METRICS}
             for i, cid in enumerate(config_ids)
@@ -63,11 +66,13 @@ def analyse(
                         "levels": [list(pair) for pair in e.levels],
                         **e.estimate.to_dict(),
                     }
-                    for e in factorial_effects(list(factors.items()), medians[m], draws[m])
+                    for e in factorial_effects(
+                        list(factors.items()), medians[m], draws[m], trials
+                    )
                 ]
                 for m in EFFECT_METRICS
             }
-        found = lead(medians[SPEED_METRIC], draws[SPEED_METRIC])
+        found = lead(medians[SPEED_METRIC], draws[SPEED_METRIC], trials)
         if found is not None:
             best, second, gap = found
             entry["fastest"] = {
@@ -81,10 +86,14 @@ def analyse(
         per_batch[str(batch_size)] = entry
     return {
         "method": "median per configuration; percentile bootstrap over whole blocks "
-        f"(the same blocks for every configuration), {RESAMPLES} resamples",
+        f"(the same blocks for every configuration), {RESAMPLES} resamples; no difference "
+        f"is called significant from fewer than {MIN_TRIALS} trials",
         "confidence": CONFIDENCE,
         "resamples": RESAMPLES,
         "effects_note": effects_note,
+        "trials": trials,
+        "min_trials": MIN_TRIALS,
+        "claims": trials >= MIN_TRIALS,
         "batch_sizes": per_batch,
     }
 

@@ -24,6 +24,8 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
             "--plot needs matplotlib: pip install 'interlock[bench]'"
         ) from None
     matplotlib.use("Agg")
+    # SVG text as <text> elements, not glyph paths: searchable, selectable, diffable.
+    matplotlib.rcParams["svg.fonttype"] = "none"
     from matplotlib import pyplot as plt
 
     batches = record["analysis"]["batch_sizes"]
@@ -65,8 +67,23 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
             capsize=3,
         )
         ax.axvline(0, color="black", linewidth=0.8)
+        claims = record["analysis"].get("claims") is not False
+        for i, e in enumerate(effects):
+            ax.annotate(
+                _mark(e, claims), (e["high"] if e["value"] >= 0 else e["low"], i),
+                xytext=(4 if e["value"] >= 0 else -4, 0), textcoords="offset points",
+                ha="left" if e["value"] >= 0 else "right", va="center", fontsize=8,
+            )
         ax.set_yticks(range(len(effects)))
         ax.set_yticklabels(names, fontsize=8)
+        ax.margins(x=0.25)
+        min_trials = record["analysis"].get("min_trials", "enough")
+        legend = (
+            "* significant: the 95% interval excludes 0\nn.s.: not significant"
+            if claims else
+            f"n/a: fewer than {min_trials} trials, no significance claimed"
+        )
+        ax.text(0.01, -0.18, legend, transform=ax.transAxes, fontsize=7, va="top")
         ax.set_xlabel(f"effect on TPOT, ms/token (batch {next(iter(batches))}, 95% CI)")
     model = record["model"]
     fig.suptitle(f"{model['architecture']} ({model['name']}) on {record['context']['platform']}")
@@ -75,6 +92,13 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _mark(effect: dict[str, Any], claims: bool) -> str:
+    """The mark beside an effect's bar: ``*`` significant, ``n.s.`` not, ``n/a`` no claim."""
+    if not claims:
+        return "n/a"
+    return "*" if effect["significant"] else "n.s."
 
 
 def _errors(estimates: list[dict[str, Any]]) -> list[list[float]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from interlock.bench.stats import MIN_TRIALS
 from interlock.core.fields import show_scalar
 
 
@@ -22,6 +23,7 @@ def render_text(record: dict[str, Any]) -> str:
     ]
     columns = factors or ["runner", "cudagraph", "breakable"]
     by_id = {c["id"]: c for c in configs}
+    claims = record["analysis"].get("claims") is not False
     for batch, entry in record["analysis"]["batch_sizes"].items():
         lines += ["", f"batch {batch}"]
         header = ["config", *columns, "TPOT ms [95% CI]", "TTFT ms [95% CI]", "tokens/s"]
@@ -44,10 +46,13 @@ def render_text(record: dict[str, Any]) -> str:
         effects = (entry.get("effects") or {}).get("tpot_ms")
         if effects:
             lines.append("  effects on TPOT:")
-            lines += [f"    {_effect(e)}" for e in effects]
+            lines += [f"    {_effect(e, claims)}" for e in effects]
         fastest = entry.get("fastest")
         if fastest:
-            lines.append(f"  fastest: {_fastest(fastest, by_id)}")
+            lines.append(f"  fastest: {_fastest(fastest, by_id, claims)}")
+    if not claims:
+        lines += ["", f"significance: not claimed, {work['trials']} trials per configuration "
+                  f"is fewer than {MIN_TRIALS} (rerun with --trials {MIN_TRIALS} or more)"]
     note = record["analysis"].get("effects_note")
     if note and factors:
         lines += ["", f"effects: not computed ({note})"]
@@ -104,20 +109,25 @@ def effect_text(effect: dict[str, Any]) -> str:
     return f"{name}: {effect['value']:+.2f} ms/token [{effect['low']:+.2f}, {effect['high']:+.2f}]"
 
 
-def _effect(effect: dict[str, Any]) -> str:
-    mark = "significant" if effect["significant"] else "not significant"
-    return f"{effect_text(effect)}  ({mark})"
+def _effect(effect: dict[str, Any], claims: bool = True) -> str:
+    return f"{effect_text(effect)}  ({verdict(effect, claims)})"
 
 
-def _fastest(fastest: dict[str, Any], by_id: dict[str, Any]) -> str:
+def verdict(estimate: dict[str, Any], claims: bool = True) -> str:
+    """``significant``, ``not significant``, or, from too few trials, no claim at all."""
+    if not claims:
+        return f"no claim: fewer than {MIN_TRIALS} trials"
+    return "significant" if estimate["significant"] else "not significant"
+
+
+def _fastest(fastest: dict[str, Any], by_id: dict[str, Any], claims: bool = True) -> str:
     best = f"{fastest['config']} ({by_id[fastest['config']]['label']})"
     if fastest["runner_up"] is None:
         return f"{best}, the only configuration"
     lead = fastest["lead"]
-    verdict = "significant" if lead["significant"] else "not significant"
     return (
         f"{best}, ahead of {fastest['runner_up']} by {lead['value']:.2f} ms/token "
-        f"[{lead['low']:.2f}, {lead['high']:.2f}]: {verdict}"
+        f"[{lead['low']:.2f}, {lead['high']:.2f}]: {verdict(lead, claims)}"
     )
 
 

@@ -167,7 +167,8 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
         base = entry["configurations"]["old"]["tpot_ms"]["value"]
         pct = 100 * effect["value"] / base if base else 0.0
         regression = (
-            args.max_regression is not None and effect["low"] > 0 and pct > args.max_regression
+            args.max_regression is not None and effect["significant"] and effect["low"] > 0
+            and pct > args.max_regression
         )
         entries.append(
             {

@@ -42,7 +42,7 @@ def policy_text(
 def record(tiny_model: Path) -> dict[str, Any]:
     return run(
         tiny_model, vary={"runner": ["fast", "slow"]},
-        workload=Workload(prompt_len=4, max_tokens=4, trials=4, warmup=0), load_format="dummy",
+        workload=Workload(prompt_len=4, max_tokens=4, trials=5, warmup=0), load_format="dummy",
     )
 
 
