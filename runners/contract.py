@@ -172,7 +172,9 @@ class TensorParallelReport:
 class KVCacheReport:
     """What the paged cache holds per token (``interlock.runners.model.cache_spec``)."""
 
-    layout: str  # "per-head K/V", or "MLA latent" (kv_lora_rank + qk_rope_head_dim)
+    # "per-head K/V", "MLA latent" (kv_lora_rank + qk_rope_head_dim), or "MLA latent + DSA
+    # indexer keys" (and index_head_dim on each layer that runs an indexer)
+    layout: str
     bytes_per_token: int  # every layer, on one rank
     per_head_bytes_per_token: int  # what per-head K and V of the same model would take
     num_blocks: int

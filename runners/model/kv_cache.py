@@ -64,7 +64,8 @@ def kv_cache_report(
     """Bytes per token of the cache as allocated, beside what per-head K/V would take."""
     itemsize = DTYPES[dtype].itemsize
     return KVCacheReport(
-        layout="per-head K/V" if config.mla is None else "MLA latent",
+        layout=("per-head K/V" if config.mla is None else "MLA latent" if config.dsa is None
+                else "MLA latent + DSA indexer keys"),
         bytes_per_token=elements_per_token(config, tensor_parallel_size) * itemsize,
         per_head_bytes_per_token=per_head_elements_per_token(config) * itemsize,
         num_blocks=spec.num_blocks,

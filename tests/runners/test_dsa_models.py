@@ -13,10 +13,11 @@ from tiny_models import PROMPTS
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
-from interlock.runners.contract import Decision
+from interlock.runners.contract import Decision, KVCacheSpec
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.cache_spec import layer_caches
 from interlock.runners.model.config import ConfigError, load_config
+from interlock.runners.model.kv_cache import kv_cache_report
 
 CAPTURE_SIZES = (1, 2, 4, 8)
 MAX_TOKENS = [12, 7, 10]
@@ -88,6 +89,9 @@ def test_the_index_cache_holds_one_key_per_token_on_indexer_layers(tiny_models):
         [("latent", (24,))],
     ]
     assert layer_caches(config, tensor_parallel_size=2) == layer_caches(config)
+    report = kv_cache_report(config, "float32", KVCacheSpec(num_blocks=8, block_size=4))
+    assert report.layout == "MLA latent + DSA indexer keys"
+    assert report.bytes_per_token == (3 * 24 + 2 * 16) * 4
 
 
 def _edited(tiny_models, tmp_path: Path, name: str, **changes) -> Path:
