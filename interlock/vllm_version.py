@@ -34,7 +34,7 @@ DETECT_TIMEOUT = 30
 #: paths through a /bin/sh trampoline).
 MAX_SHEBANG = 4096
 #: The oldest release the table below was established for; older ones are refused.
-OLDEST_KNOWN = "0.26.0"
+OLDEST_KNOWN = "0.16.0"
 
 _QUERY = (
     "import importlib.metadata as m, json\n"
@@ -70,20 +70,20 @@ class Knob:
 
 VLLM_KNOBS: tuple[Knob, ...] = (
     Knob(
-        "VLLM_USE_V2_MODEL_RUNNER", "env", "runner", ">=0.26.0", None,
-        "vllm/envs.py of 0.26.0-0.33.0",
+        "VLLM_USE_V2_MODEL_RUNNER", "env", "runner", ">=0.16.0", None,
+        "vllm/envs.py of 0.16.0, 0.19.0-0.22.0 and 0.26.0-0.33.0",
     ),
     Knob(
-        "VLLM_USE_BREAKABLE_CUDAGRAPH", "env", "breakable", ">=0.27.0", False,
-        "vllm/envs.py: absent in 0.26.0, read from 0.27.0 on",
+        "VLLM_USE_BREAKABLE_CUDAGRAPH", "env", "breakable", ">=0.22.0", False,
+        "vllm/envs.py: absent in 0.16.0, 0.19.0, 0.20.2 and 0.21.0, read from 0.22.0 on",
     ),
     Knob(
-        "-cc.cudagraph_mode", "flag", "cudagraph", ">=0.26.0", None,
-        "vllm/config/compilation.py of 0.26.0-0.33.0",
+        "-cc.cudagraph_mode", "flag", "cudagraph", ">=0.16.0", None,
+        "CompilationConfig.cudagraph_mode in vllm/config/compilation.py of 0.16.0-0.33.0",
     ),
     Knob(
-        "-cc.mode", "flag", "compile", ">=0.26.0", None,
-        "vllm/config/compilation.py of 0.26.0-0.33.0",
+        "-cc.mode", "flag", "compile", ">=0.16.0", None,
+        "CompilationConfig.mode in vllm/config/compilation.py of 0.16.0-0.33.0",
     ),
 )
 
