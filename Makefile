@@ -34,8 +34,11 @@ $(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c runners/parall
 	touch $@
 
 demo: install
-	$(VENV)/bin/policy diff examples/history/2026-08-12-before-vllm-51653.yaml examples/history/2026-08-31-before-vllm-53155.yaml
-	$(VENV)/bin/policy diff examples/history/2026-08-31-before-vllm-53155.yaml examples/history/2026-09-01-vllm-53155.yaml
+	@echo "# seed 1 (vllm#51653): vLLM 0.27.1 -> 0.28.0, Kimi-K3 on ROCm moves to MRV2"
+	$(VENV)/bin/policy diff examples/history/vllm-0.27.1.yaml examples/history/vllm-0.28.0.yaml
+	@echo "# seed 2 (vllm#53155): vLLM 0.29.0 -> 0.30.0, GLM-5.2 back to MRV1 on ROCm, ROCm breakable emptied"
+	$(VENV)/bin/policy diff examples/history/vllm-0.29.0.yaml examples/history/vllm-0.30.0.yaml
+	@echo "# vLLM 0.31.0 -> 0.32.0: every DSA model to MRV2 on ROCm"
 	$(VENV)/bin/policy diff examples/history/vllm-0.31.0.yaml examples/history/vllm-0.32.0.yaml
 	$(VENV)/bin/policy explain GlmMoeDsaForCausalLM --platform rocm --device-arch gfx950
 	$(VENV)/bin/policy conformance conformance/vllm-0.33.0.jsonl

@@ -18,9 +18,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "policies.yaml"
 HISTORY = REPO / "examples" / "history"
-BEFORE_51653 = HISTORY / "2026-08-12-before-vllm-51653.yaml"
-BEFORE_53155 = HISTORY / "2026-08-31-before-vllm-53155.yaml"
-#: The shipped policy as it stood after vLLM #53155, until interlock tracked vLLM releases.
+#: The releases around the seed PRs: 0.27.1 and 0.28.0 before and after #51653 (seed 1),
+#: 0.29.0 before #53155 (seed 2), 0.30.0 after it.
+BEFORE_51653 = HISTORY / "vllm-0.27.1.yaml"
+AFTER_51653 = HISTORY / "vllm-0.28.0.yaml"
+BEFORE_53155 = HISTORY / "vllm-0.29.0.yaml"
+AFTER_53155 = HISTORY / "vllm-0.30.0.yaml"
+#: The state just after vLLM #53155 merged (no release shipped it), the shipped policy
+#: until interlock tracked vLLM releases.
 SEED_53155 = HISTORY / "2026-09-01-vllm-53155.yaml"
 SEED_53155_TESTS = HISTORY / "2026-09-01-vllm-53155.tests.yaml"
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from checkout import BEFORE_51653, BEFORE_53155, SEED_53155, SHIPPED
+from checkout import AFTER_51653, BEFORE_51653, BEFORE_53155, SEED_53155, SHIPPED
 from policy_texts import with_rules
 
 from interlock.policy import load_policy, load_policy_text
@@ -10,13 +10,12 @@ from interlock.policy.domain import Domain
 ROCM = ("rocm", "")
 BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-NEWLY_MRV1_ON_ROCM = {
-    "DeepseekV32MTPModel",
-    "DeepseekV4ForConditionalGeneration",
+#: What vllm#53155 took off breakable graphs on ROCm: vLLM 0.29.0's breakable list less
+#: the DeepSeek V3.2 pair its ROCm default already left out.
+NO_LONGER_BREAKABLE_ON_ROCM = {
+    "DeepseekV4ForCausalLM",
     "DeepSeekV4MTPModel",
     "GlmMoeDsaForCausalLM",
-}
-NO_LONGER_BREAKABLE_ON_ROCM = NEWLY_MRV1_ON_ROCM | {
     "KimiLinearForCausalLM",
     "KimiK3ForConditionalGeneration",
     "KimiK3MTPModel",
@@ -52,17 +51,22 @@ def envs_without(name, domain):
     return [tuple(state) for state in domain.env_states if not any(k == name for k, _ in state)]
 
 
-def test_before_51653_to_before_53155_is_exactly_the_kimi_k3_switch() -> None:
-    diff = diff_policies(load(BEFORE_51653), load(BEFORE_53155))
+def test_seed_1_is_kimi_k3_to_mrv2_on_rocm_and_deepseek_v4_to_mrv2_elsewhere() -> None:
+    """vLLM 0.27.1 -> 0.28.0: #51653 lets Kimi-K3 run MRV2 on ROCm; the same release put
+    DeepSeek V4 on the V2 list everywhere but ROCm."""
+    diff = diff_policies(load(BEFORE_51653), load(AFTER_51653))
     envs = envs_without(RUNNER_ENV, diff.domain)
+    elsewhere = [(p, "") for p in diff.domain.platforms if p != "rocm"]
     assert changes_by_group(diff) == {
-        ("runner", "mrv1", "mrv2"): {("KimiK3ForConditionalGeneration", *ROCM, env) for env in envs}
+        ("runner", "mrv1", "mrv2"): {
+            ("KimiK3ForConditionalGeneration", *ROCM, env) for env in envs
+        } | {("DeepseekV4ForCausalLM", *place, env) for place in elsewhere for env in envs}
     }
     (group,) = diff.groups()
-    (deciders,) = group.by_deciders
-    assert deciders.old.decider == "rule rocm-kimi-k3-excluded-from-mrv2"
-    assert deciders.new.decider == "defaults"
-    assert summarize(deciders.contexts, diff.domain) == [
+    kimi = next(d for d in group.by_deciders if d.contexts[0].architecture.startswith("Kimi"))
+    assert kimi.old.decider == "rule rocm-excluded-from-mrv2"
+    assert kimi.new.decider == "rule v2-allow-list"
+    assert summarize(kimi.contexts, diff.domain) == [
         f"on rocm/* for KimiK3ForConditionalGeneration, unless {RUNNER_ENV} is set"
     ]
 
@@ -87,14 +91,13 @@ def test_vllm_0_30_and_0_31_decide_alike() -> None:
     assert diff_policies(old, new).equal
 
 
-def test_before_53155_to_after_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
+def test_seed_2_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:
+    """vLLM 0.29.0 -> the state just after #53155: exactly what that PR changed."""
     diff = diff_policies(load(BEFORE_53155), load(SEED_53155))
     keep_runner = envs_without(RUNNER_ENV, diff.domain)
     keep_breakable = envs_without(BREAKABLE_ENV, diff.domain)
     assert changes_by_group(diff) == {
-        ("runner", "mrv2", "mrv1"): {
-            (arch, *ROCM, env) for arch in NEWLY_MRV1_ON_ROCM for env in keep_runner
-        },
+        ("runner", "mrv2", "mrv1"): {("GlmMoeDsaForCausalLM", *ROCM, env) for env in keep_runner},
         ("breakable", "true", "false"): {
             (arch, *ROCM, env) for arch in NO_LONGER_BREAKABLE_ON_ROCM for env in keep_breakable
         },
@@ -109,21 +112,19 @@ def test_before_53155_to_after_moves_glm_to_mrv1_and_drops_rocm_breakable() -> N
     ]
     breakable = diff.groups()[1]
     assert {(d.old.decider, d.new.decider) for d in breakable.by_deciders} == {
-        ("rule breakable-dsa", "rule rocm-no-default-breakable"),
         ("rule breakable-listed", "rule rocm-no-default-breakable"),
     }
 
 
 def test_text_report_names_the_change_the_place_and_both_deciders() -> None:
-    text = render_text(diff_policies(load(BEFORE_51653), load(BEFORE_53155)))
+    text = render_text(diff_policies(load(BEFORE_53155), load(SEED_53155)))
     lines = text.splitlines()
-    assert lines[0] == "runner: mrv1 → mrv2"
-    assert lines[1].startswith("  old: rule rocm-kimi-k3-excluded-from-mrv2 (")
-    assert "2026-08-12-before-vllm-51653.yaml:" in lines[1]
-    assert lines[2].startswith("  new: defaults (")
-    assert (
-        lines[3] == f"    on rocm/* for KimiK3ForConditionalGeneration, unless {RUNNER_ENV} is set"
-    )
+    assert lines[0] == "runner: mrv2 → mrv1"
+    assert lines[1].startswith("  old: defaults (")
+    assert "vllm-0.29.0.yaml:" in lines[1]
+    assert lines[2].startswith("  new: rule rocm-dsa-stays-on-mrv1 (")
+    assert "2026-09-01-vllm-53155.yaml:" in lines[2]
+    assert lines[3] == f"    on rocm/* for GlmMoeDsaForCausalLM, unless {RUNNER_ENV} is set"
 
 
 def test_a_policy_against_itself_is_empty(shipped) -> None:
@@ -221,13 +222,13 @@ def test_device_archs_and_features_are_part_of_the_domain() -> None:
 
 
 def test_json_lists_every_context_and_the_domain() -> None:
-    old, new = load(BEFORE_51653), load(BEFORE_53155)
+    old, new = load(BEFORE_53155), load(SEED_53155)
     doc = to_json(diff_policies(old, new), old, new)
     assert doc["equal"] is False
-    (change,) = doc["changes"]
-    assert (change["field"], change["old"], change["new"]) == ("runner", "mrv1", "mrv2")
+    change = doc["changes"][0]
+    assert (change["field"], change["old"], change["new"]) == ("runner", "mrv2", "mrv1")
     (deciders,) = change["deciders"]
-    assert deciders["old"]["decider"] == "rule rocm-kimi-k3-excluded-from-mrv2"
+    assert deciders["new"]["decider"] == "rule rocm-dsa-stays-on-mrv1"
     assert len(deciders["contexts"]) == change["count"] == 3
     assert doc["domain"]["contexts"] == Domain.of(old, new).size()
 
@@ -277,17 +278,17 @@ def test_diff_git_revisions(tmp_path, monkeypatch, capsys) -> None:
     git(tmp_path, "init", "-q")
     (tmp_path / "policies.yaml").write_text(BEFORE_51653.read_text())
     (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "extra.yaml").write_text(BEFORE_53155.read_text())
+    (tmp_path / "site" / "extra.yaml").write_text(AFTER_51653.read_text())
     git(tmp_path, "add", ".")
     git(tmp_path, "commit", "-qm", "before #51653")
-    (tmp_path / "policies.yaml").write_text(BEFORE_53155.read_text())
+    (tmp_path / "policies.yaml").write_text(AFTER_51653.read_text())
     git(tmp_path, "commit", "-qam", "#51653")
     monkeypatch.chdir(tmp_path / "site")
 
     assert main(["diff", "git:HEAD~1", "git:HEAD", "--exit-code"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("runner: mrv1 → mrv2\n")
-    assert "rule rocm-kimi-k3-excluded-from-mrv2 (HEAD~1:policies.yaml:" in out
+    assert "rule rocm-excluded-from-mrv2 (HEAD~1:policies.yaml:" in out
     assert "on rocm/* for KimiK3ForConditionalGeneration" in out
     # git:REV:path names a file relative to the repository root; a working file mixes in.
     assert main(["diff", "git:HEAD:site/extra.yaml", "git:HEAD", "--exit-code"]) == 0

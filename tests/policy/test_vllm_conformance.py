@@ -1,8 +1,9 @@
 """Conformance of policies to engine snapshots (conformance/vllm-*.jsonl): data only, fast.
 
-The shipped policy must agree with the newest vLLM snapshot, and each history
-policy examples/history/vllm-X.yaml with the snapshot of its own release, on every
-context outside the deviations they declare.
+The shipped policy must agree with the newest vLLM snapshot, each history
+policy examples/history/vllm-X.yaml with the snapshot of its own release, and
+examples/vllm-all-releases.yaml (one policy, engine conditions) with every
+snapshot, on every context outside the deviations they declare.
 """
 
 from __future__ import annotations
@@ -31,11 +32,63 @@ def _policy_for(snapshot: Path) -> Path:
     return history if history.exists() else REPO / "policies.yaml"
 
 
+ALL_RELEASES = REPO / "examples" / "vllm-all-releases.yaml"
+
+
 def test_there_is_a_snapshot_per_release_and_the_newest_is_shipped() -> None:
     stems = [p.stem for p in SNAPSHOTS]
-    assert stems == ["vllm-0.30.0", "vllm-0.31.0", "vllm-0.32.0", "vllm-0.33.0"]
+    assert stems == [
+        "vllm-0.27.1", "vllm-0.28.0", "vllm-0.29.0", "vllm-0.30.0", "vllm-0.31.0",
+        "vllm-0.32.0", "vllm-0.33.0",
+    ]  # fmt: skip
     assert _policy_for(SNAPSHOTS[-1]) == REPO / "policies.yaml"
+    assert all(_policy_for(p) != REPO / "policies.yaml" for p in SNAPSHOTS[:-1])
     assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0"
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
+def test_one_policy_conforms_to_every_release(snapshot: Path) -> None:
+    """examples/vllm-all-releases.yaml tells the releases apart by `engine:` conditions on
+    the version each snapshot row carries."""
+    report = conformance(load_policy([ALL_RELEASES]), load_snapshot(snapshot))
+    shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
+    assert report.undeclared == [], f"{len(report.undeclared)} disagreements:\n{shown}"
+    assert report.stale_deviations == []
+    assert report.agreement == 1.0 and report.ok
+
+
+def _rows(snapshot: Path) -> dict[Any, Any]:
+    return {
+        (r.context.architecture, r.context.platform, r.context.device_arch,
+         tuple(sorted(r.context.env.items()))): r
+        for r in load_snapshot(snapshot).rows
+    }  # fmt: skip
+
+
+def test_the_state_between_0_29_and_0_30_is_consistent_with_both() -> None:
+    """2026-09-01-vllm-53155.yaml tells a state no release shipped (#53155 merged, the
+    PRs after it not yet): in every context each field is decided as 0.29.0 or as 0.30.0
+    decided it, and as both did where they agree (outside its declared deviations)."""
+    from interlock.policy.resolution import resolve
+
+    policy = load_policy([REPO / "examples" / "history" / "2026-09-01-vllm-53155.yaml"])
+    before = _rows(REPO / "conformance" / "vllm-0.29.0.jsonl")
+    after = _rows(REPO / "conformance" / "vllm-0.30.0.jsonl")
+    assert before.keys() == after.keys()
+    fields = ("runner", "breakable", "cudagraph", "compile")
+    checked = 0
+    for key, old in before.items():
+        new = after[key]
+        if old.probe_error or new.probe_error or old.error or new.error:
+            continue
+        res = resolve(policy, old.context)
+        if res.deviations:
+            continue
+        for name in fields:
+            ours = getattr(res.decision, name)
+            assert ours in (old.decision[name], new.decision[name]), (key, name, ours)
+        checked += 1
+    assert checked > 1400
 
 
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
