@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,38 @@ def test_the_domain_enumerates_engine_versions_around_each_bound() -> None:
     assert versions == ["0.32", "0.34"]  # in the set, above it (below it reads the same)
     table = [resolve(policy, Context("GlmMoeDsaForCausalLM", engine=dict(s))) for s in states]
     assert [r.decision.compile for r in table] == [True, False, True]
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "glm-5.3-stays-on-mrv2.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "runner", "why"),
+    [
+        ("GLM-5.2", "mrv1", "- glm-5.3-stays-on-mrv2"),
+        ("GLM-5.3", "mrv2", "+ glm-5.3-stays-on-mrv2"),
+    ],
+)
+def test_the_glm_example_keeps_5_2_on_mrv1_and_5_3_on_mrv2_and_explains_why(
+    cli: object, tmp_path: Path, name: str, runner: str, why: str
+) -> None:
+    config = {**GLM53, "_name_or_path": f"zai-org/{name}"}
+    model = _model_dir(tmp_path, name, config)
+    result = cli(  # type: ignore[operator]
+        "explain", "--policy", EXAMPLE, "--model", model, "--platform", "rocm",
+        "--device-arch", "gfx950",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    out = result.out
+    decided = "rocm-dsa-stays-on-mrv1" if runner == "mrv1" else "glm-5.3-stays-on-mrv2"
+    assert re.search(rf"runner +{runner} +rules {decided}", out)
+    # The facts the rule tests, each with where it came from.
+    assert re.search(rf"model +{name} +directory name \({model}\)", out)
+    assert re.search(rf"model +zai-org/{name} +model config _name_or_path", out)
+    assert re.search(r"config model_type +glm_moe_dsa +model config \(", out)
+    trace = next(line for line in out.splitlines() if why in line)
+    if runner == "mrv1":
+        assert f"model: wanted *GLM-5.3*, observed [{name}, zai-org/{name}]" in trace
+    else:
+        assert "runner=mrv2" in trace
+        assert "GSM8K accuracy" in out  # the rule's reason is shown with the decision
