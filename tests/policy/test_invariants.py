@@ -107,28 +107,29 @@ def test_an_invariant_has_exactly_one_claim() -> None:
         _invariants("  - {name: x, forall: {platform: rocm}}\n")
 
 
-NEAR_MISS_INVARIANT = """\
-  - name: every DSA target model stays on MRV1 on ROCm unless the environment says otherwise
-    forall: {platform: rocm, attention: dsa, architecture: "*ForCausalLM"}
-    env: {VLLM_USE_V2_MODEL_RUNNER: null}
-    expect: {runner: mrv1}
-"""
+SEED_TESTS = HISTORY / "2026-09-01-vllm-53155.tests.yaml"
 
 
 def test_the_glm_5_2_near_miss_is_caught_as_a_counterexample() -> None:
     """vLLM 0.29.0's ROCm MRV1 list named DeepSeek V3.2 and V4, two of the three DSA target
-    models: the invariant written for that intent finds GLM-5.2, and 0.30.0 passes it."""
-    before = load_policy([HISTORY / "2026-08-31-before-vllm-53155.yaml"])
-    (result,) = check_invariants(before, _invariants(NEAR_MISS_INVARIANT))
+    models: the seed cases' invariant written for that intent finds GLM-5.2 there, and the
+    state after #53155 (and 0.30.0) passes it."""
+    from interlock.policy.testfile import load_tests
+
+    (invariant, *_) = load_tests(SEED_TESTS).invariants
+    assert invariant.name.startswith("every DSA target model stays on MRV1 on ROCm")
+    before = load_policy([HISTORY / "vllm-0.29.0.yaml"])
+    (result,) = check_invariants(before, [invariant])
     assert not result.passed
     assert {e.context.architecture for e in result.counterexamples} == {"GlmMoeDsaForCausalLM"}
     example = result.counterexamples[0]
+    assert example.context.platform == "rocm" and example.context.env == {}
     assert example.decision["runner"] == "mrv2"
     assert example.deciders["runner"].startswith("defaults (")
-    assert "2026-08-31-before-vllm-53155.yaml:" in example.deciders["runner"]
-    after = load_policy([HISTORY / "vllm-0.30.0.yaml"])
-    (fixed,) = check_invariants(after, _invariants(NEAR_MISS_INVARIANT))
-    assert fixed.passed and fixed.checked > 0
+    assert "vllm-0.29.0.yaml:" in example.deciders["runner"]
+    for fixed in ("2026-09-01-vllm-53155.yaml", "vllm-0.30.0.yaml"):
+        (after,) = check_invariants(load_policy([HISTORY / fixed]), [invariant])
+        assert after.passed and after.checked > 0
 
 
 def test_policy_check_reports_a_violated_invariant_at_its_line(tmp_path: Path) -> None:
