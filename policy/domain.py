@@ -274,6 +274,9 @@ def _engine_states(conditions: list[EngineMatch]) -> tuple[EngineState, ...]:
             if truth not in seen:
                 seen.add(truth)
                 versions.append((engine, version))
+        # Shown in version order (the first version with each truth was kept above).
+        known = sorted((pair for pair in versions if pair), key=lambda pair: Version(pair[1]))
+        versions = [None, *known]
         choices.append(versions)
     return tuple(
         tuple(pair for pair in combo if pair is not None) for combo in itertools.product(*choices)
