@@ -274,3 +274,15 @@ def test_the_glm_example_keeps_5_2_on_mrv1_and_5_3_on_mrv2_and_explains_why(
     else:
         assert "runner=mrv2" in trace
         assert "GSM8K accuracy" in out  # the rule's reason is shown with the decision
+
+
+def test_hostile_model_facts_are_bounded_or_refused(tmp_path: Path) -> None:
+    deep: dict = {"leaf": 1}
+    for _ in range(50):
+        deep = {"a": deep}
+    flat = flatten_config({"architectures": ["A"], "nest": deep})
+    assert max(len(path.split(".")) for path in flat) == 8  # deeper paths no rule can name
+    with pytest.raises(PolicyError, match="must have 1 to 256 characters"):
+        make_context("A", platform="cpu", model_id="x" * 300)
+    odd = _model_dir(tmp_path, "odd", {"architectures": ["A"], "_name_or_path": ["not", "str"]})
+    assert make_context(model=odd, platform="cpu").model_names == ("odd",)
