@@ -132,8 +132,8 @@ def test_a_new_reference_op_is_in_every_kernel_table(monkeypatch: pytest.MonkeyP
     assert table.describe()["add_one"] == (
         "torch (interlock)", "preferred torch on cpu (no native implementation)")
     with pytest.raises(AttributeError,
-                       match="no kernel op 'layer_norm'; ops: linear, embedding, .*add_one"):
-        table.layer_norm  # noqa: B018
+                       match="no kernel op 'group_norm'; ops: linear, embedding, .*add_one"):
+        table.group_norm  # noqa: B018
 
 
 def test_forcing_an_unknown_backend_lists_the_known_ones() -> None:
@@ -182,8 +182,8 @@ def test_a_plugin_backend_can_be_registered_and_chosen() -> None:
 
 
 def test_unknown_op_lists_the_known_ops() -> None:
-    with pytest.raises(KernelError, match=r"unknown op 'layer_norm'; known ops: .*rms_norm"):
-        REGISTRY.select("layer_norm", "cpu", "float32")
+    with pytest.raises(KernelError, match=r"unknown op 'group_norm'; known ops: .*rms_norm"):
+        REGISTRY.select("group_norm", "cpu", "float32")
 
 
 def test_a_lazy_target_that_fails_to_load_names_the_op() -> None:
