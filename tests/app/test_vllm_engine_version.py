@@ -173,3 +173,27 @@ rules:
     assert "engine vllm" in old.out and "given with --engine-version" in old.out
     unknown = cli("explain", "A", "--platform", "cuda", "--policy", policy)
     assert "engine.vllm: wanted <0.29, observed unknown (no vllm version" in unknown.out
+
+
+ALL_RELEASES = Path(__file__).resolve().parents[2] / "examples" / "vllm-all-releases.yaml"
+
+
+@pytest.mark.parametrize(
+    ("version", "env"),
+    [
+        ("0.29.0", {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}),
+        ("0.30.0", {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}),
+        ("0.32.0", {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}),
+    ],
+)
+def test_the_detected_release_decides_engine_conditions(
+    cli: Any, tmp_path: Path, version: str, env: dict[str, str]
+) -> None:
+    """GLM-5.2 on MI355X under the one policy for every release: the vllm that will run
+    decides which release's rules apply (seed 2 is the step from 0.29.0 to 0.30.0)."""
+    model = _model(tmp_path, "GlmMoeDsaForCausalLM")
+    result = cli("vllm", "args", "--json", "--policy", ALL_RELEASES, "--vllm",
+                 _fake_vllm(tmp_path, version), "--platform", "rocm", "--device-arch", "gfx950",
+                 model)  # fmt: skip
+    assert result.code == 0, result.err
+    assert result.json()["env"] == env
