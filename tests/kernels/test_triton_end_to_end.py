@@ -40,6 +40,13 @@ MODELS: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 64, "norm_topk_prob": True,
     },
     "mistral": {"architectures": ["MistralForCausalLM"], "sliding_window": 8},
+    # MLA over the latent cache (absorbed decode) with noaux_tc routing over groups.
+    "deepseek_v3": {
+        "architectures": ["DeepseekV3ForCausalLM"], "q_lora_rank": 32, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+    },
     # DSA over MLA with DeepSeek routing: the indexer's top-4 of prompts up to 37 tokens,
     # and a layer that reuses the first one's selection.
     "glm_moe_dsa": {
@@ -67,8 +74,9 @@ def _generate(
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.slow) if name == "glm_moe_dsa" else name
-    for name in MODELS  # the DSA model takes ~25 s in the interpreter
+    pytest.param(name, marks=pytest.mark.slow) if name in ("deepseek_v3", "glm_moe_dsa")
+    else name
+    for name in MODELS  # the MLA models take ~25 s each in the interpreter
 ])
 def test_every_op_forced_to_triton_generates_the_torch_tokens(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
