@@ -484,9 +484,10 @@ def moe_grouped_route(
     * ``greedy``: the k best scores;
     * ``group_limited_greedy``: the experts split into ``n_group`` groups, each scored by its
       best expert; the k best among the ``topk_group`` best groups (others scored 0);
-    * ``noaux_tc``: experts chosen by score + ``correction_bias``, groups scored by their two
-      best such values, the k best of the ``topk_group`` best groups (others excluded);
-      weights are the scores themselves, without the bias.
+    * ``noaux_tc``: experts chosen by score + ``correction_bias`` (if any; the other methods
+      ignore it), groups scored by their two best such values, the k best of the
+      ``topk_group`` best groups (others excluded); weights are the scores themselves,
+      without the bias.
 
     With ``renormalize`` the k weights are divided by their sum (+ 1e-20); then all k are
     multiplied by ``scaling``."""
@@ -501,7 +502,9 @@ def moe_grouped_route(
     if method == "greedy":
         weights, ids = torch.topk(scores, top_k, dim=-1)
     elif method in ("group_limited_greedy", "noaux_tc"):
-        choice = scores if correction_bias is None else scores + correction_bias.float()
+        choice = scores
+        if method == "noaux_tc" and correction_bias is not None:
+            choice = scores + correction_bias.float()
         grouped = choice.view(tokens, n_group, experts // n_group)
         if method == "noaux_tc":
             group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)

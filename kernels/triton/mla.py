@@ -180,7 +180,7 @@ def _grouped_route_kernel(
     else:
         scores = 1.0 / (1.0 + tl.exp(-logits))
     choice = scores
-    if HAS_BIAS and METHOD != 0:  # the group methods choose with the bias, as the reference
+    if HAS_BIAS and METHOD == 2:  # only noaux_tc chooses with the bias, as the reference
         choice = choice + tl.load(bias_ptr + experts, mask=present, other=0.0).to(tl.float32)
     # Absent experts (past n_experts) are never chosen.
     choice = tl.where(present, choice, float("-inf"))
