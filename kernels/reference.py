@@ -634,11 +634,26 @@ def index_scores(
     """``dsa_index_topk``'s scores: [T, S] float32 over the positions the block table holds
     (on the CPU, those the longest sequence has), -inf where a token may not look; -0.0
     is made 0.0."""
-    seq, position = token_positions(seq_lens, query_start_loc, q.shape[0])
+    n_tokens = q.shape[0]
+    seq, position = token_positions(seq_lens, query_start_loc, n_tokens)
     width = _used_width(block_tables, seq_lens, index_cache.shape[1])
     keys = _gather_blocks(index_cache, block_tables[:, :width]).float()  # [B, S, Di]
-    dots = torch.matmul(q.float(), keys[seq].transpose(1, 2))  # [T, Hi, S]
-    scores = torch.matmul(weights.float()[:, None, :], torch.relu(dots * scale))[:, 0]
+    head_weights = weights.float()[:, None, :]  # [T, 1, Hi]
+
+    def weighted(q_rows: torch.Tensor, seq_keys: torch.Tensor) -> torch.Tensor:
+        dots = torch.matmul(q_rows.float(), seq_keys.transpose(-1, -2))  # [L, Hi, S]
+        return torch.relu(dots * scale)
+
+    if q.device.type == "cpu":
+        # The host knows where each sequence's tokens are: score them against their own
+        # sequence's keys, without a copy of those keys per token.
+        scores = torch.empty(n_tokens, keys.shape[1], device=q.device)
+        starts = query_start_loc.tolist()
+        for b in range(seq_lens.shape[0]):
+            lo, hi = starts[b], starts[b + 1]
+            scores[lo:hi] = torch.matmul(head_weights[lo:hi], weighted(q[lo:hi], keys[b]))[:, 0]
+    else:
+        scores = torch.matmul(head_weights, weighted(q, keys[seq]))[:, 0]
     visible = torch.arange(keys.shape[1], device=q.device)[None, :] <= position[:, None]
     return scores.masked_fill(~visible, float("-inf")) + 0.0  # + 0.0 turns -0.0 into 0.0
 
