@@ -131,6 +131,16 @@ def _edited(tiny_models, tmp_path: Path, name: str, **changes) -> Path:
      r"n_routed_experts=8"),
     ("deepseek_v2", {"norm_topk_prob": True}, r"norm_topk_prob=True is not supported"),
     ("deepseek_v3", {"qk_rope_head_dim": 7}, r"qk_rope_head_dim=7 is not supported"),
+    # Hostile numbers: each refused by name before anything is built.
+    ("deepseek_v3", {"kv_lora_rank": 0}, r"kv_lora_rank"),
+    ("deepseek_v3", {"q_lora_rank": -4}, r"q_lora_rank"),
+    ("deepseek_v3", {"n_group": 0}, r"n_group=0 is not supported"),
+    ("deepseek_v3", {"topk_group": 3}, r"topk_group=3 is not supported; allowed: at most "
+     r"n_group=2"),
+    ("deepseek_v3", {"num_experts_per_tok": 9}, r"num_experts_per_tok=9 is not supported"),
+    ("deepseek_v3", {"routed_scaling_factor": "large"}, r"routed_scaling_factor"),
+    ("deepseek_v3", {"first_k_dense_replace": -1}, r"first_k_dense_replace=-1"),
+    ("deepseek_v3", {"n_shared_experts": "two"}, r"n_shared_experts"),
 ])
 def test_configs_transformers_would_run_differently_are_refused(
     name, changes, message, tiny_models, tmp_path

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
@@ -157,3 +158,22 @@ def test_debug_graphs_applies_to_the_run_only(policy_run, tiny_llama, monkeypatc
     doc = policy_run("--model", tiny_llama, "--max-tokens", "2", "--debug-graphs", "--json").json()
     assert doc["graphs"]["backend"] == "debug"
     assert "INTERLOCK_DEBUG_GRAPHS" not in os.environ
+
+
+def test_a_deepseek_model_runs_as_decided_and_reports_its_latent_cache(policy_run, tiny_models):
+    path = tiny_models.path("deepseek_v3")
+    prompt = [7, 93, 12, 54, 3]
+    text = policy_run("--model", path, "--prompt-token-ids", ",".join(map(str, prompt)),
+                      "--max-tokens", "6", "--ignore-eos")
+    assert text.code == 0, text.err
+    # 2 layers x (kv_lora_rank 16 + qk_rope_head_dim 8) x 4 bytes; per head 2 x 4 x (16 + 12).
+    assert "kv cache: MLA latent, 192 bytes/token (per-head K/V would take 896: 4.7x)" in text.out
+    doc = policy_run("--model", path, "--prompt-token-ids", ",".join(map(str, prompt)),
+                     "--max-tokens", "6", "--ignore-eos", "--json").json()
+    assert doc["kv_cache"]["layout"] == "MLA latent"
+    assert doc["kv_cache"]["bytes_per_token"] == 192
+    with torch.no_grad():
+        expected = tiny_models.hf("deepseek_v3").generate(
+            input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+            max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert doc["outputs"][0]["token_ids"] == expected[0, len(prompt):].tolist()
