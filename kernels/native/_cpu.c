@@ -1,4 +1,5 @@
-/* The native CPU kernels (backend "native"): float32, x86-64 with AVX2 and FMA.
+/* The native CPU kernels (backend "native"): float32, x86-64 with AVX2 and FMA, with
+ * products over weights kept in GGUF's quantized block formats (see "quantized products").
  *
  * A decode step multiplies one or a few rows by every weight, so it is bound by how
  * fast the weights stream from memory; between the products, torch spends a few
@@ -63,6 +64,15 @@ static inline void copy_floats(float *to, const float *from, long n) {
 
 static inline void zero_floats(float *to, long n) {
     if (n > 0) memset(to, 0, sizeof(float) * (size_t)n);
+}
+
+/* The quantized records' two kinds of quants (see "quantized products"), and the bytes of
+ * one record of L inputs for a strip of 16 outputs. */
+#define QBYTES_NIBBLES 0
+#define QBYTES_SIGNED 1
+
+static inline long qrecord(int kind, int L) {
+    return kind == QBYTES_NIBBLES ? 2 * 64 + 8 * L : 64 + 16 * L;
 }
 
 #if NATIVE_X86
@@ -196,6 +206,179 @@ static int pack_strips(float *w, long K, long N) {
     free(strip);
     return 0;
 }
+
+/* ---- quantized products --------------------------------------------------------- */
+
+/* GGUF's block formats stay quantized in memory, repacked once at load
+ * (interlock.kernels.quant.pack) into strips of 16 outputs, as the float32 weights are.
+ * Strip s and block b (L inputs: 32, or 16 for Q6_K's sub-blocks) is one record; the
+ * records of a strip follow each other, and the strips each other, so that a product
+ * streams the weight once, front to back. A record is:
+ *   16 float32 scales d[c] (c: the strip's 16 outputs),
+ *   with 4-bit quants (Q4_0, Q4_1, Q4_K): 16 float32 offsets m[c], then L / 2 lines of 16
+ *     bytes, byte c of line j holding q[c][j] (low nibble) and q[c][j + L / 2] (high);
+ *   with 8-bit quants (Q8_0, Q6_K): L lines of 16 signed bytes, byte c of line k q[c][k].
+ * Weight (c, k) of the block is d[c] q[c][k] + m[c] (no m for 8-bit quants). Q4_0's
+ * q - 8 is d q + (-8 d), and the K-quants' sub-block scales are folded into d and m, in
+ * float32 as gguf dequantizes them (reference.dequantize_packed matches it bitwise).
+ *
+ * Accumulation order, for output n of row t: for each block b in order, a[b] is one FMA
+ * chain over the block's k in order of q x (the quants converted to float in registers,
+ * never stored); the block adds d a[b] + m s[b] (s[b]: the row's inputs over the block
+ * summed left to right; the product m s first, then d a[b] fused onto it) to y, which
+ * starts at 0; the bias is added last. Nothing in it depends on the other rows of the
+ * batch or on the tile shape, so a row's result is bitwise the same in any batch. It
+ * differs from the reference (dequantize, then a float product) in rounding only: the
+ * scale multiplies a block's sum instead of each weight. */
+
+
+#define QTILE_ROWS 4
+#define QTILE_R(X, s) X(0, s) X(1, s) X(2, s) X(3, s)
+#define QTILE_RS(X) QTILE_R(X, 0) QTILE_R(X, 1) QTILE_R(X, 2)
+
+/* y[0:mr, 0:16 ns] = x[0:mr, :] W^T for the ns strips from `w` (strip stride
+ * `strip_bytes`), nb blocks of L. xsum[r * nb + b] is row r's s[b] (nibble kinds). One
+ * block's share of `prefetch` (the next strip's records, `lines` of 64 bytes each) is
+ * brought to L2 per block, as the float tiles do. */
+AVX2 static inline __attribute__((always_inline)) void qtile(
+        const int kind, const int L, const int mr, const int ns, const float *x, long xs,
+        const float *xsum, long nb, const uint8_t *w, long strip_bytes, float *y, long ys,
+        const uint8_t *prefetch, long lines) {
+    const long rec = qrecord(kind, L);
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+#define QZERO(r, s) if (r < mr && s < ns) { \
+        _mm256_storeu_ps(y + r * ys + s * STRIP, _mm256_setzero_ps()); \
+        _mm256_storeu_ps(y + r * ys + s * STRIP + 8, _mm256_setzero_ps()); }
+    QTILE_RS(QZERO)
+    for (long b = 0; b < nb; b++) {
+        const float *xb = x + b * L;
+#define QACC(r, s) __m256 lo##r##s = _mm256_setzero_ps(), hi##r##s = lo##r##s;
+        QTILE_RS(QACC)
+        if (prefetch) {
+            for (long l = 0; l < lines; l++)
+                _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T1);
+            prefetch += rec;
+        }
+        /* Converts 8 bytes (signed or not) to floats: weights of outputs 0-7 or 8-15. */
+#define QCVT(v) (kind == QBYTES_SIGNED ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)) \
+                                       : _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)))
+#define QFMA(r, s, k) if (r < mr && s < ns) { \
+        __m256 xv = _mm256_broadcast_ss(xb + r * xs + (k)); \
+        lo##r##s = _mm256_fmadd_ps(xv, w0##s, lo##r##s); \
+        hi##r##s = _mm256_fmadd_ps(xv, w1##s, hi##r##s); }
+#define QSTEP(s, k) QFMA(0, s, k) QFMA(1, s, k) QFMA(2, s, k) QFMA(3, s, k)
+        if (kind == QBYTES_NIBBLES) {
+            for (long j = 0; j < L / 2; j++) {
+#define QNIB(s) __m128i n##s = _mm_setzero_si128(); __m256 w0##s, w1##s; \
+                if (s < ns) n##s = _mm_loadu_si128( \
+                    (const __m128i *)(w + s * strip_bytes + b * rec + 128 + 16 * j));
+                QNIB(0) QNIB(1) QNIB(2)
+#define QLOW(s) if (s < ns) { __m128i q = _mm_and_si128(n##s, low4); \
+                w0##s = QCVT(q); w1##s = QCVT(_mm_srli_si128(q, 8)); QSTEP(s, j) }
+                QLOW(0) QLOW(1) QLOW(2)
+#define QHIGH(s) if (s < ns) { __m128i q = _mm_and_si128(_mm_srli_epi16(n##s, 4), low4); \
+                w0##s = QCVT(q); w1##s = QCVT(_mm_srli_si128(q, 8)); QSTEP(s, j + L / 2) }
+                QHIGH(0) QHIGH(1) QHIGH(2)
+            }
+        } else {
+            for (long k = 0; k < L; k++) {
+#define QBYTE(s) __m256 w0##s, w1##s; if (s < ns) { __m128i q = _mm_loadu_si128( \
+                    (const __m128i *)(w + s * strip_bytes + b * rec + 64 + 16 * k)); \
+                w0##s = QCVT(q); w1##s = QCVT(_mm_srli_si128(q, 8)); QSTEP(s, k) }
+                QBYTE(0) QBYTE(1) QBYTE(2)
+            }
+        }
+#define QADD(r, s) if (r < mr && s < ns) { \
+        const float *d = (const float *)(w + s * strip_bytes + b * rec); \
+        __m256 tlo, thi; \
+        if (kind == QBYTES_NIBBLES) { \
+            __m256 sum = _mm256_broadcast_ss(xsum + r * nb + b); \
+            tlo = _mm256_fmadd_ps(_mm256_loadu_ps(d), lo##r##s, \
+                                  _mm256_mul_ps(_mm256_loadu_ps(d + 16), sum)); \
+            thi = _mm256_fmadd_ps(_mm256_loadu_ps(d + 8), hi##r##s, \
+                                  _mm256_mul_ps(_mm256_loadu_ps(d + 24), sum)); \
+        } else { \
+            tlo = _mm256_mul_ps(_mm256_loadu_ps(d), lo##r##s); \
+            thi = _mm256_mul_ps(_mm256_loadu_ps(d + 8), hi##r##s); } \
+        float *yo = y + r * ys + s * STRIP; \
+        _mm256_storeu_ps(yo, _mm256_add_ps(_mm256_loadu_ps(yo), tlo)); \
+        _mm256_storeu_ps(yo + 8, _mm256_add_ps(_mm256_loadu_ps(yo + 8), thi)); }
+        QTILE_RS(QADD)
+    }
+}
+
+/* The tile shapes quantized products use, each compiled with its constants. */
+#define QTILE_CASES(kind, L) \
+    switch (mr * 4 + ns) { \
+    case 4 * 4 + 1: qtile(kind, L, 4, 1, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    case 3 * 4 + 1: qtile(kind, L, 3, 1, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    case 2 * 4 + 1: qtile(kind, L, 2, 1, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    case 1 * 4 + 1: qtile(kind, L, 1, 1, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    case 2 * 4 + 2: qtile(kind, L, 2, 2, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    case 1 * 4 + 3: qtile(kind, L, 1, 3, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
+    }
+
+AVX2 static void qtile_of(int kind, int L, int mr, int ns, const float *x, long xs,
+                          const float *xsum, long nb, const uint8_t *w, long sb, float *y,
+                          long ys, const uint8_t *pf, long lines) {
+    if (kind == QBYTES_NIBBLES) {
+        QTILE_CASES(QBYTES_NIBBLES, 32)
+    } else if (L == 32) {
+        QTILE_CASES(QBYTES_SIGNED, 32)
+    } else {
+        QTILE_CASES(QBYTES_SIGNED, 16)
+    }
+}
+
+/* y [T, N] = x [T, K] W^T (+ bias) for W quantized and packed (N a multiple of 16, K of
+ * L; kind and L checked by the caller: nibbles with L 32, or signed bytes with L 16 or
+ * 32). -1 if the block sums' scratch cannot be allocated. */
+AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int kind, long L,
+                                 const float *bias, float *y, long T, long K, long N) {
+    long nb = K / L, strips = N / STRIP, rec = qrecord(kind, (int)L), sb = nb * rec;
+    float *xsum = NULL;
+    if (kind == QBYTES_NIBBLES) {
+        xsum = malloc(sizeof(float) * (size_t)(T * nb > 0 ? T * nb : 1));
+        if (xsum == NULL) return -1;
+        for (long t = 0; t < T; t++)
+            for (long b = 0; b < nb; b++) {
+                float s = 0.0f;
+                for (long k = 0; k < L; k++) s += x[t * xs + b * L + k];
+                xsum[t * nb + b] = s;
+            }
+    }
+    for (long m0 = 0; m0 < T; m0 += ROW_BLOCK) {
+        long rows = T - m0 < ROW_BLOCK ? T - m0 : ROW_BLOCK;
+        /* Tiles of at most four rows (a fifth would spill: each row holds two accumulators
+         * per strip, and the converted weights need registers too), split evenly; one row
+         * takes three strips and two rows two, for six and eight FMA chains. */
+        int tiles = (int)((rows + QTILE_ROWS - 1) / QTILE_ROWS), base = (int)(rows / tiles);
+        int wide = rows == 1 ? 3 : rows == 2 ? 2 : 1;
+        long lines = (rec / 64 + tiles - 1) / tiles;
+        for (long s = 0; s < strips;) {
+            int ns = s + wide <= strips ? wide : 1;
+            const uint8_t *ws = w + s * sb;
+            const uint8_t *next = ns == 1 && s + 1 < strips ? ws + sb : NULL;
+            for (int i = 0, t = 0; i < tiles; i++) {
+                int mr = base + (i < rows % tiles);
+                long first = i * lines * 64;  /* this tile's share of each next record */
+                const uint8_t *pf = next && first < rec ? next + first : NULL;
+                long count = pf ? (rec - first < lines * 64 ? (rec - first) / 64 : lines) : 0;
+                qtile_of(kind, (int)L, mr, ns, x + (m0 + t) * xs, xs,
+                         xsum ? xsum + (m0 + t) * nb : NULL, nb, ws, sb,
+                         y + (m0 + t) * N + s * STRIP, N, pf, count);
+                t += mr;
+            }
+            s += ns;
+        }
+    }
+    if (bias)
+        for (long t = 0; t < T; t++)
+            for (long n = 0; n < N; n++) y[t * N + n] += bias[n];
+    free(xsum);
+    return 0;
+}
+
 
 /* ---- elementwise, vectorised ------------------------------------------------------- */
 
@@ -573,6 +756,36 @@ static int embedding_rows(const int64_t *ids, long n, const float *table, long g
     return 0;
 }
 
+/* out[i, :] = row ids[i] of a quantized packed table of V rows and H columns (a tied LM
+ * head kept quantized), each weight d q + m as reference.dequantize_packed computes it. */
+static int quantized_rows(const int64_t *ids, long n, const uint8_t *w, int kind, long L,
+                          long V, long H, float *out) {
+    for (long i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return -1;
+    long nb = H / L, rec = qrecord(kind, (int)L);
+    for (long i = 0; i < n; i++) {
+        long c = ids[i] % 16;
+        const uint8_t *strip = w + ids[i] / 16 * nb * rec;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *r = strip + b * rec;
+            float d, m = 0.0f;
+            memcpy(&d, r + 4 * c, sizeof d);
+            float *o = out + i * H + b * L;
+            if (kind == QBYTES_NIBBLES) {
+                memcpy(&m, r + 64 + 4 * c, sizeof m);
+                for (long j = 0; j < L / 2; j++) {
+                    uint8_t q = r[128 + 16 * j + c];
+                    o[j] = d * (float)(q & 15) + m;
+                    o[j + L / 2] = d * (float)(q >> 4) + m;
+                }
+            } else {
+                for (long k = 0; k < L; k++) o[k] = d * (float)(int8_t)r[64 + 16 * k + c];
+            }
+        }
+    }
+    return 0;
+}
+
 /* out[i, :] = x[indices[i], :] for x of `rows` rows (row stride xs). */
 static int select_rows(const float *x, long xs, long rows, long H, const int64_t *indices,
                      long n, float *out) {
@@ -617,7 +830,11 @@ typedef union { int64_t i; double d; } Slot;
     X(PACK_WEIGHT, "pack_weight", "iii")                                                   \
     /* prefill_attention(q, qs, kc, vc, tables, width, lens, starts, T, out, B, Hq, Hk, D, \
        BS, NB, scale, window|0) */                                                         \
-    X(PREFILL_ATTENTION, "prefill_attention", "iiiiiiiiiiiiiiiidi")
+    X(PREFILL_ATTENTION, "prefill_attention", "iiiiiiiiiiiiiiiidi")                   \
+    /* quantized_linear(x, x_row_stride, packed w, kind, L, bias|0, y, T, K, N) */        \
+    X(QUANTIZED_LINEAR, "quantized_linear", "iiiiiiiiii")                                  \
+    /* quantized_embedding(ids, n, packed table, kind, L, V, H, out) */                    \
+    X(QUANTIZED_EMBEDDING, "quantized_embedding", "iiiiiiii")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -659,7 +876,16 @@ static int run_op(int64_t op, const Slot *a) {
         return prefill_attention(P(0), a[1].i, P(2), P(3), P(4), a[5].i, P(6), P(7), a[8].i,
                                  P(9), a[10].i, a[11].i, a[12].i, a[13].i, a[14].i, a[15].i,
                                  (float)a[16].d, a[17].i);
+    case OP_QUANTIZED_LINEAR:
+        if (!(a[3].i == QBYTES_NIBBLES && a[4].i == 32)
+                && !(a[3].i == QBYTES_SIGNED && (a[4].i == 16 || a[4].i == 32)))
+            return -2;
+        return linear_quantized(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, P(5), P(6), a[7].i,
+                                a[8].i, a[9].i);
 #endif
+    case OP_QUANTIZED_EMBEDDING:
+        if (a[3].i != QBYTES_NIBBLES && a[3].i != QBYTES_SIGNED) return -2;
+        return quantized_rows(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, a[5].i, a[6].i, P(7));
     case OP_ROTARY:
         return rotary_rows(P(0), P(1), a[2].i, a[3].i, a[4].i, a[5].i, P(6), a[7].i);
     case OP_STORE_KV:
@@ -717,6 +943,17 @@ static void describe(int64_t op, int rc, const Slot *a) {
         return;
     case OP_SELECT_ROWS:
         PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
+        return;
+    case OP_QUANTIZED_LINEAR:
+    case OP_QUANTIZED_EMBEDDING:
+        if (rc == -2)
+            PyErr_Format(PyExc_ValueError, "no quantized record of kind %lld with blocks of %lld",
+                         (long long)a[3].i, (long long)a[4].i);
+        else if (op == OP_QUANTIZED_EMBEDDING)
+            PyErr_Format(PyExc_ValueError, "a token id is outside the vocabulary (0..%lld)",
+                         (long long)a[5].i - 1);
+        else
+            PyErr_NoMemory();
         return;
     }
     PyErr_Format(PyExc_ValueError, "native op %s failed (%d)", NAMES[op], rc);

@@ -17,6 +17,8 @@ OP_EMBEDDING: int
 OP_SELECT_ROWS: int
 OP_PACK_WEIGHT: int
 OP_PREFILL_ATTENTION: int
+OP_QUANTIZED_LINEAR: int
+OP_QUANTIZED_EMBEDDING: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from interlock.kernels import reference
+from interlock.kernels import quant, reference
 from interlock.kernels.native import _cpu, tape
 from interlock.kernels.registry import KernelError
 
@@ -370,4 +370,51 @@ def select_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     out = torch.empty(indices.shape[0], hidden)
     _run(_cpu.OP_SELECT_ROWS, (x.data_ptr(), x.stride(0), rows, hidden, indices.data_ptr(),
                              indices.shape[0], out.data_ptr()), x, indices, out)
+    return out
+
+
+def _quantized(name: str, weight: torch.Tensor, ggml_type: str) -> tuple[quant.Format, int, int]:
+    """The format of a packed quantized weight and its (outputs, inputs)."""
+    try:
+        fmt = quant.format_of(ggml_type)
+        outputs, inputs = quant.shape_of(weight, ggml_type)
+    except quant.QuantFormatError as exc:
+        raise NativeArgumentError(f"{name}: {exc}") from None
+    _check_whole(name, weight, torch.uint8)
+    return fmt, outputs, inputs
+
+
+def quantized_linear(
+    x: torch.Tensor, weight: torch.Tensor, ggml_type: str, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x times a weight kept quantized (``kernels.quant.pack``), dequantized in registers
+    inside the product (the accumulation order: the head of _cpu.c's quantized products)."""
+    _check("x", x, 2)
+    fmt, outputs, inputs = _quantized("quantized_linear weight", weight, ggml_type)
+    rows, features = x.shape
+    if features != inputs:
+        raise NativeArgumentError(
+            f"quantized_linear: x has {features} features, the {ggml_type} weight {inputs}")
+    if bias is not None:
+        _check_whole("bias", bias)
+        if bias.shape != (outputs,):
+            raise NativeArgumentError(
+                f"quantized_linear: bias {tuple(bias.shape)} for {outputs} outputs")
+    y = torch.empty(rows, outputs)
+    _run(_cpu.OP_QUANTIZED_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(), fmt.kind,
+                                    fmt.block, 0 if bias is None else bias.data_ptr(),
+                                    y.data_ptr(), rows, features, outputs),
+         x, weight, y, *(() if bias is None else (bias,)))
+    return y
+
+
+def quantized_embedding(ids: torch.Tensor, table: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    _check_whole("ids", ids, torch.int64)
+    fmt, vocab, hidden = _quantized("quantized_embedding table", table, ggml_type)
+    if ids.dim() != 1:
+        raise NativeArgumentError(f"quantized_embedding: ids {tuple(ids.shape)} are not 1-d")
+    out = torch.empty(ids.shape[0], hidden)
+    _run(_cpu.OP_QUANTIZED_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(),
+                                       fmt.kind, fmt.block, vocab, hidden, out.data_ptr()),
+         ids, table, out)
     return out

@@ -1,0 +1,194 @@
+"""GGUF's block-quantized weights, kept quantized: their formats, and the layout the
+quantized products take them in (``pack``), for the native kernels and their references.
+
+A GGUF file stores a linear weight [N, K] row by row in blocks of its type (``FORMATS``).
+``pack`` decodes them into integer quants and float32 scales (and offsets), as the
+``gguf`` package dequantizes them, and lays them out in strips of ``PACK_STRIP`` outputs:
+strip s and block b (``Format.block`` inputs) is one record of ``Format.record`` bytes,
+records back to back, so that a product streams the weight front to back (the head of
+``interlock/kernels/native/_cpu.c`` describes a record). Weight (n, k) is then
+``d q + m``, which ``dequantize`` computes bitwise as ``gguf.quants.dequantize`` does.
+
+Torch only: the model source hands the file's bytes in as a uint8 tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from interlock.kernels.reference import PACK_STRIP
+
+#: The record kinds (the C code's QBYTES_*): 4-bit quants with offsets, or signed bytes.
+NIBBLES, SIGNED = 0, 1
+
+
+@dataclass(frozen=True)
+class Format:
+    """A GGML block type as the quantized kernels take it."""
+
+    name: str  # the GGML name, e.g. "Q4_1"
+    kind: int  # NIBBLES or SIGNED
+    block: int  # inputs per record (a scale per output per block)
+    file_block: int  # inputs per block in the file (256 for the K-quants)
+    file_bytes: int  # bytes per block in the file
+
+    @property
+    def record(self) -> int:
+        """Bytes of one record: scales, offsets (nibbles), then the quants of 16 outputs."""
+        return (2 * 64 + 8 * self.block) if self.kind == NIBBLES else (64 + 16 * self.block)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+FORMATS = {f.name: f for f in (
+    Format("Q8_0", SIGNED, 32, 32, 34),
+    Format("Q4_0", NIBBLES, 32, 32, 18),
+    Format("Q4_1", NIBBLES, 32, 32, 20),
+    Format("Q4_K", NIBBLES, 32, 256, 144),
+    Format("Q6_K", SIGNED, 16, 256, 210),
+)}
+
+
+class QuantFormatError(ValueError):
+    """A quantized tensor the kernels cannot take as it is, naming why."""
+
+
+def format_of(name: str) -> Format:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise QuantFormatError(
+            f"no quantized kernels for {name}; they take {', '.join(FORMATS)}"
+        ) from None
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian float16 from the last dimension's byte pairs, as float32."""
+    return b.contiguous().view(torch.float16).to(torch.float32)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., n] -> their low nibbles, then their high ones: [..., 2 n]."""
+    return torch.cat((qs & 15, qs >> 4), dim=-1)
+
+
+def decode(raw: torch.Tensor, name: str, inputs: int) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A weight's file bytes [N, row bytes] (uint8) -> quants [N, K] (uint8 for nibble
+    formats, int8 else), scales [N, K / block] and offsets (None for signed formats), so
+    that weight (n, k) is scale q + offset in float32, as gguf dequantizes it."""
+    fmt = format_of(name)
+    if inputs % fmt.file_block:
+        raise QuantFormatError(
+            f"{name}: {inputs} inputs are not whole blocks of {fmt.file_block} (a partial "
+            "block has no quantized layout)")
+    rows = raw.shape[0]
+    blocks = inputs // fmt.file_block
+    if raw.dtype is not torch.uint8 or raw.shape[1:] != (blocks * fmt.file_bytes,):
+        raise QuantFormatError(
+            f"{name}: {tuple(raw.shape)} {raw.dtype} is not [rows, {blocks * fmt.file_bytes}] "
+            f"bytes for {inputs} inputs")
+    b = raw.reshape(rows, blocks, fmt.file_bytes)
+    if name == "Q8_0":
+        return b[..., 2:].contiguous().view(torch.int8).reshape(rows, inputs), \
+            _f16(b[..., :2]).reshape(rows, blocks), None
+    if name in ("Q4_0", "Q4_1"):
+        d = _f16(b[..., :2])
+        start = 2 if name == "Q4_0" else 4
+        m = -8 * d if name == "Q4_0" else _f16(b[..., 2:4])  # exact: d (q - 8) = d q - 8 d
+        return _nibbles(b[..., start:]).reshape(rows, inputs), d.reshape(rows, blocks), \
+            m.reshape(rows, blocks)
+    if name == "Q4_K":
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _k4_scales(b[..., 4:16])
+        qs = b[..., 16:].reshape(rows, blocks, 4, 32)  # 4 pieces of 64: low nibbles, high
+        q = torch.stack((qs & 15, qs >> 4), dim=3).reshape(rows, inputs)
+        scale = (d * sc.to(torch.float32)).reshape(rows, blocks * 8)
+        offset = -(dmin * mn.to(torch.float32)).reshape(rows, blocks * 8)
+        return q, scale, offset
+    # Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 sub-block scales, d.
+    ql, qh = b[..., :128], b[..., 128:192]
+    sc = b[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
+    d = _f16(b[..., 208:210])
+    halves = ql.reshape(rows, blocks, 2, 64)  # each half: 128 weights, as 4 pieces of 32
+    low = torch.stack((halves & 15, halves >> 4), dim=3).reshape(rows, blocks, 2, 4, 32)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+    high = (qh.reshape(rows, blocks, 2, 1, 32) >> shifts) & 3
+    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(rows, inputs)
+    return q, (d * sc).reshape(rows, blocks * 16), None
+
+
+def _k4_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 bytes -> its 8 six-bit sub-block scales and 8 mins (uint8)."""
+    lo, hi, top = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    scales = torch.cat((lo & 63, (top & 15) | ((lo >> 6) << 4)), dim=-1)
+    mins = torch.cat((hi & 63, (top >> 4) | ((hi >> 6) << 4)), dim=-1)
+    return scales, mins
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+         fmt: Format) -> torch.Tensor:
+    """Quants, scales and offsets (``decode``) -> the records [N / 16, K / block, record]
+    (uint8) the quantized products stream."""
+    rows, inputs = q.shape
+    if rows % PACK_STRIP:
+        raise QuantFormatError(
+            f"{fmt.name}: {rows} outputs are not a multiple of {PACK_STRIP} (a strip)")
+    L = fmt.block
+    strips, blocks = rows // PACK_STRIP, inputs // L
+
+    def per_strip(v: torch.Tensor) -> torch.Tensor:  # [N, nb] float32 -> [S, nb, 64] bytes
+        return v.reshape(strips, PACK_STRIP, blocks).transpose(1, 2).contiguous() \
+            .view(torch.uint8)
+
+    # quants as [S, nb, lines, 16]: line j, byte c = output 16 s + c
+    qb = q.reshape(strips, PACK_STRIP, blocks, L).permute(0, 2, 3, 1)
+    if fmt.kind == NIBBLES:
+        if offset is None:
+            raise QuantFormatError(f"{fmt.name}: 4-bit records take offsets")
+        lines = (qb[:, :, : L // 2] | (qb[:, :, L // 2:] << 4)).to(torch.uint8)
+        parts = [per_strip(scale), per_strip(offset)]
+    else:
+        lines = qb.contiguous().view(torch.uint8)
+        parts = [per_strip(scale)]
+    parts.append(lines.reshape(strips, blocks, -1))
+    return torch.cat(parts, dim=-1)
+
+
+def dequantize(packed: torch.Tensor, name: str) -> torch.Tensor:
+    """Records (``pack``) -> the float32 weight [N, K]: d q + m per weight, in float32."""
+    fmt = format_of(name)
+    strips, blocks, record = packed.shape
+    if packed.dtype is not torch.uint8 or record != fmt.record:
+        raise QuantFormatError(
+            f"{name}: records {tuple(packed.shape)} {packed.dtype} are not {fmt.record} "
+            "bytes each")
+    L = fmt.block
+
+    def floats(at: int) -> torch.Tensor:  # [S, nb, 16] -> per weight [S, nb, 1, 16]
+        return packed[..., at:at + 64].contiguous().view(torch.float32).unsqueeze(2)
+
+    if fmt.kind == NIBBLES:
+        lines = packed[..., 128:].reshape(strips, blocks, L // 2, PACK_STRIP)
+        q = torch.cat((lines & 15, lines >> 4), dim=2).to(torch.float32)
+        w = floats(0) * q + floats(64)
+    else:
+        q = packed[..., 64:].contiguous().view(torch.int8).reshape(
+            strips, blocks, L, PACK_STRIP).to(torch.float32)
+        w = floats(0) * q
+    # [S, nb, L, 16] -> [S, 16, nb, L] -> [N, K]
+    return w.permute(0, 3, 1, 2).reshape(strips * PACK_STRIP, blocks * L)
+
+
+def shape_of(packed: torch.Tensor, name: str) -> tuple[int, int]:
+    """(outputs, inputs) of a packed weight."""
+    fmt = format_of(name)
+    if packed.dim() != 3 or packed.dtype is not torch.uint8 or packed.shape[2] != fmt.record:
+        raise QuantFormatError(
+            f"{name}: {tuple(packed.shape)} {packed.dtype} is not packed {name} records "
+            f"[out / {PACK_STRIP}, in / {fmt.block}, {fmt.record}] (uint8)")
+    return packed.shape[0] * PACK_STRIP, packed.shape[1] * fmt.block
