@@ -29,6 +29,7 @@ def test_explain_derives_attention_dsa_from_the_config(cli, tiny_glm):
     assert doc["provenance"]["breakable"]["source"] == "breakable-dsa"
 
 
+@pytest.mark.slow  # ~12 s: the load and the capture of every graph size
 def test_run_executes_the_policys_decision_and_matches_transformers(cli, tiny_glm):
     path, hf = tiny_glm
     result = cli("run", "--model", str(path), "--platform", "cpu", "--prompt-token-ids",
