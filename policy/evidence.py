@@ -339,6 +339,14 @@ def check_record(
             f"{head}: measured on vLLM {measured_on}, but the policy describes vLLM "
             f"{engine_version}; re-measure with `policy bench --engine vllm`",
         )
+    code = code_note(record)
+    if code.stale:
+        yield (
+            warning,
+            "evidence-stale",
+            f"{head}: the runner and kernel code it measured changed since ({code.detail}); "
+            "re-measure",
+        )
     stale = staleness(policy_file, lines, path)
     if stale.stale:
         yield (
@@ -355,5 +363,24 @@ def check_record(
             f"staleness not checked ({stale.method})"
             if stale.stale is None
             else f"{'stale' if stale.stale else 'not stale'} (checked with {stale.method})"
-        ),
+        )
+        + f"; code: {code.detail}",
     )
+
+
+def code_note(record: dict[str, Any]) -> Staleness:
+    """Has the runner and kernel code the record measured (``software.code``: a digest per
+    file) changed since? None when the record does not say what code it measured."""
+    from interlock.core.code_digest import changed_code
+
+    software = record.get("software")
+    recorded = software.get("code") if isinstance(software, dict) else None
+    if not isinstance(recorded, dict) or not recorded:
+        return Staleness(None, "not recorded", "the record names no code digests (re-measure "
+                         "to track the code it ran)")
+    changed = changed_code({str(k): str(v) for k, v in recorded.items()})
+    if not changed:
+        return Staleness(False, "digests", f"the {len(recorded)} runner and kernel files it "
+                         "measured are unchanged")
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return Staleness(True, "digests", f"{len(changed)} file(s) differ: {shown}")

@@ -296,12 +296,16 @@ def _software() -> dict[str, Any]:
         triton: str | None = metadata.version("triton")
     except metadata.PackageNotFoundError:
         triton = None
+    from interlock.core.code_digest import code_digests
+
     return {
         "interlock": interlock.__version__,
         "torch": torch.__version__,
         "triton": triton,
         "numpy": numpy.__version__,
         "python": pyplatform.python_version(),
+        # What ran: policy check calls the record stale once any of these files changes.
+        "code": code_digests(),
     }
 
 

@@ -218,7 +218,7 @@ def test_the_example_site_rule_cites_a_record_that_check_verifies(cli, monkeypat
     assert result.code == 0, result.out
     findings = result.json()["findings"]
     assert [f["code"] for f in findings] == ["evidence"], findings
-    assert "rule cpu-llama-eager: evidence evidence/cpu-demo-2x2.json: cudagraph none" in (
+    assert "rule cpu-llama-graphs: evidence evidence/cpu-demo-2x2.json: cudagraph full_and_pie" in (
         findings[0]["message"]
     )
     assert "context matches" in findings[0]["message"]
@@ -226,4 +226,4 @@ def test_the_example_site_rule_cites_a_record_that_check_verifies(cli, monkeypat
         "explain", "LlamaForCausalLM", "--platform", "cpu", "--policy", "policies.yaml",
         "--policy", "examples/measured-cpu.yaml",
     )
-    assert "evidence: cudagraph none " in explained.out
+    assert "evidence: cudagraph full_and_piecewise " in explained.out
