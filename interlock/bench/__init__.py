@@ -305,7 +305,7 @@ def _software() -> dict[str, Any]:
         "numpy": numpy.__version__,
         "python": pyplatform.python_version(),
         # What ran: policy check calls the record stale once any of these files changes.
-        "code": code_digests(),
+        "code": code_digests(loaded=True),
     }
 
 

@@ -35,17 +35,32 @@ def code_files() -> dict[str, Path]:
     return files
 
 
-def code_digests() -> dict[str, str]:
-    """The sha256 (first 16 hex digits) of each file :func:`code_files` finds."""
+def code_digests(loaded: bool = False) -> dict[str, str]:
+    """The sha256 (first 16 hex digits) of each file :func:`code_files` finds; with
+    ``loaded``, only the files of the modules this process imported (what a measurement
+    ran), and the C sources of a package whose extension it loaded."""
+    files = code_files()
+    if loaded:
+        import sys
+
+        ran = {
+            Path(file).resolve()
+            for name, module in list(sys.modules.items())
+            if name.startswith(MEASURED_PACKAGES)
+            and (file := getattr(module, "__file__", None)) is not None
+        }
+        native = {p.parent for p in ran if p.suffix not in (".py",)}  # compiled extensions
+        files = {
+            name: path for name, path in files.items()
+            if path.resolve() in ran or (path.suffix != ".py" and path.resolve().parent in native)
+        }
     return {
-        name: hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-        for name, path in code_files().items()
+        name: hashlib.sha256(path.read_bytes()).hexdigest()[:16] for name, path in files.items()
     }
 
 
 def changed_code(recorded: dict[str, str]) -> list[str]:
-    """The files whose digest differs from ``recorded``: edited, removed or new."""
+    """The files of ``recorded`` whose digest differs now, or that are gone (a file the
+    measurement did not run cannot make it stale)."""
     now = code_digests()
-    return sorted(
-        name for name in {*recorded, *now} if recorded.get(name) != now.get(name)
-    )
+    return sorted(name for name in recorded if recorded[name] != now.get(name))

@@ -217,6 +217,11 @@ def test_the_example_site_rule_cites_a_record_that_check_verifies(cli, monkeypat
     )
     assert result.code == 0, result.out
     findings = result.json()["findings"]
+    # A later change to the runner or kernel code the record ran makes it stale (a warning
+    # naming the files, until someone re-measures); nothing else may be found.
+    code_stale = [f for f in findings if f["code"] == "evidence-stale"
+                  and "the runner and kernel code it measured changed" in f["message"]]
+    findings = [f for f in findings if f not in code_stale]
     assert [f["code"] for f in findings] == ["evidence"], findings
     assert "rule cpu-llama-graphs: evidence evidence/cpu-demo-2x2.json: cudagraph full_and_pie" in (
         findings[0]["message"]

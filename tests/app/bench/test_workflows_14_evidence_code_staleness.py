@@ -43,6 +43,17 @@ def test_the_digests_cover_the_runners_and_kernels() -> None:
     assert changed_code({**digests, "runners/mrv1/runner.py": "0" * 16}) == [
         "runners/mrv1/runner.py"
     ]
+    # A file the measurement did not run cannot make it stale; one it ran that is gone does.
+    assert changed_code({"runners/mrv1/runner.py": digests["runners/mrv1/runner.py"]}) == []
+    assert changed_code({"runners/gone.py": "0" * 16}) == ["runners/gone.py"]
+
+
+def test_a_record_keeps_the_files_the_process_ran() -> None:
+    import interlock.runners.mrv1.runner  # noqa: F401  (the runner a bench would run)
+
+    ran = code_digests(loaded=True)
+    assert "runners/mrv1/runner.py" in ran and "runners/graphs/runner.py" in ran
+    assert set(ran) <= set(code_digests())
 
 
 def test_unchanged_code_is_said_so(cli, tmp_path) -> None:
