@@ -94,6 +94,22 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 
 
 @pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    """The tiny Llama checkpoint (tests/tiny_models.py), a fresh copy the test may damage."""
+    from tiny_models import write_tiny_model
+
+    return write_tiny_model(tmp_path / "tiny")
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama checkpoint, one copy for the session: for tests that only read it."""
+    from tiny_models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("shared") / "tiny")
+
+
+@pytest.fixture
 def base() -> str:
     """A small complete policy: two catalog entries, one env binding, no rules."""
     return MINIMAL

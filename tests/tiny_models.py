@@ -1,14 +1,22 @@
-"""Tiny random checkpoints of every supported architecture, built with transformers, and
-their greedy generations as the oracle (built lazily, once per session)."""
+"""The tests' tiny models, all of one size (the conformance kit's TINY_LLAMA):
+
+- :func:`write_tiny_model`: that Llama as a checkpoint of seeded dummy weights, written
+  without transformers (the ``tiny_model`` fixtures);
+- :class:`TinyModels`: random checkpoints of every supported architecture, built with
+  transformers, and their greedy generations as the oracle (lazily, once per session: the
+  ``tiny_models`` fixture).
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from interlock.conformance import TINY_LLAMA
 from interlock.runners.graphs.buffers import ForwardInputs
 from interlock.runners.mrv1.runner import MRV1Runner
 
@@ -95,16 +103,13 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
     }),
 }
 
+#: TINY_LLAMA's sizes and its initializer_range (larger than the usual 0.02 so logits are
+#: peaked: no near-ties for float noise to flip), with room for longer runs.
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "num_key_value_heads", "initializer_range")
 BASE_CONFIG: dict[str, Any] = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    **{key: TINY_LLAMA[key] for key in SIZES},
     "max_position_embeddings": 256,
-    # Larger than the usual 0.02 so logits are peaked: no near-ties for float noise to flip.
-    "initializer_range": 0.1,
     "bos_token_id": None,
     "eos_token_id": None,
     "pad_token_id": 0,
@@ -180,3 +185,26 @@ class RecordingRunner(MRV1Runner):
         logits = super().compute_logits(inputs)
         self.logits.append(logits.clone())
         return logits
+
+
+def write_tiny_model(directory: Path) -> Path:
+    """TINY_LLAMA as a checkpoint in ``directory`` (created): config.json and a
+    model.safetensors of seeded dummy weights. Returns ``directory``."""
+    from safetensors.torch import save_file
+
+    from interlock.runners.dispatch import build_kernel_table
+    from interlock.runners.model.checkpoint import build_model
+    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.dummy import DummyTensors
+    from interlock.runners.model.weights import checkpoint_shapes
+
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = build_model(
+        parse_config(TINY_LLAMA), build_kernel_table("cpu", "float32"), "float32", "meta",
+        TINY_LLAMA["max_position_embeddings"],
+    )
+    shapes = checkpoint_shapes(model)
+    tensors = DummyTensors(shapes, 0, 0.1)
+    save_file({n: tensors.get(n) for n in shapes}, directory / "model.safetensors")
+    return directory

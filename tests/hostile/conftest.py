@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from plugin_builders import make_dist
+from policy_texts import MINIMAL_BASE, with_rules
 
 from interlock import plugins
 from interlock.core import disk_cache
@@ -51,21 +52,12 @@ def install(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     plugins.reset()
 
 
-POLICY = """\
-schema_version: 1
-version: "h1"
-catalog:
-  DsaModel: {moe: true, attention: dsa}
-  DenseModel: {moe: false, attention: gqa}
-defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
-env:
-  USE_V2: {field: runner, values: {"0": mrv1, "1": mrv2}}
-rules:
+POLICY = with_rules("""\
   - id: dsa-on-mrv1
     when: {attention: dsa, features: {tensor_parallel_size: {gt: 1}}}
     set: {runner: mrv1}
     reason: a reason long enough to pass
-"""
+""", base=MINIMAL_BASE)
 
 
 @pytest.fixture
@@ -73,40 +65,3 @@ def policy_file(tmp_path: Path) -> Path:
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     return path
-
-
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
-
-
-@pytest.fixture
-def tiny_model(tmp_path: Path) -> Path:
-    """A tiny Llama checkpoint (config.json + model.safetensors) a test may damage."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from interlock.runners.dispatch import build_kernel_table
-    from interlock.runners.model.checkpoint import build_model
-    from interlock.runners.model.config import parse_config
-    from interlock.runners.model.dummy import DummyTensors
-    from interlock.runners.model.weights import checkpoint_shapes
-
-    directory = tmp_path / "tiny"
-    directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(TINY))
-    model = build_model(
-        parse_config(TINY), build_kernel_table("cpu", "float32"), "float32", "meta", 64
-    )
-    shapes = checkpoint_shapes(model)
-    tensors = DummyTensors(shapes, 0, 0.1)
-    save_file({n: tensors.get(n) for n in shapes}, directory / "model.safetensors")
-    return directory

@@ -69,7 +69,7 @@ def test_01_foreign_cache_directory_is_refused(
 ) -> None:
     disk_cache.cache_dir().mkdir(mode=0o700)
     monkeypatch.setattr(os, "geteuid", lambda: os.stat(policy_file).st_uid + 1)
-    assert load_policy([policy_file]).version == "h1"
+    assert load_policy([policy_file]).version == "t1"
     assert _entries() == []
     assert "not by you" in capfd.readouterr().err
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from interlock.cli import main
-from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
+from interlock.conformance import TINY_PROMPTS
 from interlock.kernels import REGISTRY, KernelError
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
@@ -48,12 +48,6 @@ def kernel_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "sliced_kernels"
     sys.modules.pop("sliced_kernels", None)
-
-
-@pytest.fixture
-def tiny_model(tmp_path: Path) -> Path:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return tmp_path
 
 
 def declaring(target: str) -> object:

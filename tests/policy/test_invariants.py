@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from policy_texts import MINIMAL_BASE, with_rules
 
 from interlock.core.errors import PolicyError
 from interlock.policy import load_policy, load_policy_text
@@ -15,16 +16,7 @@ from interlock.policy.testfile import parse_tests
 REPO = Path(__file__).resolve().parents[2]
 HISTORY = REPO / "examples" / "history"
 
-POLICY = """\
-schema_version: 1
-version: t
-catalog:
-  DsaModel: {moe: true, attention: dsa}
-  DenseModel: {moe: false, attention: gqa}
-defaults: {runner: mrv2, cudagraph: full_and_piecewise, breakable: false, compile: true}
-env:
-  USE_V2: {field: runner, values: {"0": mrv1, "1": mrv2}}
-rules:
+POLICY = with_rules("""\
   - id: dsa-breakable
     when: {attention: dsa}
     set: {breakable: true}
@@ -33,7 +25,7 @@ rules:
     when: {platform: rocm, architecture: DsaModel}
     set: {runner: mrv1}
     reason: DSA models are faster on MRV1 on ROCm
-"""
+""", base=MINIMAL_BASE)
 
 
 def _invariants(text: str) -> list:

@@ -1,41 +1,16 @@
-"""Bench tests: a tiny dummy-weight Llama and the delay plugin registered for each test."""
+"""Bench tests: the delay plugin registered for each module (the model they time is the
+session's ``shared_tiny_model``, run with dummy weights: speed does not depend on them)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
+from delay_plugin import DelayPlugin
 
 from interlock import plugins
 from interlock.plugins.manager import add_plugin, remove_plugin
-
-sys.path.insert(0, str(Path(__file__).parent))
-from delay_plugin import DelayPlugin  # noqa: E402
-
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "max_position_embeddings": 64,
-    "torch_dtype": "float32",
-}
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A config.json only: run with load_format="dummy" (speed does not depend on weights)."""
-    path = tmp_path_factory.mktemp("tiny-bench-model")
-    (path / "config.json").write_text(json.dumps(TINY_CONFIG))
-    return path
 
 
 @pytest.fixture(scope="module", autouse=True)

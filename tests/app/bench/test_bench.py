@@ -32,11 +32,11 @@ def recovers_known_effects(record: dict[str, Any]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def two_by_two(tiny_model: Path) -> dict[str, Any]:
+def two_by_two(shared_tiny_model: Path) -> dict[str, Any]:
     # 8 blocks: two full balanced squares of the 4 configurations.
     return bench_until(
         lambda: run(
-            tiny_model, vary=TWO_BY_TWO, workload=Workload(trials=8, **QUICK),
+            shared_tiny_model, vary=TWO_BY_TWO, workload=Workload(trials=8, **QUICK),
             load_format="dummy",
         ),
         recovers_known_effects,
@@ -58,10 +58,11 @@ def test_the_two_by_two_recovers_the_known_effects(two_by_two):
     assert fastest["lead"]["significant"]
 
 
-def test_a_null_factor_has_no_effect(tiny_model):
+def test_a_null_factor_has_no_effect(shared_tiny_model):
     record = bench_until(
         lambda: run(
-            tiny_model, vary={"cudagraph": ["none", "piecewise"]}, overrides={"runner": "fast"},
+            shared_tiny_model, vary={"cudagraph": ["none", "piecewise"]},
+            overrides={"runner": "fast"},
             workload=Workload(trials=8, **QUICK), load_format="dummy",
         ),
         lambda record: contains_zero(effect(record, "cudagraph")),
@@ -109,9 +110,9 @@ def test_the_harness_overhead_is_measured_and_small(two_by_two):
     assert overhead["within_limit"]
 
 
-def test_an_unservable_combination_is_skipped_with_the_reason(tiny_model):
+def test_an_unservable_combination_is_skipped_with_the_reason(shared_tiny_model):
     record = run(
-        tiny_model, vary={"runner": ["fast", "rigid"], "breakable": [False, True]},
+        shared_tiny_model, vary={"runner": ["fast", "rigid"], "breakable": [False, True]},
         workload=Workload(prompt_len=4, max_tokens=2, trials=2, warmup=0), load_format="dummy",
     )
     [skipped] = record["skipped"]
@@ -172,10 +173,10 @@ def test_williams_rows_are_a_balanced_latin_square(n):
     assert relabelled[: len(rows)] == relabelled[len(rows) :]
 
 
-def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, tiny_model, tmp_path):
+def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_tiny_model, tmp_path):
     plot, target = tmp_path / "bench.svg", tmp_path / "evidence" / "run.json"
     result = cli(
-        "bench", tiny_model, "--load-format", "dummy", "--vary", "runner=fast,slow",
+        "bench", shared_tiny_model, "--load-format", "dummy", "--vary", "runner=fast,slow",
         "--prompt-len", "4", "--max-tokens", "3", "--trials", "2", "--warmup", "0",
         "--plot", plot, "--record", target,
     )
@@ -186,7 +187,7 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, tiny_mode
     assert result.err.strip().splitlines()[-1] == f"record: {target}"
     record = json.loads(target.read_text())
     assert record["command"] == (
-        f"policy bench {tiny_model} --vary runner=fast,slow --batch-sizes 1 --prompt-len 4 "
+        f"policy bench {shared_tiny_model} --vary runner=fast,slow --batch-sizes 1 --prompt-len 4 "
         "--max-tokens 3 --trials 2 --warmup 0 --seed 0 --dtype auto --load-format dummy"
     )
     assert record["factors"] == {"runner": ["fast", "slow"]}
@@ -201,9 +202,9 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, tiny_mode
     assert 5_000 < len(data) < 2_000_000
 
 
-def test_policy_bench_json_is_the_record(cli, tiny_model, tmp_path):
+def test_policy_bench_json_is_the_record(cli, shared_tiny_model, tmp_path):
     result = cli(
-        "bench", tiny_model, "--load-format", "dummy", "--set", "runner=fast",
+        "bench", shared_tiny_model, "--load-format", "dummy", "--set", "runner=fast",
         "--prompt-len", "4", "--max-tokens", "2", "--trials", "2", "--warmup", "0", "--json",
         "--record", tmp_path / "r.json",
     )
@@ -223,9 +224,10 @@ def test_policy_bench_json_is_the_record(cli, tiny_model, tmp_path):
         (("--plot", "x.gif", "--vary", "runner=fast,slow"), "must end in .svg or .png"),
     ],
 )
-def test_policy_bench_input_errors(cli, tiny_model, tmp_path, argv, message):
+def test_policy_bench_input_errors(cli, shared_tiny_model, tmp_path, argv, message):
     result = cli(
-        "bench", tiny_model, "--load-format", "dummy", "--prompt-len", "2", "--max-tokens", "2",
+        "bench", shared_tiny_model, "--load-format", "dummy", "--prompt-len", "2",
+        "--max-tokens", "2",
         "--trials", "2", "--warmup", "0", "--record", tmp_path / "r.json", *argv,
     )
     assert result.code == 1
@@ -233,9 +235,9 @@ def test_policy_bench_input_errors(cli, tiny_model, tmp_path, argv, message):
     assert "Traceback" not in result.err
 
 
-def test_a_text_prompt_needs_the_models_tokenizer(cli, tiny_model, tmp_path):
+def test_a_text_prompt_needs_the_models_tokenizer(cli, shared_tiny_model, tmp_path):
     result = cli(
-        "bench", tiny_model, "--load-format", "dummy", "--prompt", "hello there",
+        "bench", shared_tiny_model, "--load-format", "dummy", "--prompt", "hello there",
         "--max-tokens", "2", "--trials", "2", "--record", tmp_path / "r.json",
     )
     assert result.code == 1

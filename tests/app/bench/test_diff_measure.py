@@ -36,17 +36,17 @@ def write(tmp_path: Path, name: str, when: str = "{architecture: LlamaForCausalL
     return path
 
 
-def test_a_switch_to_the_slow_runner_fails_the_gate(cli, tiny_model, tmp_path):
+def test_a_switch_to_the_slow_runner_fails_the_gate(cli, shared_tiny_model, tmp_path):
     old = write(tmp_path, "old.yaml")
     new = write(tmp_path, "new.yaml", runner="slow", dsa_runner="slow")
-    result = cli("diff", old, new, "--measure", "--model", tiny_model, "--max-regression", "5",
-                 *WORKLOAD)
+    result = cli("diff", old, new, "--measure", "--model", shared_tiny_model,
+                 "--max-regression", "5", *WORKLOAD)
     assert result.code == 1, result.err
     assert "runner: fast → slow" in result.out
     assert "old: runner=fast" in result.out and "new: runner=slow" in result.out
     assert "a regression beyond 5 %" in result.out
     assert "unmeasured: " in result.out and "on rocm: this machine is cpu" in result.out
-    document = cli("diff", old, new, "--measure", "--model", tiny_model, "--json",
+    document = cli("diff", old, new, "--measure", "--model", shared_tiny_model, "--json",
                    *WORKLOAD).json()
     [entry] = document["measure"]["measured"]
     # +30 ms on a step of a few ms: far beyond 5 %, however busy the machine.
@@ -55,11 +55,11 @@ def test_a_switch_to_the_slow_runner_fails_the_gate(cli, tiny_model, tmp_path):
     assert Path(document["measure"]["record"]).is_file()
 
 
-def test_an_equivalent_rewrite_passes_the_gate(cli, tiny_model, tmp_path):
+def test_an_equivalent_rewrite_passes_the_gate(cli, shared_tiny_model, tmp_path):
     old = write(tmp_path, "old.yaml")
     new = write(tmp_path, "new.yaml", when="{family: llama}")
-    result = cli("diff", old, new, "--measure", "--model", tiny_model, "--max-regression", "5",
-                 *WORKLOAD)
+    result = cli("diff", old, new, "--measure", "--model", shared_tiny_model,
+                 "--max-regression", "5", *WORKLOAD)
     assert result.code == 0, result.err
     assert "old and new decide alike here (runner=fast" in result.out
     assert "unmeasured" not in result.out

@@ -39,9 +39,9 @@ def policy_text(
 
 
 @pytest.fixture(scope="module")
-def record(tiny_model: Path) -> dict[str, Any]:
+def record(shared_tiny_model: Path) -> dict[str, Any]:
     return run(
-        tiny_model, vary={"runner": ["fast", "slow"]},
+        shared_tiny_model, vary={"runner": ["fast", "slow"]},
         workload=Workload(prompt_len=4, max_tokens=4, trials=5, warmup=0), load_format="dummy",
     )
 
