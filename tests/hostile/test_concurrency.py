@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from interlock.core import disk_cache
 from interlock.policy import load_policy, make_context, resolve
 
@@ -17,6 +19,7 @@ ROUNDS = int(os.environ.get("INTERLOCK_CONCURRENCY_ROUNDS", "20"))
 ARGV = ["explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--gfx", "gfx950", "--json"]
 
 
+@pytest.mark.slow
 def test_concurrent_cold_explains_share_one_cache(tmp_path: Path, monkeypatch) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     env.pop("INTERLOCK_NO_PLUGIN_CACHE", None)

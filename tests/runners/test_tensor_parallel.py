@@ -83,6 +83,8 @@ def one_rank(job: Job) -> list[list[int]]:
     return run_job(job, 1, PROMPTS)
 
 
+# slow: the module's group of two ranks runs every job (about a minute) for the first of these.
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize(("runner", "mode"), DECISIONS)
 @pytest.mark.parametrize("name", MODELS)
