@@ -25,9 +25,10 @@ def test_few_trials_make_no_claim_however_large_the_effect() -> None:
     assert few.estimate.to_dict()["significant"] is False
 
 
-def test_bench_with_three_trials_refuses_the_claim(cli, tiny_model, tmp_path) -> None:
+def test_bench_with_three_trials_refuses_the_claim(cli, shared_tiny_model, tmp_path) -> None:
     plot, record = tmp_path / "few.svg", tmp_path / "few.json"
-    res = cli("bench", tiny_model, *ARGS, "--trials", "3", "--plot", plot, "--record", record)
+    res = cli("bench", shared_tiny_model, *ARGS, "--trials", "3", "--plot", plot,
+              "--record", record)
     assert res.code == 0, res.err
     assert f"(no claim: fewer than {MIN_TRIALS} trials)" in res.out
     assert f"significance: not claimed, 3 trials per configuration is fewer than {MIN_TRIALS}"\
@@ -40,9 +41,9 @@ def test_bench_with_three_trials_refuses_the_claim(cli, tiny_model, tmp_path) ->
     assert f"n/a: fewer than {MIN_TRIALS} trials, no significance claimed" in svg
 
 
-def test_bench_with_enough_trials_marks_significance(cli, tiny_model, tmp_path) -> None:
+def test_bench_with_enough_trials_marks_significance(cli, shared_tiny_model, tmp_path) -> None:
     plot, record = tmp_path / "enough.svg", tmp_path / "enough.json"
-    res = cli("bench", tiny_model, *ARGS, "--trials", str(MIN_TRIALS), "--plot", plot,
+    res = cli("bench", shared_tiny_model, *ARGS, "--trials", str(MIN_TRIALS), "--plot", plot,
               "--record", record)
     assert res.code == 0, res.err
     assert "runner fast→slow: +" in res.out and "(significant)" in res.out
