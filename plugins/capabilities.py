@@ -44,8 +44,9 @@ class CapabilityError(PolicyError):
     itself (platform, features, facts) is what no runner on the chain can serve.
     """
 
-    def __init__(self, message: str, *, forced: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, forced: tuple[str, ...] = (),
+                 details: tuple[str, ...] = ()) -> None:
+        super().__init__(message, details=details)
         self.forced = forced
 
 
@@ -269,13 +270,12 @@ def _unservable(
             f"{what}: runner={given.value} ({_origin(given)}) and its fallbacks "
             f"({' -> '.join(tried)}):"
         )
-    lines = [
-        head,
+    details = (
         *(f"  - {text}" for items in tried.values() for _, text in items),
         "to choose otherwise:",
         *(f"  - {hint}" for hint in _alternatives(draft, registry, at_fault, forced, tried)),
-    ]
-    return CapabilityError("\n".join(lines), forced=tuple(at_fault))
+    )
+    return CapabilityError(head, forced=tuple(at_fault), details=details)
 
 
 def _alternatives(

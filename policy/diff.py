@@ -142,7 +142,7 @@ def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str |
     try:
         return resolve(policy, context), None
     except PolicyError as exc:
-        return None, exc.message
+        return None, "\n".join([exc.message, *exc.details])
 
 
 def _outcome_side(error: str | None) -> Side:

@@ -64,9 +64,13 @@ class PolicyError(InterlockError):
         col: int | None = None,
         path: str | None = None,
         more: tuple[PolicyError, ...] = (),
+        details: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.message = message
+        #: Lines of interlock's own that follow the message (a list of what failed, the
+        #: ways out); each is one line, like the message, whatever values it quotes.
+        self.details = details
         self.file = file
         self.line = line
         self.col = col
@@ -97,7 +101,8 @@ class PolicyError(InterlockError):
         return one_line(": ".join([*prefix, self.message]))
 
     def __str__(self) -> str:
-        return "\n".join([self._one_line(), *(e._one_line() for e in self.more)])
+        own = [self._one_line(), *map(one_line, self.details)]
+        return "\n".join([*own, *(str(e) for e in self.more)])
 
 
 def dotted(path: tuple[str | int, ...]) -> str:
