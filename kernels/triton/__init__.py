@@ -28,6 +28,7 @@ KERNELS = {
     "paged_decode_attention": "interlock.kernels.triton.attention:paged_decode_attention",
     "moe_route": "interlock.kernels.triton.moe:moe_route",
     "moe_experts": "interlock.kernels.triton.moe:moe_experts",
+    "store_latent_cache": "interlock.kernels.triton.mla:store_latent_cache",
     "mla_decode_attention": "interlock.kernels.triton.mla:mla_decode_attention",
     "moe_grouped_route": "interlock.kernels.triton.mla:moe_grouped_route",
     "sample": "interlock.kernels.triton.sampling:sample",

@@ -1,4 +1,8 @@
-"""Multi-head latent attention decode over the paged latent cache, and DeepSeek routing.
+"""Multi-head latent attention over the paged latent cache (its store and decode), and
+DeepSeek routing.
+
+Store: one program per token writes its latent then its rotary key into its slot; a
+padding token (slot -1) writes nothing. No host sync, so it is captured in CUDA graphs.
 
 Decode (absorbed form): W_UK is folded into the query and W_UV applied to the attended
 latent with batched GEMMs around the kernel; the kernel attends each head's query over the
@@ -143,6 +147,60 @@ def mla_decode_attention(
     )
     # W_UV after attention: [H, B, L] x [H, L, Dv].
     return torch.bmm(attended.transpose(0, 1), kv_b[:, nope:].transpose(1, 2)).transpose(0, 1)
+
+
+@triton.jit
+def _store_latent_kernel(
+    latent_ptr,
+    latent_stride,
+    k_pe_ptr,
+    k_pe_stride,
+    cache_ptr,
+    cache_block_stride,
+    cache_slot_stride,
+    slot_mapping_ptr,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    # A padding token (slot -1) moves nothing.
+    latent_count = tl.where(slot >= 0, RANK, 0)
+    rope_count = tl.where(slot >= 0, ROPE, 0)
+    dst = cache_ptr + (slot // BLOCK_SIZE) * cache_block_stride + (slot % BLOCK_SIZE) * (
+        cache_slot_stride)
+    lat = tl.arange(0, BLOCK_L)
+    lat_mask = lat < latent_count
+    values = tl.load(latent_ptr + token * latent_stride + lat, mask=lat_mask)
+    tl.store(dst + lat, values.to(cache_ptr.dtype.element_ty), mask=lat_mask)
+    rot = tl.arange(0, BLOCK_R)
+    rot_mask = rot < rope_count
+    values = tl.load(k_pe_ptr + token * k_pe_stride + rot, mask=rot_mask)
+    tl.store(dst + RANK + rot, values.to(cache_ptr.dtype.element_ty), mask=rot_mask)
+
+
+def store_latent_cache(
+    latent: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """``reference.store_latent_cache``: latent [T, L] and k_pe [T, R] into cache
+    [NB, BS, L + R] at flat slots; slot -1 is padding."""
+    for name, t in (("latent", latent), ("k_pe", k_pe), ("cache", cache),
+                    ("slot_mapping", slot_mapping)):
+        unit_stride(name, t)
+    rank, rope = latent.shape[1], k_pe.shape[1]
+    if cache.shape[2] != rank + rope:
+        raise ValueError(f"store_latent_cache: cache {tuple(cache.shape)} for latents of "
+                         f"{rank} and rotary keys of {rope}")
+    if latent.shape[0] == 0:
+        return
+    _store_latent_kernel[(latent.shape[0],)](
+        latent, latent.stride(0), k_pe, k_pe.stride(0), cache, cache.stride(0),
+        cache.stride(1), slot_mapping, RANK=rank, ROPE=rope, BLOCK_SIZE=cache.shape[1],
+        BLOCK_L=triton.next_power_of_2(rank), BLOCK_R=triton.next_power_of_2(rope),
+    )
 
 
 _SCORING = {"softmax": 0, "sigmoid": 1}

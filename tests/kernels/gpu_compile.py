@@ -109,6 +109,8 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
             randn(t, 128, 128), randn(t, 128, 64), latent_cache, randn(128, 256, 512), tables,
             lens, starts, topk, 0.1),
         # DeepSeek-V3's MLA on 8 ranks (16 heads each), its latent cache and routing.
+        "store_latent_cache/deepseek-v3": lambda: mla.store_latent_cache(
+            randn(t, 512), randn(t, 64), randn(blocks, bs, 512 + 64), torch.arange(t)),
         "mla_decode_attention/deepseek-v3": lambda: mla.mla_decode_attention(
             randn(t, 16, 128), randn(t, 16, 64), randn(blocks, bs, 512 + 64),
             randn(16, 128 + 128, 512), tables, lens, 0.1),

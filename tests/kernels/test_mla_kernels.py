@@ -42,6 +42,29 @@ def _latent_case(gen: torch.Generator, data: st.DataObject, dtype: torch.dtype):
 
 
 @settings(max_examples=12, deadline=None)
+@given(tokens=st.integers(0, 9), rank=st.sampled_from([8, 16, 40]),
+       rope=st.sampled_from([4, 8, 16]), block_size=st.sampled_from([1, 4, 16]),
+       dtype=st.sampled_from(DTYPES), data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_store_latent_cache(tokens: int, rank: int, rope: int, block_size: int,
+                            dtype: torch.dtype, data: st.DataObject, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 10  # at least as many slots as tokens
+    slots = data.draw(st.lists(st.integers(0, num_blocks * block_size - 1), min_size=tokens,
+                               max_size=tokens, unique=True))
+    # Some tokens are padding (slot -1): they must leave the cache alone.
+    padding = data.draw(st.lists(st.booleans(), min_size=tokens, max_size=tokens))
+    mapping = torch.tensor([-1 if p else s for s, p in zip(slots, padding, strict=True)],
+                           dtype=torch.int64, device=DEVICE)
+    latent = randn(gen, tokens, rank, dtype=dtype)
+    k_pe = randn(gen, tokens, rope, dtype=dtype)
+    cache = randn(gen, num_blocks, block_size, rank + rope, dtype=dtype)
+    expected = cache.clone()
+    torch_op("store_latent_cache")(latent, k_pe, expected, mapping)
+    triton_op("store_latent_cache", dtype)(latent, k_pe, cache, mapping)
+    assert torch.equal(cache, expected)
+
+
+@settings(max_examples=12, deadline=None)
 @given(data=st.data(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))
 def test_mla_decode_attention(data: st.DataObject, dtype: torch.dtype, seed: int) -> None:
     args = _latent_case(torch.Generator().manual_seed(seed), data, dtype)
