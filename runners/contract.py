@@ -113,6 +113,9 @@ class ScheduledSequence:
     sampling: Sampling
     step: int  # number of tokens this request has generated so far
     sample: bool = True  # False for a prefill chunk that does not reach the prompt's end
+    #: The request's slot of the recurrent-state pool (models with linear attention), -1
+    #: for a model without one.
+    state_slot: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -179,6 +182,11 @@ class KVCacheReport:
     per_head_bytes_per_token: int  # what per-head K and V of the same model would take
     num_blocks: int
     block_size: int
+    #: The linear-attention layers, whose state is per request (the recurrent-state pool:
+    #: ``state_slots`` slots of ``state_bytes_per_request``), not in the paged blocks.
+    linear_layers: tuple[int, ...] = ()
+    state_bytes_per_request: int = 0
+    state_slots: int = 0
 
     @property
     def tokens(self) -> int:

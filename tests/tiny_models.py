@@ -101,6 +101,17 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
                          "mscale_all_dim": 0.8, "original_max_position_embeddings": 64},
     }),
+    # Kimi Linear: 3 KDA layers then MLA without rotary, written as the released
+    # checkpoints write it (linear_attn_config, numbered layers, transformers' aliases); the
+    # first layer dense (first_k_dense_replace defaults to 1).
+    "kimi_linear": ("kimi_linear", "KimiLinearForCausalLM", {
+        "num_hidden_layers": 4, "num_key_value_heads": 4, "q_lora_rank": None,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12,
+        "num_experts": 4, "num_experts_per_token": 2, "moe_intermediate_size": 32,
+        "num_shared_experts": 1,
+        "linear_attn_config": {"head_dim": 16, "num_heads": 2, "short_conv_kernel_size": 4,
+                               "kda_layers": [1, 2, 3], "full_attn_layers": [4]},
+    }),
 }
 
 #: TINY_LLAMA's sizes and its initializer_range (larger than the usual 0.02 so logits are

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from interlock.core.errors import InputError
 from interlock.runners.contract import KVCacheSpec, ModelSpec
-from interlock.runners.model.cache_spec import elements_per_token
+from interlock.runners.model.cache_spec import elements_per_token, state_pool_bytes
 from interlock.runners.model.config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -45,7 +45,9 @@ def plan_kv_cache(
     """Size the cache of running ``model`` from ``num_blocks`` or a byte budget (default
     512 MiB) per rank.
 
-    Without ``num_blocks`` the budget is capped at what ``model.max_num_seqs``
+    The recurrent-state pool of a model with linear attention (``cache_spec.state_spec``,
+    a slot per ``max_num_seqs``) comes out of the byte budget first: both kinds of cache
+    share it. Without ``num_blocks`` the budget is capped at what ``model.max_num_seqs``
     sequences of ``model.max_model_len`` tokens can use. Every rank of a tensor-parallel
     run holds the same blocks (its KV heads of them), so one block table serves all.
     """
@@ -57,6 +59,7 @@ def plan_kv_cache(
         raise KVCacheError("give num_blocks or kv_cache_memory, not both")
     if num_blocks is None:
         budget = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
+        budget -= state_pool_bytes(config, DTYPE_BYTES[dtype], max_num_seqs)
         per_block = bytes_per_block(config, dtype, block_size, model.tensor_parallel_size)
         num_blocks = min(budget // per_block, max_num_seqs * blocks_for(max_model_len, block_size))
         if num_blocks < 1:

@@ -36,6 +36,7 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    state_slot: int = -1  # its recurrent-state pool slot while running (-1: none)
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,13 @@ request is preempted: its blocks are freed and it goes back to the front of
 the queue, to be recomputed from its prompt and the tokens it already has.
 The oldest request is never preempted by a younger one, and every admitted
 request fits the cache alone, so every request finishes.
+
+A model with linear-attention layers also keeps per-request recurrent state
+(``cache_spec.state_spec``): a running request holds one slot of that pool, taken at
+admission and given back when it finishes or is preempted (it then recomputes from its
+prompt into whichever slot it gets next, starting from zeros). The pool has a slot per
+``max_num_seqs``, so admission never waits on one, and its memory is taken off the KV
+budget (``kv_cache.plan_kv_cache``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from interlock.runners.contract import (
 )
 from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
 from interlock.runners.engine.request import FinishReason, Request, RequestStatus
+from interlock.runners.model.cache_spec import state_spec
 
 
 class RequestRejected(InputError):
@@ -41,6 +49,10 @@ class Scheduler:
     def __init__(self, model: ModelSpec, kv_cache: KVCacheSpec) -> None:
         self.model, self.kv_cache = model, kv_cache
         self.allocator = BlockAllocator(kv_cache.num_blocks)
+        self.has_state = state_spec(model.config) is not None
+        self.free_state_slots: deque[int] = deque(
+            range(model.max_num_seqs) if self.has_state else ()
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._scheduled: list[tuple[Request, int]] = []
@@ -104,6 +116,8 @@ class Scheduler:
             if not self._reserve(request, request.num_computed_tokens + count):
                 break
             self.waiting.popleft()
+            if self.has_state:
+                request.state_slot = self.free_state_slots.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled.append((request, count))
@@ -123,6 +137,7 @@ class Scheduler:
             sampling=Sampling(params.temperature, params.top_k, params.top_p, request.seed),
             step=len(request.output_token_ids),
             sample=start + count == request.num_tokens,
+            state_slot=request.state_slot,
         )
 
     def update(self, output: RunnerOutput, now: float) -> list[Request]:
@@ -182,4 +197,7 @@ class Scheduler:
     def _release(self, request: Request) -> None:
         self.allocator.free(request.block_table)
         request.block_table = []
+        if request.state_slot >= 0:
+            self.free_state_slots.append(request.state_slot)
+            request.state_slot = -1
         self._released.append(request.request_id)

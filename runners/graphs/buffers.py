@@ -50,6 +50,7 @@ class StaticInputs:
         self.seq_lens = zeros(max_seqs, dtype=torch.int32)
         self.query_start_loc = zeros(max_seqs + 1, dtype=torch.int32)
         self.logits_indices = zeros(max_seqs, dtype=torch.int64)
+        self.state_slots = zeros(max_seqs, dtype=torch.int64)
 
     def view(self, tokens: int, seqs: int, decode_only: bool) -> ForwardInputs:
         return ForwardInputs(
@@ -61,6 +62,7 @@ class StaticInputs:
                 seq_lens=self.seq_lens[:seqs],
                 query_start_loc=self.query_start_loc[: seqs + 1],
                 decode_only=decode_only,
+                state_slots=self.state_slots[:seqs],
             ),
             logits_indices=self.logits_indices[:seqs],
         )
@@ -75,3 +77,4 @@ class StaticInputs:
         # Each padding sequence owns one padding token while tokens last (as in real batches).
         self.query_start_loc[: seqs + 1] = torch.arange(seqs + 1).clamp_(max=tokens)
         self.logits_indices[:seqs] = 0
+        self.state_slots[:seqs] = -1  # the state pool's scratch slot

@@ -41,6 +41,7 @@ from interlock.runners.machine import why_missing
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.kv_cache import allocate_kv_cache, kv_cache_report
+from interlock.runners.model.state_pool import allocate_state_pool
 from interlock.runners.parallel.group import current as current_group
 
 
@@ -117,7 +118,11 @@ class GraphRunner(ABC):
             model.config, kv_cache, model.dtype, self.device, tp.size
         )
         self.model.bind_kv_cache(self.kv_caches)
-        self.kv_cache_report = kv_cache_report(model.config, model.dtype, kv_cache, tp.size)
+        self.state_pool = allocate_state_pool(model.config, model.max_num_seqs, model.dtype,
+                                              self.device)
+        self.model.bind_state_pool(self.state_pool)
+        self.kv_cache_report = kv_cache_report(model.config, model.dtype, kv_cache, tp.size,
+                                               model.max_num_seqs)
         self.setup(model, kv_cache)
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,

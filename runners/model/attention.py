@@ -54,6 +54,9 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] int32: cached + new tokens per sequence, 0 = padding
     query_start_loc: torch.Tensor  # [B+1] int32: offsets of each sequence's new tokens
     decode_only: bool  # every sequence feeds exactly one token (T == B)
+    #: [B] int64: each sequence's slot of the recurrent-state pool (``state_pool``; -1 for
+    #: padding: the pool's scratch slot), for a model with linear-attention layers.
+    state_slots: torch.Tensor | None = None
 
 
 class AttentionSplit(Protocol):

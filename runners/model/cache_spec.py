@@ -48,7 +48,10 @@ class LayerCache:
 
 
 def layer_cache(config: ModelConfig, layer: int, tensor_parallel_size: int = 1) -> LayerCache:
-    """What layer ``layer`` caches per token on one rank."""
+    """What layer ``layer`` caches per token on one rank (nothing for a linear-attention
+    layer: its state is per request, ``state_spec``)."""
+    if config.is_linear(layer):
+        return LayerCache(())
     mla = config.mla
     if mla is not None:
         latent = CacheTensor("latent", (mla.kv_lora_rank + mla.qk_rope_head_dim,))
@@ -67,6 +70,44 @@ def layer_caches(config: ModelConfig, tensor_parallel_size: int = 1) -> tuple[La
     return tuple(layer_cache(config, i, tensor_parallel_size) for i in range(config.num_layers))
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """What one slot of the recurrent-state pool holds per linear-attention layer (the other
+    kind of cache: per request, of fixed size, not per token): the short convolution's last
+    ``conv_kernel - 1`` inputs of q, k and v, in the model's dtype, and the KDA state
+    [heads, head_dim, head_dim], in float32 (the delta rule accumulates in it)."""
+
+    layers: tuple[int, ...]
+    conv: tuple[int, ...]
+    recurrent: tuple[int, ...]
+
+    def bytes_per_slot(self, itemsize: int) -> int:
+        return len(self.layers) * (math.prod(self.conv) * itemsize
+                                   + math.prod(self.recurrent) * 4)
+
+
+def pool_slots(max_num_seqs: int) -> int:
+    """Slots of the state pool of an engine of ``max_num_seqs``: one per sequence, and a
+    scratch slot (the last) that padding rows of a graph step use."""
+    return max_num_seqs + 1
+
+
+def state_pool_bytes(config: ModelConfig, dtype_bytes: int, max_num_seqs: int) -> int:
+    """The recurrent-state pool's size (0 for a model without linear attention)."""
+    spec = state_spec(config)
+    return 0 if spec is None else pool_slots(max_num_seqs) * spec.bytes_per_slot(dtype_bytes)
+
+
+def state_spec(config: ModelConfig) -> StateSpec | None:
+    """The pool slot of a model with linear-attention layers; None without."""
+    linear = config.linear
+    if linear is None or not linear.linear_layers:
+        return None
+    width = linear.num_heads * linear.head_dim
+    return StateSpec(linear.linear_layers, (3 * width, linear.conv_kernel - 1),
+                     (linear.num_heads, linear.head_dim, linear.head_dim))
+
+
 def elements_per_token(config: ModelConfig, tensor_parallel_size: int = 1) -> int:
     """Cache elements one token takes over every layer, on one rank."""
     return sum(c.elements_per_token for c in layer_caches(config, tensor_parallel_size))
@@ -75,8 +116,9 @@ def elements_per_token(config: ModelConfig, tensor_parallel_size: int = 1) -> in
 def per_head_elements_per_token(config: ModelConfig) -> int:
     """What the same model would cache per token (every layer, unsplit) with per-head K
     and V: for MLA, K of ``qk_nope + qk_rope`` and V of ``v_head_dim`` per head, as the
-    expanded attention computes them."""
+    expanded attention computes them; linear-attention layers cache no tokens either way."""
+    layers = sum(not config.is_linear(i) for i in range(config.num_layers))
     mla = config.mla
     if mla is None:
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim
-    return config.num_layers * config.num_heads * (mla.qk_head_dim + mla.v_head_dim)
+        return 2 * layers * config.num_kv_heads * config.head_dim
+    return layers * config.num_heads * (mla.qk_head_dim + mla.v_head_dim)

@@ -108,6 +108,9 @@ class MLAConfig:
     v_head_dim: int
     rope_interleave: bool  # the checkpoint's rotary dims are pairs (x0, x1), (x2, x3), ...
     softmax_scale: float  # qk_head_dim ** -0.5, times yarn's mscale(mscale_all_dim) squared
+    #: Whether the ``qk_rope_head_dim`` part is rotated; False: kept as it is (Kimi Linear's
+    #: MLA has no positional encoding, its KDA layers carry position).
+    rotary: bool = True
 
     @property
     def qk_head_dim(self) -> int:
@@ -131,6 +134,25 @@ class DSAConfig:
     top_k: int
     indexer_layers: tuple[bool, ...]
     rope_interleave: bool
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Kimi Delta Attention (KDA) layers of a hybrid model (Kimi Linear): ``num_heads`` heads
+    of ``head_dim`` (queries, keys and values alike), a depthwise causal convolution of
+    ``conv_kernel`` taps over q, k and v, and per request a fixed-size recurrent state
+    (``interlock.runners.model.state_pool``) instead of paged KV.
+
+    ``layers``: per layer, whether it is a KDA layer (the others are MLA)."""
+
+    num_heads: int
+    head_dim: int
+    conv_kernel: int
+    layers: tuple[bool, ...]
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, linear in enumerate(self.layers) if linear)
 
 
 @dataclass(frozen=True)
@@ -161,6 +183,11 @@ class ModelConfig:
     # Multi-token-prediction layers after the decoder layers in the checkpoint (not run).
     mtp_layers: int = 0
     dsa: DSAConfig | None = None  # None: attention over every cached position
+    linear: LinearAttentionConfig | None = None  # None: no linear-attention layers
+
+    def is_linear(self, layer: int) -> bool:
+        """Whether ``layer`` is a linear-attention (KDA) layer, with recurrent state."""
+        return self.linear is not None and self.linear.layers[layer]
 
 
 #: ``bad(key, value, allowed)``: the error for an unsupported value, naming the file.
@@ -233,6 +260,13 @@ class RawConfig(BaseModel):
     index_topk_freq: int | None = None
     index_skip_topk_offset: int | None = None
     mlp_layer_types: list[str] | None = None
+    # Kimi Linear: its KDA layers' sizes (transformers 5.24 also takes them from the
+    # ``linear_attn_config`` of the released checkpoints, with ``kda_layers`` /
+    # ``full_attn_layers`` numbered from 1).
+    linear_num_heads: PositiveInt | None = None
+    linear_head_dim: PositiveInt | None = None
+    linear_conv_kernel_dim: PositiveInt | None = None
+    linear_attn_config: dict[str, Any] | None = None
     torch_dtype: str | None = None
     dtype: str | None = None
     initializer_range: float = 0.02
@@ -278,8 +312,13 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
             f"{source}: architecture {shown(architecture)} is not supported; supported: "
             + ", ".join(families.architectures())
         )
+    raw = {**raw}
+    for alias, key in family.aliases.items():
+        # transformers' attribute_map: the config.json it writes spells the key ``alias``.
+        if alias in raw and key not in raw:
+            raw[key] = raw.pop(alias)
     try:
-        cfg = RawConfig.model_validate(dict(raw))
+        cfg = RawConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
@@ -373,6 +412,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         eos_token_ids=_eos_ids(cfg.eos_token_id),
         mtp_layers=(cfg.num_nextn_predict_layers or 0) if family.mtp_layers else 0,
         dsa=None if family.dsa is None else family.dsa(cfg, mla, bad),
+        linear=None if family.linear is None else family.linear(cfg, bad),
     )
 
 

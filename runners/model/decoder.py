@@ -30,6 +30,7 @@ from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.dsa import DSASelfAttention, index_cos_sin_cache, link_selections
 from interlock.runners.model.families import checkpoint_names
+from interlock.runners.model.kda import KDASelfAttention, KDAttention
 from interlock.runners.model.layers import (
     CheckpointSlots,
     DenseMLP,
@@ -43,6 +44,7 @@ from interlock.runners.model.mla import MLASelfAttention
 from interlock.runners.model.moe import DeepseekMoE, SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
 from interlock.runners.model.sharding import ShardPlan, plan_shards
+from interlock.runners.model.state_pool import StateTensors
 from interlock.runners.parallel.group import SINGLE, TensorParallel
 
 Tensor: TypeAlias = torch.Tensor
@@ -79,8 +81,10 @@ class DecoderLayer(nn.Module):
         self.eps = config.rms_norm_eps
         self.input_norm = empty_weight(config.hidden_size)
         self.post_attention_norm = empty_weight(config.hidden_size)
-        self.self_attn: SelfAttention | MLASelfAttention
-        if index_cos_sin is not None:
+        self.self_attn: SelfAttention | MLASelfAttention | KDASelfAttention
+        if config.is_linear(index):
+            self.self_attn = KDASelfAttention(config, index, ops, tp)
+        elif index_cos_sin is not None:
             self.self_attn = DSASelfAttention(config, index, ops, cos_sin, tp, plan,
                                               index_cos_sin)
         elif config.mla is not None:
@@ -88,9 +92,9 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
         self.mlp: DenseMLP | SparseMoE | DeepseekMoE
-        self.mlp_prefix = "mlp"
+        names = checkpoint_names(config.architecture)
+        self.mlp_prefix = names.dense_block
         if config.moe is not None and index in config.moe.sparse_layers:
-            names = checkpoint_names(config.architecture)
             self.mlp_prefix = names.moe_block
             if config.moe.routing is not None:
                 self.mlp = DeepseekMoE(config, ops, names.experts, tp)
@@ -240,6 +244,17 @@ class CausalLM(nn.Module):
             raise ValueError(f"{len(caches)} KV caches for {len(layers)} attention layers")
         for layer, tensors in zip(layers, caches, strict=True):
             layer.bind_cache(*tensors)
+
+    def bind_state_pool(self, pool: StateTensors) -> None:
+        """Give each linear-attention layer its tensors of the recurrent-state pool
+        (``state_pool.allocate_state_pool``)."""
+        linear = {layer.layer_index: layer for layer in self.attention_layers
+                  if isinstance(layer, KDAttention)}
+        if set(linear) != set(pool):
+            raise ValueError(f"state pool for layers {sorted(pool)}, linear-attention layers "
+                             f"are {sorted(linear)}")
+        for index, (conv, recurrent) in pool.items():
+            linear[index].bind_state(conv, recurrent)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata

@@ -18,6 +18,7 @@ from interlock.runners.model.config import (
     TOPK_METHODS,
     Bad,
     DSAConfig,
+    LinearAttentionConfig,
     MLAConfig,
     MoEConfig,
     RawConfig,
@@ -36,6 +37,9 @@ MLARule = Callable[[RawConfig, RopeConfig, Bad], MLAConfig]
 #: ``(config, its MLA) -> DSAConfig`` for a family with DeepSeek sparse attention
 #: (``interlock.runners.model.family_dsa``).
 DSARule = Callable[[RawConfig, MLAConfig | None, Bad], DSAConfig]
+#: ``config -> LinearAttentionConfig`` for a hybrid family with linear-attention layers
+#: (``interlock.runners.model.families.kimi_linear``).
+LinearRule = Callable[[RawConfig, Bad], LinearAttentionConfig]
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class CheckpointNames:
     """Where a family's checkpoint puts what the shared layers hold (under ``model.layers.N``)."""
 
     moe_block: str = "mlp"  # the routed MLP's prefix
+    dense_block: str = "mlp"  # the dense MLP's prefix
     experts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
 
 
@@ -194,14 +199,15 @@ def positive(cfg: RawConfig, key: str, default: int | None, bad: Bad) -> int:
     return value
 
 
-def mla_attention(defaults: MLADefaults, interleave_key: bool) -> MLARule:
+def mla_attention(defaults: MLADefaults, interleave_key: bool, rotary: bool = True) -> MLARule:
     """DeepSeek's MLA keys. ``interleave_key``: the family reads ``rope_interleave``
     (DeepSeek V3, default true); without it the rotary dims are always interleaved pairs
     (DeepSeek V2 rotates them as complex numbers).
 
     The softmax scale is ``qk_head_dim ** -0.5``, and for any rope scaling but the default
     with a nonzero ``mscale_all_dim``, times ``(0.1 * mscale_all_dim * ln(factor) + 1) ** 2``
-    (1 for a factor <= 1): yarn's temperature, applied to the logits as transformers does."""
+    (1 for a factor <= 1): yarn's temperature, applied to the logits as transformers does.
+    ``rotary``: False for an MLA without positional encoding (the rope part is kept as is)."""
 
     def rule(cfg: RawConfig, rope: RopeConfig, bad: Bad) -> MLAConfig:
         q_lora = given(cfg, "q_lora_rank", defaults.q_lora_rank)
@@ -227,6 +233,7 @@ def mla_attention(defaults: MLADefaults, interleave_key: bool) -> MLARule:
             v_head_dim=positive(cfg, "v_head_dim", defaults.v_head_dim, bad),
             rope_interleave=interleave,
             softmax_scale=scale,
+            rotary=rotary,
         )
 
     return rule
@@ -395,6 +402,10 @@ class Family:
     moe: MoERule | None = None  # None: dense MLP in every layer
     mla: MLARule | None = None  # None: per-head K/V attention
     dsa: DSARule | None = None  # None: attention over every cached position
+    linear: LinearRule | None = None  # None: no linear-attention layers
+    #: transformers' ``attribute_map`` of the family's config: the key config.json spells
+    #: -> the key read here (Kimi Linear writes ``num_experts_per_token``, ...).
+    aliases: Mapping[str, str] = field(default_factory=dict)
     #: ``layer_tensor_kind`` -> the config keys its shape follows (named in the error when a
     #: checkpoint's shape disagrees with the config).
     shape_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

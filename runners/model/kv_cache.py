@@ -11,6 +11,8 @@ from interlock.runners.model.cache_spec import (
     elements_per_token,
     layer_caches,
     per_head_elements_per_token,
+    pool_slots,
+    state_spec,
 )
 from interlock.runners.model.checkpoint import DTYPES
 from interlock.runners.model.config import ModelConfig
@@ -59,10 +61,14 @@ def allocate_kv_cache(
 
 
 def kv_cache_report(
-    config: ModelConfig, dtype: str, spec: KVCacheSpec, tensor_parallel_size: int = 1
+    config: ModelConfig, dtype: str, spec: KVCacheSpec, tensor_parallel_size: int = 1,
+    max_num_seqs: int = 0,
 ) -> KVCacheReport:
-    """Bytes per token of the cache as allocated, beside what per-head K/V would take."""
+    """Bytes per token of the cache as allocated, beside what per-head K/V would take; and
+    for a model with linear attention, its layers and the recurrent-state pool of
+    ``max_num_seqs`` requests."""
     itemsize = DTYPES[dtype].itemsize
+    state = state_spec(config)
     return KVCacheReport(
         layout=("per-head K/V" if config.mla is None else "MLA latent" if config.dsa is None
                 else "MLA latent + DSA indexer keys"),
@@ -70,4 +76,7 @@ def kv_cache_report(
         per_head_bytes_per_token=per_head_elements_per_token(config) * itemsize,
         num_blocks=spec.num_blocks,
         block_size=spec.block_size,
+        linear_layers=() if state is None else state.layers,
+        state_bytes_per_request=0 if state is None else state.bytes_per_slot(itemsize),
+        state_slots=0 if state is None else pool_slots(max_num_seqs),
     )

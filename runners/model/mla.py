@@ -192,9 +192,10 @@ class MLASelfAttention(nn.Module):
         kv_a = a[:, self.a_split:]
         latent = ops.rms_norm(kv_a[:, : mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
         k_pe = kv_a[:, mla.kv_lora_rank:]
-        _, q_pe = self.attn.query_parts(q)
-        ops.rotary_embedding(positions, q_pe, k_pe.view(tokens, 1, mla.qk_rope_head_dim),
-                             self.cos_sin_cache)
+        if mla.rotary:
+            _, q_pe = self.attn.query_parts(q)
+            ops.rotary_embedding(positions, q_pe, k_pe.view(tokens, 1, mla.qk_rope_head_dim),
+                                 self.cos_sin_cache)
         self.attn.store(latent, k_pe, metadata)
         return q, q_latent
 

@@ -37,6 +37,7 @@ class HostInputs:
     top_p: np.ndarray  # [B] float32
     seeds: np.ndarray  # [B] int64
     steps: np.ndarray  # [B] int64
+    state_slots: np.ndarray  # [B] int64: recurrent-state pool slots, -1 = padding / none
     num_tokens: int  # real (unpadded) tokens
     num_seqs: int  # real (unpadded) sequences
     decode_only: bool
@@ -113,6 +114,7 @@ def prepare_host_inputs(
         top_p=per_seq([s.sampling.top_p for s in seqs], np.float32, padding=1.0),
         seeds=per_seq([s.sampling.seed for s in seqs], np.int64),
         steps=per_seq([s.step for s in seqs], np.int64),
+        state_slots=per_seq([s.state_slot for s in seqs], np.int64, padding=-1),
         num_tokens=real_tokens,
         num_seqs=real_seqs,
         decode_only=batch.decode_only and total_tokens == total_seqs,
@@ -134,6 +136,7 @@ def to_device(host: HostInputs, device: torch.device) -> tuple[ForwardInputs, Sa
             seq_lens=move(host.seq_lens),
             query_start_loc=move(host.query_start_loc),
             decode_only=host.decode_only,
+            state_slots=move(host.state_slots),
         ),
         logits_indices=move(host.logits_indices),
     )
@@ -151,6 +154,8 @@ def copy_to_static(host: HostInputs, target: ForwardInputs) -> None:
         (metadata.seq_lens, host.seq_lens),
         (metadata.query_start_loc, host.query_start_loc),
         (target.logits_indices, host.logits_indices),
+        *(((metadata.state_slots, host.state_slots),) if metadata.state_slots is not None
+          else ()),
     ):
         dst.copy_(torch.from_numpy(src))
 

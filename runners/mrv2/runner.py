@@ -75,6 +75,12 @@ class MRV2Runner(GraphRunner):
         prepare_step(
             self.prepare.fn, step, batch.num_tokens, self.states, self.block_size, target
         )
+        slots = target.metadata.state_slots
+        if slots is not None:
+            # The pool slots are the scheduler's, not state rows: a few ints per step.
+            host = [s.state_slot for s in batch.sequences]
+            host += [-1] * (slots.shape[0] - len(host))
+            slots.copy_(torch.tensor(host, dtype=torch.int64))
         states, rows = self.states, step.rows
         sampling = SamplingInputs(
             states.temperature[rows], states.top_k[rows], states.top_p[rows], states.seeds[rows],
@@ -101,6 +107,7 @@ class MRV2Runner(GraphRunner):
                 seq_lens=empty(seqs, dtype=torch.int32),
                 query_start_loc=empty(seqs + 1, dtype=torch.int32),
                 decode_only=decode_only,
+                state_slots=empty(seqs, dtype=torch.int64),
             ),
             logits_indices=empty(seqs, dtype=torch.int64),
         )

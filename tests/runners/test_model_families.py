@@ -48,7 +48,8 @@ def toy_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None
 def test_every_builtin_family_comes_from_its_family_module():
     declared = {
         name: next(m for m in ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral",
-                               "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+                               "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
+                               "kimi_linear")
                    if family in sys.modules[f"{families.__name__}.{m}"].FAMILIES)
         for name, family in families.registry().items()
     }
@@ -59,6 +60,7 @@ def test_every_builtin_family_comes_from_its_family_module():
         "MixtralForCausalLM": "mixtral",
         "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
         "DeepseekV32ForCausalLM": "deepseek_v32", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+        "KimiLinearForCausalLM": "kimi_linear",
     }
     assert families.checkpoint_names("MixtralForCausalLM").experts == ("w1", "w3", "w2")
 

@@ -116,7 +116,12 @@ def kv_cache_line(kv: Any) -> str:
     if kv.per_head_bytes_per_token != kv.bytes_per_token:
         ratio = kv.per_head_bytes_per_token / kv.bytes_per_token
         line += f" (per-head K/V would take {kv.per_head_bytes_per_token}: {ratio:.1f}x)"
-    return line + f"; {kv.num_blocks} blocks of {kv.block_size} = {kv.tokens} tokens"
+    line += f"; {kv.num_blocks} blocks of {kv.block_size} = {kv.tokens} tokens"
+    linear = getattr(kv, "linear_layers", ())
+    if linear:
+        line += (f"\nrecurrent state: linear-attention layers {', '.join(map(str, linear))}, "
+                 f"{kv.state_bytes_per_request} bytes/request in {kv.state_slots} slots")
+    return line
 
 
 def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -> str:
