@@ -332,18 +332,13 @@ def traits_from_config(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
 def _attention_of(get: Any) -> tuple[str, str] | None:
     if get("index_topk") is not None:
         return "dsa", f"index_topk={get('index_topk')}"
+    # Before MLA: a hybrid's full-attention layers may be MLA (Kimi Linear's are); its
+    # linear layers are what set it apart.
+    linear = _linear_attention_of(get)
+    if linear is not None:
+        return linear
     if get("kv_lora_rank") is not None:
         return "mla", f"kv_lora_rank={get('kv_lora_rank')}"
-    linear_cfg = get("linear_attn_config")
-    if isinstance(linear_cfg, dict):
-        full = linear_cfg.get("full_attn_layers")
-        return ("hybrid" if full else "linear"), "linear_attn_config"
-    layer_types = get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        linear = [t for t in layer_types if isinstance(t, str) and "linear" in t]
-        if linear:
-            kind = "linear" if len(linear) == len(layer_types) else "hybrid"
-            return kind, f"layer_types: {len(linear)} of {len(layer_types)} linear"
     heads = get("num_attention_heads")
     if not isinstance(heads, int):
         return None
@@ -351,3 +346,19 @@ def _attention_of(get: Any) -> tuple[str, str] | None:
     if isinstance(kv, int) and kv < heads:
         return "gqa", f"num_key_value_heads={kv} < num_attention_heads={heads}"
     return "mha", f"num_key_value_heads={kv if kv is not None else heads} = num_attention_heads"
+
+
+def _linear_attention_of(get: Any) -> tuple[str, str] | None:
+    """``linear`` or ``hybrid`` from ``layer_types`` (what transformers writes), else from
+    ``linear_attn_config`` (what the released Kimi checkpoints write); None without."""
+    layer_types = get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        linear = [t for t in layer_types if isinstance(t, str) and "linear" in t]
+        if linear:
+            kind = "linear" if len(linear) == len(layer_types) else "hybrid"
+            return kind, f"layer_types: {len(linear)} of {len(layer_types)} linear"
+    linear_cfg = get("linear_attn_config")
+    if isinstance(linear_cfg, dict):
+        full = linear_cfg.get("full_attn_layers")
+        return ("hybrid" if full else "linear"), "linear_attn_config"
+    return None
