@@ -119,7 +119,7 @@ class GraphRunner(ABC):
         )
         self.model.bind_kv_cache(self.kv_caches)
         self.state_pool = allocate_state_pool(model.config, model.max_num_seqs, model.dtype,
-                                              self.device)
+                                              self.device, tp.size)
         self.model.bind_state_pool(self.state_pool)
         self.kv_cache_report = kv_cache_report(model.config, model.dtype, kv_cache, tp.size,
                                                model.max_num_seqs)

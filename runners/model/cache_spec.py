@@ -92,20 +92,24 @@ def pool_slots(max_num_seqs: int) -> int:
     return max_num_seqs + 1
 
 
-def state_pool_bytes(config: ModelConfig, dtype_bytes: int, max_num_seqs: int) -> int:
-    """The recurrent-state pool's size (0 for a model without linear attention)."""
-    spec = state_spec(config)
+def state_pool_bytes(config: ModelConfig, dtype_bytes: int, max_num_seqs: int,
+                     tensor_parallel_size: int = 1) -> int:
+    """The recurrent-state pool's size on one rank (0 for a model without linear
+    attention)."""
+    spec = state_spec(config, tensor_parallel_size)
     return 0 if spec is None else pool_slots(max_num_seqs) * spec.bytes_per_slot(dtype_bytes)
 
 
-def state_spec(config: ModelConfig) -> StateSpec | None:
-    """The pool slot of a model with linear-attention layers; None without."""
+def state_spec(config: ModelConfig, tensor_parallel_size: int = 1) -> StateSpec | None:
+    """The pool slot of a model with linear-attention layers, on one rank (each holds its
+    KDA heads' state); None without."""
     linear = config.linear
     if linear is None or not linear.linear_layers:
         return None
-    width = linear.num_heads * linear.head_dim
+    heads = plan_shards(config, tensor_parallel_size).linear_heads
+    width = heads * linear.head_dim
     return StateSpec(linear.linear_layers, (3 * width, linear.conv_kernel - 1),
-                     (linear.num_heads, linear.head_dim, linear.head_dim))
+                     (heads, linear.head_dim, linear.head_dim))
 
 
 def elements_per_token(config: ModelConfig, tensor_parallel_size: int = 1) -> int:

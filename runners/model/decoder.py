@@ -83,7 +83,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = empty_weight(config.hidden_size)
         self.self_attn: SelfAttention | MLASelfAttention | KDASelfAttention
         if config.is_linear(index):
-            self.self_attn = KDASelfAttention(config, index, ops, tp)
+            self.self_attn = KDASelfAttention(config, index, ops, tp, plan)
         elif index_cos_sin is not None:
             self.self_attn = DSASelfAttention(config, index, ops, cos_sin, tp, plan,
                                               index_cos_sin)

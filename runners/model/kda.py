@@ -27,7 +27,14 @@ from torch import nn
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 from interlock.runners.model.config import LinearAttentionConfig, ModelConfig
-from interlock.runners.model.layers import CheckpointSlots, Linear, empty_weight, frozen
+from interlock.runners.model.layers import (
+    CheckpointSlots,
+    Linear,
+    RowParallelLinear,
+    empty_weight,
+    frozen,
+)
+from interlock.runners.model.sharding import Shard, ShardPlan
 from interlock.runners.parallel.group import TensorParallel
 
 #: Tokens per chunk of the chunked delta rule in a prefill (transformers' default).
@@ -102,30 +109,35 @@ class KDAttention(AttentionLayer):
 
 class KDASelfAttention(nn.Module):
     """A KDA layer with the interface of ``layers.SelfAttention``: ``project``, ``attn``
-    (the split point), ``output``, ``checkpoint_slots``."""
+    (the split point), ``output``, ``checkpoint_slots``.
+
+    Tensor parallelism splits the KDA heads: each rank holds its heads' rows of q, k, v,
+    of the convolution, of the gates' second projections, of beta, dt_bias and A_log, and
+    their state in the pool; the gates' first (low-rank) projections and the output norm
+    are whole, o_proj is row-parallel (one all-reduce)."""
 
     def __init__(self, config: ModelConfig, layer_index: int, ops: KernelTable,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, plan: ShardPlan) -> None:
         super().__init__()
         linear = config.linear
         if linear is None:
             raise ValueError(f"{config.architecture} has no linear-attention configuration")
-        if tp.size > 1:
-            raise ValueError(
-                f"layer {layer_index}: KDA layers are not sharded across ranks; run "
-                f"{config.architecture} with tensor_parallel_size=1"
-            )
         self.ops = ops
-        width = self.width = linear.num_heads * linear.head_dim
-        self.head_dim, self.heads = linear.head_dim, linear.num_heads
+        heads = plan.linear_heads
+        rank_dim = self.head_dim = linear.head_dim
+        width = self.width = heads * rank_dim
+        full_width = linear.num_heads * rank_dim
+        local = LinearAttentionConfig(heads, rank_dim, linear.conv_kernel, linear.layers)
         hidden = config.hidden_size
-        # One product for everything read from the hidden state:
-        # [q, k, v, forget gate's low rank, output gate's low rank, beta logits].
-        self.in_proj = Linear(hidden, 3 * width + 2 * linear.head_dim + linear.num_heads, ops)
-        self.f_b_proj = Linear(linear.head_dim, width, ops)
-        self.g_b_proj = Linear(linear.head_dim, width, ops)
-        self.o_proj = Linear(width, hidden, ops)
-        self.attn = KDAttention(layer_index, linear, config.rms_norm_eps, ops, CHUNK_SIZE)
+        self.shard = plan.rows(tp.rank, width, full_width)
+        self.head_shard = plan.rows(tp.rank, heads, linear.num_heads)
+        # One product for everything read from the hidden state: [q, k, v (this rank's
+        # heads), forget gate's low rank, output gate's low rank (whole), beta logits].
+        self.in_proj = Linear(hidden, 3 * width + 2 * rank_dim + heads, ops)
+        self.f_b_proj = Linear(rank_dim, width, ops)
+        self.g_b_proj = Linear(rank_dim, width, ops)
+        self.o_proj = RowParallelLinear(width, hidden, ops, tp)
+        self.attn = KDAttention(layer_index, local, config.rms_norm_eps, ops, CHUNK_SIZE)
 
     def project(self, positions: torch.Tensor, hidden: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
@@ -141,24 +153,26 @@ class KDASelfAttention(nn.Module):
         return self.ops.concat([mixed, f, b, gate])
 
     def output(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """o_proj of [T, H, D] -> [T, hidden], summed over ranks."""
         return self.o_proj(attn_out.reshape(attn_out.shape[0], self.width))
 
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
-        width, rank = self.width, self.head_dim
+        width, rank, shard = self.width, self.head_dim, self.shard
         for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            yield from self.in_proj.checkpoint_slots(f"{prefix}.{name}",
-                                                     slice(i * width, (i + 1) * width))
-            yield (f"{prefix}.{name[0]}_conv1d.weight",
-                   self.attn.conv_weight[i * width:(i + 1) * width], None)
+            rows = slice(i * width, (i + 1) * width)
+            yield from self.in_proj.checkpoint_slots(f"{prefix}.{name}", rows, shard)
+            yield f"{prefix}.{name[0]}_conv1d.weight", self.attn.conv_weight[rows], shard
         start = 3 * width
         yield from self.in_proj.checkpoint_slots(f"{prefix}.f_a_proj", slice(start, start + rank))
         yield from self.in_proj.checkpoint_slots(f"{prefix}.g_a_proj",
                                                  slice(start + rank, start + 2 * rank))
         yield from self.in_proj.checkpoint_slots(f"{prefix}.b_proj",
-                                                 slice(start + 2 * rank, None))
-        yield from self.f_b_proj.checkpoint_slots(f"{prefix}.f_b_proj")
-        yield from self.g_b_proj.checkpoint_slots(f"{prefix}.g_b_proj")
-        yield from self.o_proj.checkpoint_slots(f"{prefix}.o_proj")
-        yield f"{prefix}.dt_bias", self.attn.dt_bias, None
-        yield f"{prefix}.A_log", self.attn.a_log, None
+                                                 slice(start + 2 * rank, None), self.head_shard)
+        yield from self.f_b_proj.checkpoint_slots(f"{prefix}.f_b_proj", shard=shard)
+        yield from self.g_b_proj.checkpoint_slots(f"{prefix}.g_b_proj", shard=shard)
+        o_shard = Shard(1, shard.start, shard.stop, shard.full)
+        yield from self.o_proj.checkpoint_slots(f"{prefix}.o_proj", shard=o_shard)
+        yield f"{prefix}.dt_bias", self.attn.dt_bias, shard
+        head = self.head_shard
+        yield f"{prefix}.A_log", self.attn.a_log, Shard(2, head.start, head.stop, head.full)
         yield f"{prefix}.o_norm.weight", self.attn.o_norm, None

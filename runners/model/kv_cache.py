@@ -68,7 +68,7 @@ def kv_cache_report(
     for a model with linear attention, its layers and the recurrent-state pool of
     ``max_num_seqs`` requests."""
     itemsize = DTYPES[dtype].itemsize
-    state = state_spec(config)
+    state = state_spec(config, tensor_parallel_size)
     return KVCacheReport(
         layout=("per-head K/V" if config.mla is None else "MLA latent" if config.dsa is None
                 else "MLA latent + DSA indexer keys"),

@@ -44,6 +44,7 @@ class ShardPlan:
     moe_intermediate_size: int
     shared_expert_intermediate_size: int
     vocab_rows: int  # embedding / LM-head rows per rank
+    linear_heads: int = 0  # linear-attention (KDA) heads per rank
 
     def kv_head_start(self, rank: int) -> int:
         """Index of the first KV head rank ``rank`` holds."""
@@ -99,6 +100,7 @@ def plan_shards(config: ModelConfig, size: int) -> ShardPlan:
             moe.shared_expert_intermediate_size // size if moe else 0
         ),
         vocab_rows=-(-config.vocab_size // size),
+        linear_heads=config.linear.num_heads // size if config.linear is not None else 0,
     )
 
 
@@ -123,6 +125,8 @@ def _problems(config: ModelConfig, size: int) -> list[str]:
             ("expert intermediate size", config.moe.intermediate_size),
             ("shared expert intermediate size", config.moe.shared_expert_intermediate_size),
         ]
+    if config.linear is not None:
+        sizes.append(("linear-attention head count", config.linear.num_heads))
     for what, value in sizes:
         if value % size:
             problems.append(f"its {what} {value} does not divide into {size} ranks")

@@ -20,10 +20,12 @@ StateTensors = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
 def allocate_state_pool(
-    config: ModelConfig, max_num_seqs: int, dtype: str, device: str | torch.device
+    config: ModelConfig, max_num_seqs: int, dtype: str, device: str | torch.device,
+    tensor_parallel_size: int = 1,
 ) -> StateTensors:
-    """The zeroed pool of every linear-attention layer (empty for a model without)."""
-    spec = state_spec(config)
+    """The zeroed pool of every linear-attention layer on this rank (empty for a model
+    without)."""
+    spec = state_spec(config, tensor_parallel_size)
     if spec is None:
         return {}
     slots = pool_slots(max_num_seqs)

@@ -68,7 +68,7 @@ def step_message(batch: ScheduledBatch) -> dict[str, Any]:
             [
                 s.request_id, s.token_ids, s.start_position, s.block_table,
                 [s.sampling.temperature, s.sampling.top_k, s.sampling.top_p, s.sampling.seed],
-                s.step, s.sample,
+                s.step, s.sample, s.state_slot,
             ]
             for s in batch.sequences
         ],
@@ -87,8 +87,9 @@ def step_batch(message: dict[str, Any]) -> ScheduledBatch:
                 sampling=Sampling(*sampling),
                 step=step,
                 sample=sample,
+                state_slot=slot,
             )
-            for rid, tokens, start, table, sampling, step, sample in message["seqs"]
+            for rid, tokens, start, table, sampling, step, sample, slot in message["seqs"]
         ),
         tuple(message["finished"]),
     )

@@ -238,10 +238,23 @@ def test_piecewise_and_breakable_programs_break_at_every_kda_layer(runner, tiny_
     assert shapes["piecewise", False] == shapes["full", True] == {(5, 4)}
 
 
-def test_tensor_parallel_kda_is_refused_by_name(tiny_models):
-    from interlock.runners.model.config import load_config as load
-    from interlock.runners.model.kda import KDASelfAttention
-    from interlock.runners.parallel.group import TensorParallel
+@pytest.mark.slow  # two spawned ranks, each loading and capturing
+def test_two_ranks_split_the_kda_heads_and_give_transformers_tokens(tiny_models):
+    # Each rank holds one of the two KDA heads (its projections, convolution channels,
+    # gates and pool state) and two of the four MLA heads; the step's state slots travel to
+    # the other rank with the batch. (Chunk size 64 there: the ranks are fresh processes.)
+    decision = Decision("mrv2", "full_and_piecewise", False, capture_sizes=(1, 2, 4))
+    tokens, llm = generate(tiny_models.path(NAME), decision, tensor_parallel_size=2)
+    assert tokens == expected(tiny_models)
+    kv = llm.report().kv_cache
+    assert kv is not None and kv.state_bytes_per_request == 3 * (48 * 3 * 4 + 16 * 16 * 4)
 
-    with pytest.raises(ValueError, match="KDA layers are not sharded across ranks"):
-        KDASelfAttention(load(tiny_models.path(NAME)), 0, None, TensorParallel(0, 2))
+
+def test_a_size_that_does_not_divide_the_kda_heads_is_refused(tiny_models):
+    from interlock.runners.model.sharding import ShardingError, plan_shards
+
+    config = load_config(tiny_models.path(NAME))  # 2 KDA heads, 4 MLA heads
+    assert plan_shards(config, 2).linear_heads == 1
+    with pytest.raises(ShardingError, match="its linear-attention head count 2 does not "
+                                            "divide into 4 ranks"):
+        plan_shards(config, 4)

@@ -28,7 +28,7 @@ from interlock.runners.parallel.distributed import TensorParallelError
 # Two of the four DeepSeek configs: between them q_lora_rank null and set, both routings
 # and a dense first layer (the other two vary only what every rank computes alike). One DSA
 # config: GLM-5's, whose shared layer reuses a selection every rank made alike.
-# Kimi Linear's KDA layers are not sharded yet (refused under tensor parallelism).
+# Kimi Linear runs on two ranks once, in its own module (tests/runners/test_kimi_linear.py).
 MODELS = [*(m for m in TINY_CONFIGS
             if m not in ("deepseek_v2_grouped", "deepseek_v3_plain_q", "deepseek_v32",
                          "kimi_linear")),
