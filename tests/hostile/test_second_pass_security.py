@@ -150,3 +150,94 @@ def test_s4_a_model_named_like_a_flag_reaches_vllm_as_a_path(
     # The name was not read as a flag of the user's either: interlock still sets both.
     assert any(a.startswith("-cc.mode=") for a in argv[3:])
     assert not any(a.startswith("-") and not a.startswith("-cc.") for a in argv[3:])
+
+
+# -- no subprocess is steered by the folder it was pointed at ------------------------------
+
+PLANTED = {
+    "sitecustomize.py": "open({marker!r}, 'a').write('sitecustomize\\n')\n",
+    "usercustomize.py": "open({marker!r}, 'a').write('usercustomize\\n')\n",
+    "torch.py": "open({marker!r}, 'a').write('torch\\n')\n",
+    "interlock.py": "open({marker!r}, 'a').write('interlock\\n')\n",
+    ".env": "VLLM_USE_V2_MODEL_RUNNER=0\nPYTHONPATH=.\nGIT_DIR=/tmp\n",
+    "vllm.yaml": "enforce-eager: true\n",
+    ".gitconfig": "[core]\n\tfsmonitor = touch {marker}\n",
+}
+
+
+def _plant(directory: Path, marker: Path) -> None:
+    for name, text in PLANTED.items():
+        (directory / name).write_text(text.format(marker=str(marker)))
+
+
+def test_no_subprocess_is_steered_by_the_folder_it_was_pointed_at_vllm(tmp_path: Path) -> None:
+    """`policy vllm serve MODEL` execs vllm with the model as one argument, in the caller's
+    folder, with the caller's environment and interlock's decisions: nothing planted in the
+    model's folder (.env, vllm.yaml, sitecustomize.py) takes part."""
+    import json
+    import sys
+
+    model, marker, record = tmp_path / "model", tmp_path / "marker", tmp_path / "record.json"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    _plant(model, marker)
+    fake = tmp_path / "vllm"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv, 'cwd': os.getcwd(), 'env': dict(os.environ)},"
+        " open(os.environ['RECORD'], 'w'))\n"
+    )
+    fake.chmod(0o755)
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    env = {**os.environ, "RECORD": str(record), "NO_COLOR": "1"}
+    for name in ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH", "PYTHONPATH"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from interlock.cli import main; sys.exit(main())",
+         "vllm", "serve", "--vllm", str(fake), "--platform", "cuda", str(model)],
+        cwd=caller, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(record.read_text())
+    assert seen["argv"][1:3] == ["serve", str(model)]
+    assert not any(a.startswith("--config") for a in seen["argv"])
+    assert seen["cwd"] == str(caller)
+    assert seen["env"]["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # the policy's, not .env's 0
+    assert "PYTHONPATH" not in seen["env"] and "GIT_DIR" not in seen["env"]
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_no_subprocess_is_steered_by_the_folder_it_was_pointed_at_workers(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Tensor-parallel workers import nothing from the model's folder (a planted
+    sitecustomize.py or torch.py there would run in every rank)."""
+    from interlock.llm import LLM
+    from interlock.runners.contract import Decision
+    from interlock.runners.engine.sampling import SamplingParams
+
+    marker = tmp_path / "marker"
+    _plant(tiny_model, marker)
+    with LLM(str(tiny_model), tensor_parallel_size=2, max_num_seqs=1, num_blocks=8,
+             decision=Decision(runner="mrv1")) as llm:
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert not marker.exists(), marker.read_text()
+
+
+@needs_git
+def test_no_subprocess_is_steered_by_the_folder_it_was_pointed_at_git(
+    bundle: tuple[Path, Path]
+) -> None:
+    """git in the bundle's folder: its .git/config (above), a .gitconfig or .env there, and a
+    GIT_DIR of the caller's, steer nothing."""
+    repo, marker = bundle
+    _plant(repo, marker)
+    os.environ["GIT_DIR"] = str(repo.parent)
+    try:
+        _stat_dirty(repo)
+        result = staleness(repo / "policy.yaml", [1], repo / "evidence" / "r.json")
+    finally:
+        del os.environ["GIT_DIR"]
+    assert result.method == "git" and not marker.exists()
