@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from interlock.app.arguments import check_llm_arguments
+from interlock.app.arguments import check_kv_cache_fits, check_llm_arguments
 from interlock.app.outputs import (
     CompletionOutput,
     GenerationInterrupted,
@@ -192,6 +192,7 @@ class LLM:
         kv_cache = plan_kv_cache(
             spec, block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory
         )
+        check_kv_cache_fits(spec, kv_cache.num_blocks, kv_cache.block_size)
         self.tokenizer = load_tokenizer(source.directory)
         self.chat_template = load_chat_template(source.directory)
         if runner is None:

@@ -98,3 +98,20 @@ def check_text(name: str, text: str) -> None:
             f"position {exc.start})"
         ) from None
 
+
+
+def check_kv_cache_fits(spec: Any, num_blocks: int, block_size: int) -> None:
+    """Refuse, before allocating, a KV cache larger than the memory of its device (an
+    explicit ``num_blocks`` is not capped by the model's length the way a budget is)."""
+    from interlock.runners.engine.kv_cache import bytes_per_block
+    from interlock.runners.model.memory import available_bytes
+
+    need = num_blocks * bytes_per_block(spec.config, spec.dtype, block_size,
+                                        spec.tensor_parallel_size)
+    have = available_bytes(spec.device)
+    if have is not None and need > have:
+        raise InputError(
+            f"num_blocks={num_blocks} is invalid; allowed: a KV cache that fits in memory: "
+            f"{num_blocks} blocks of {block_size} tokens take {need / 2**30:.1f} GiB, more "
+            f"than the {have / 2**30:.1f} GiB available on {spec.device}"
+        )

@@ -272,3 +272,11 @@ def test_u7_chat_none_and_decode_of_a_bad_id_are_input_errors(text_model: Path) 
             llm.decode([bad])
     assert isinstance(llm.decode([1, 2]), str)
     assert issubclass(InputError, InterlockError)
+
+
+def test_c15_an_explicit_kv_cache_larger_than_memory_is_refused_before_allocating() -> None:
+    start = time.monotonic()
+    with pytest.raises(InputError, match=r"num_blocks=16777216 is invalid; allowed: a KV "
+                       r"cache that fits in memory"):
+        LLM("demo", num_blocks=2**24)
+    assert time.monotonic() - start < 5
