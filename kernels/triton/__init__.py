@@ -34,6 +34,7 @@ KERNELS = {
     "sample": "interlock.kernels.triton.sampling:sample",
     "dsa_index_topk": "interlock.kernels.triton.indexer:dsa_index_topk",
     "sparse_mla_attention": "interlock.kernels.triton.sparse_attention:sparse_mla_attention",
+    "kda_recurrent": "interlock.kernels.triton.kda:kda_recurrent",
 }
 """op -> lazy "module:function" target."""
 

@@ -33,6 +33,7 @@ from interlock.kernels.triton import (  # noqa: E402
     activation,
     attention,
     indexer,
+    kda,
     kv_cache,
     mla,
     moe,
@@ -118,6 +119,10 @@ def _cases(dtype: torch.dtype) -> dict[str, Callable[[], object]]:
             torch.randn(t, 256), torch.randn(256), 8, "sigmoid", "noaux_tc", 8, 4, True, 2.5),
         "moe_grouped_route/group_limited_greedy": lambda: mla.moe_grouped_route(
             torch.randn(t, 160), None, 6, "softmax", "group_limited_greedy", 8, 3, False, 1.0),
+        # Kimi Linear's KDA decode step: 32 heads of 128 on one rank, a pool of 8 slots.
+        "kda_recurrent/kimi-linear": lambda: kda.kda_recurrent(
+            randn(t, 32, 128), randn(t, 32, 128), randn(t, 32, 128), torch.randn(t, 32, 128),
+            torch.rand(t, 32), torch.zeros(8, 32, 128, 128), torch.arange(t)),
         "sample": lambda: sampling.sample(
             logits, torch.ones(t), torch.full((t,), 50), torch.full((t,), 0.9),
             torch.arange(t), torch.zeros(t, dtype=torch.int64)),

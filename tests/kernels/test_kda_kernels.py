@@ -1,14 +1,24 @@
 """Kimi Delta Attention's ops over hypothesis-drawn shapes: the chunked delta rule against the
 token-by-token recurrence (any chunk size, prefills continued across steps, several
 sequences in one batch, fresh and continued slots), both against transformers' torch
-fallbacks (``chunk_kda``, ``fused_recurrent_kda``, ``causal_conv1d``), and the convolution's
-mixed-batch and per-step forms against each other."""
+fallbacks (``chunk_kda``, ``fused_recurrent_kda``, ``causal_conv1d``), the convolution's
+mixed-batch and per-step forms against each other, and the Triton decode step against its
+reference (in Triton's interpreter without a GPU)."""
 
 from __future__ import annotations
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_checks import (
+    ACCUMULATING_TOLERANCES,
+    DEVICE,
+    DTYPES,
+    assert_close,
+    randn,
+    torch_op,
+    triton_op,
+)
 
 from interlock.kernels import reference as ops
 
@@ -131,3 +141,25 @@ def test_gates_follow_transformers():
     g, beta = ops.kda_gates(f, torch.zeros(5, 3), gate.dt_bias, gate.A_log.view(-1))
     torch.testing.assert_close(g, want)
     torch.testing.assert_close(beta, torch.full((5, 3), 0.5))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([4, 8, 12]),
+       st.sampled_from([4, 16]), st.sampled_from(DTYPES), st.integers(0, 2**16))
+def test_the_triton_decode_step_matches_the_reference(batch, heads, dim, v_dim, dtype, seed):
+    """Strided q/k/v views (as the convolution's output gives them), a padding row on the
+    scratch slot, two steps so the state written back is read again."""
+    gen = torch.Generator().manual_seed(seed)
+    triton_step, torch_step = triton_op("kda_recurrent", dtype), torch_op("kda_recurrent", dtype)
+    pool = randn(gen, batch + 2, heads, dim, v_dim) * 0.3
+    pools = (pool.clone(), pool.clone())
+    slots = torch.tensor([*range(batch)][::-1] + [-1], device=DEVICE)
+    for _ in range(2):
+        mixed = randn(gen, batch + 1, heads, 2 * dim + v_dim, dtype=dtype)
+        q, k, v = mixed[..., :dim], mixed[..., dim:2 * dim], mixed[..., 2 * dim:]
+        g = -torch.rand(batch + 1, heads, dim, generator=gen).to(DEVICE)
+        beta = torch.rand(batch + 1, heads, generator=gen).to(DEVICE)
+        got = triton_step(q, k, v, g, beta, pools[0], slots)
+        want = torch_step(q, k, v, g, beta, pools[1], slots)
+        assert_close(got, want, dtype, ACCUMULATING_TOLERANCES)
+        assert_close(pools[0], pools[1], torch.float32, ACCUMULATING_TOLERANCES)
