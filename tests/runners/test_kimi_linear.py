@@ -61,13 +61,22 @@ def test_each_prompt_alone_matches_transformers(runner, tiny_models):
         assert got == [tokens]
 
 
-def test_a_preempted_request_recomputes_to_the_same_tokens(tiny_models):
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_a_preempted_request_recomputes_to_the_same_tokens(runner, tiny_models):
     # 9 blocks of 4 cannot hold the three requests at once: the youngest is preempted and
-    # recomputed from its prompt into a fresh state slot.
-    tokens, llm = generate(tiny_models.path(NAME), Decision("mrv1", "none", False),
-                           num_blocks=9)
-    assert tokens == expected(tiny_models)
-    assert llm.engine.scheduler.free_state_slots and not llm.engine.scheduler.running
+    # recomputed from its prompt into whichever state slot it gets next.
+    _, llm = generate(tiny_models.path(NAME), Decision(runner, "none", False), [], [],
+                      num_blocks=9)
+    engine = llm.engine
+    requests = [engine.make_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+                for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
+    for request in requests:
+        engine.add_request(request)
+    while engine.has_unfinished():
+        engine.step()
+    assert sum(r.num_preemptions for r in requests) > 0, "the cache never ran short"
+    assert [r.output_token_ids for r in requests] == expected(tiny_models)
+    assert sorted(engine.scheduler.free_state_slots) == list(range(4))
 
 
 def test_the_config_is_read_as_transformers_reads_it(tiny_models):
