@@ -700,6 +700,52 @@ AVX2 static int prefill_attention(
     return 0;
 }
 
+/* Routed SwiGLU experts: out [T, H] = sum over each token's k picks (ids [T, k], weights
+ * [T, k]) of weight * w2[e] silu_and_mul(w13[e] x), w13 [E] packed [2I, H] and w2 [E]
+ * packed [H, I]. Expert by expert in ascending order (as the reference): the expert's rows
+ * are gathered into a scratch and streamed once through its weights, and each row's result
+ * is added to the token's sum in that order. Which experts run is read from ids when the
+ * op runs, so a tape replays it with the routing of the step. -1 for an id outside
+ * 0..E-1 (checked before anything is written), -3 if the scratch cannot be allocated. */
+AVX2 static int moe_experts_packed(const float *x, long xs, const float *w13, const float *w2,
+                                   const float *weights, const int64_t *ids, float *out,
+                                   long T, long k, long E, long H, long I) {
+    for (long i = 0; i < T * k; i++)
+        if (ids[i] < 0 || ids[i] >= E) return -1;
+    long picks = T * k;
+    float *rows = malloc(sizeof(float) * (size_t)(picks * (H + 2 * I + I + H)) + 1);
+    long *token = malloc(sizeof(long) * (size_t)picks + 1);
+    float *scale = malloc(sizeof(float) * (size_t)picks + 1);
+    if (rows == NULL || token == NULL || scale == NULL) {
+        free(rows); free(token); free(scale);
+        return -3;
+    }
+    float *gate_up = rows + picks * H, *hidden = gate_up + picks * 2 * I;
+    float *y = hidden + picks * I;
+    for (long i = 0; i < T * H; i++) out[i] = 0.0f;
+    for (long e = 0; e < E; e++) {
+        long n = 0;
+        for (long t = 0; t < T; t++)
+            for (long j = 0; j < k; j++)
+                if (ids[t * k + j] == e) {
+                    copy_floats(rows + n * H, x + t * xs, H);
+                    token[n] = t;
+                    scale[n++] = weights[t * k + j];
+                }
+        if (n == 0) continue;
+        linear_packed(rows, H, w13 + e * 2 * I * H, NULL, gate_up, n, H, 2 * I);
+        silu_and_mul_avx2(gate_up, 2 * I, hidden, n, I);
+        linear_packed(hidden, I, w2 + e * H * I, NULL, y, n, I, H);
+        for (long r = 0; r < n; r++) {
+            float *o = out + token[r] * H;
+            const float *yr = y + r * H;
+            for (long c = 0; c < H; c++) o[c] += yr[c] * scale[r];
+        }
+    }
+    free(rows); free(token); free(scale);
+    return 0;
+}
+
 #endif /* NATIVE_X86 */
 
 /* ---- rotary and the KV store (portable C; rounding as the torch references) ------- */
@@ -834,7 +880,9 @@ typedef union { int64_t i; double d; } Slot;
     /* quantized_linear(x, x_row_stride, packed w, kind, L, bias|0, y, T, K, N) */        \
     X(QUANTIZED_LINEAR, "quantized_linear", "iiiiiiiiii")                                  \
     /* quantized_embedding(ids, n, packed table, kind, L, V, H, out) */                    \
-    X(QUANTIZED_EMBEDDING, "quantized_embedding", "iiiiiiii")
+    X(QUANTIZED_EMBEDDING, "quantized_embedding", "iiiiiiii")                              \
+    /* moe_experts(x, xs, packed w13, packed w2, weights, ids, out, T, k, E, H, I) */     \
+    X(MOE_EXPERTS, "moe_experts", "iiiiiiiiiiii")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -882,6 +930,9 @@ static int run_op(int64_t op, const Slot *a) {
             return -2;
         return linear_quantized(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, P(5), P(6), a[7].i,
                                 a[8].i, a[9].i);
+    case OP_MOE_EXPERTS:
+        return moe_experts_packed(P(0), a[1].i, P(2), P(3), P(4), P(5), P(6), a[7].i, a[8].i,
+                                  a[9].i, a[10].i, a[11].i);
 #endif
     case OP_QUANTIZED_EMBEDDING:
         if (a[3].i != QBYTES_NIBBLES && a[3].i != QBYTES_SIGNED) return -2;
@@ -943,6 +994,13 @@ static void describe(int64_t op, int rc, const Slot *a) {
         return;
     case OP_SELECT_ROWS:
         PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
+        return;
+    case OP_MOE_EXPERTS:
+        if (rc == -1)
+            PyErr_Format(PyExc_ValueError, "an expert id is outside 0..%lld",
+                         (long long)a[9].i - 1);
+        else
+            PyErr_NoMemory();
         return;
     case OP_QUANTIZED_LINEAR:
     case OP_QUANTIZED_EMBEDDING:

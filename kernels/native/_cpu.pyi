@@ -19,6 +19,7 @@ OP_PACK_WEIGHT: int
 OP_PREFILL_ATTENTION: int
 OP_QUANTIZED_LINEAR: int
 OP_QUANTIZED_EMBEDDING: int
+OP_MOE_EXPERTS: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

@@ -14,8 +14,6 @@ call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from interlock.kernels import quant, reference
@@ -38,11 +36,6 @@ def _run(op: int, args: tuple[int | float, ...], *tensors: torch.Tensor) -> None
     recorder = tape.ACTIVE
     if recorder is not None:
         recorder.add(op, args, tensors)
-    _cpu.call(op, *args)
-
-
-def _untaped(op: int, args: tuple[int | float, ...], *tensors: torch.Tensor) -> None:
-    """Run a native op now, never taped: inside an op that is taped whole as a Python call."""
     _cpu.call(op, *args)
 
 
@@ -79,14 +72,13 @@ def linear(
     _check("x", x, 2)
     if weight.dim() == 2:
         return _reference_linear(x, weight, bias, transposed)
-    return _packed_linear(x, weight, bias, _run)
+    return _packed_linear(x, weight, bias)
 
 
 def _packed_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-    run: Callable[..., None],
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x times a packed weight through ``run`` (``_run``: taped; ``_untaped``: not)."""
+    """x times a packed weight."""
     _check_whole("weight", weight)
     rows, features = x.shape
     if weight.dim() != 3 or weight.shape[1:] != (features, STRIP):
@@ -100,7 +92,7 @@ def _packed_linear(
         if bias.shape != (outputs,):
             raise NativeArgumentError(f"linear: bias {tuple(bias.shape)} for {outputs} outputs")
     y = torch.empty(rows, outputs)
-    run(_cpu.OP_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(),
+    _run(_cpu.OP_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(),
                           0 if bias is None else bias.data_ptr(), y.data_ptr(), rows, features,
                           outputs),
          x, weight, y, *(() if bias is None else (bias,)))
@@ -162,48 +154,54 @@ def fused_add_rms_norm(
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return _silu_and_mul(x, _run)
-
-
-def _silu_and_mul(x: torch.Tensor, run: Callable[..., None]) -> torch.Tensor:
     _check("x", x, 2)
     rows, width = x.shape
     if width % 2:
         raise NativeArgumentError(f"silu_and_mul: x has an odd width {width}")
     out = torch.empty(rows, width // 2)
-    run(_cpu.OP_SILU_AND_MUL, (x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2),
-        x, out)
+    _run(_cpu.OP_SILU_AND_MUL, (x.data_ptr(), x.stride(0), out.data_ptr(), rows, width // 2),
+         x, out)
     return out
 
 
-def _moe_experts(
+_reference_moe_experts = tape.foreign(reference.moe_experts)
+
+
+def moe_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
 ) -> torch.Tensor:
-    """The reference's expert loop with each expert's products through its packed weights
-    (one streaming pass over an expert's weights for all of its rows), which torch's
-    small-row products over [out, in] weights take about twice as long over (measured on
-    the development machine); unpacked weights go to the reference. Which experts run
-    depends on the routing, so the whole op is taped as one Python call and its native
-    calls are not taped."""
+    """The reference's expert loop in C over experts packed by ``pack_weight``: each
+    expert's rows streamed once through its packed weights (torch's few-row products over
+    [out, in] weights took about twice as long, measured on the development machine).
+    The C code reads the routing when it runs, so the op is taped natively and a replay
+    follows each step's routing; unpacked experts go to the reference (a foreign call)."""
     if w13.dim() != 4 or w2.dim() != 4:
-        return reference.moe_experts(x, w13, w2, topk_weights, topk_ids)
+        return _reference_moe_experts(x, w13, w2, topk_weights, topk_ids)
     _check("x", x, 2)
-    out = torch.zeros_like(x)
-    weights = topk_weights.to(x.dtype)
-    for expert in torch.unique(topk_ids).tolist():
-        token_idx, slot = torch.where(topk_ids == expert)
-        rows = x.index_select(0, token_idx)
-        gate_up = _packed_linear(rows, w13[expert], None, _untaped)
-        hidden = _packed_linear(_silu_and_mul(gate_up, _untaped), w2[expert], None, _untaped)
-        out.index_add_(0, token_idx, hidden * weights[token_idx, slot, None])
+    for name, t in (("w13", w13), ("w2", w2), ("topk_weights", topk_weights)):
+        _check_whole(name, t)
+    _check_whole("topk_ids", topk_ids, torch.int64)
+    tokens, hidden = x.shape
+    experts, intermediate = w13.shape[0], w2.shape[2]
+    if (topk_ids.dim() != 2 or topk_ids.shape[0] != tokens
+            or topk_weights.shape != topk_ids.shape
+            or w13.shape != (experts, 2 * intermediate // STRIP, hidden, STRIP)
+            or w2.shape != (experts, hidden // STRIP, intermediate, STRIP)):
+        raise NativeArgumentError(
+            f"moe_experts: x {tuple(x.shape)}, packed w13 {tuple(w13.shape)} and w2 "
+            f"{tuple(w2.shape)}, topk_weights {tuple(topk_weights.shape)}, topk_ids "
+            f"{tuple(topk_ids.shape)} do not agree"
+        )
+    out = torch.empty(tokens, hidden)
+    _run(_cpu.OP_MOE_EXPERTS, (x.data_ptr(), x.stride(0), w13.data_ptr(), w2.data_ptr(),
+                               topk_weights.data_ptr(), topk_ids.data_ptr(), out.data_ptr(),
+                               tokens, topk_ids.shape[1], experts, hidden, intermediate),
+         x, w13, w2, topk_weights, topk_ids, out)
     return out
-
-
-moe_experts = tape.foreign(_moe_experts)
 
 
 def rotary_embedding(

@@ -335,3 +335,60 @@ def test_moe_experts_over_packed_experts(tokens: int, experts: int, hidden: int,
                                expected, **SUMS)
     torch.testing.assert_close(reference("moe_experts")(x, packed13, packed2, weights, ids),
                                expected, **SUMS)
+
+
+def _packed_experts(gen: torch.Generator, experts: int, hidden: int, intermediate: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    w13 = randn(gen, experts, 2 * intermediate, hidden) * hidden**-0.5
+    w2 = randn(gen, experts, hidden, intermediate) * intermediate**-0.5
+    for expert in range(experts):
+        native("pack_weight")(w13[expert])
+        native("pack_weight")(w2[expert])
+    return (w13.view(experts, 2 * intermediate // 16, hidden, 16),
+            w2.view(experts, hidden // 16, intermediate, 16))
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(2, 12), experts=st.integers(1, 5), seed=SEEDS, data=st.data())
+def test_a_tokens_experts_come_out_the_same_in_any_batch(tokens: int, experts: int, seed: int,
+                                                         data: st.DataObject) -> None:
+    """Each row goes through its experts' packed products, which give a row the same bits in
+    any batch, and its sum over its picks is taken in the same (expert) order."""
+    top_k = data.draw(st.integers(1, experts))
+    gen = torch.Generator().manual_seed(seed)
+    w13, w2 = _packed_experts(gen, experts, 32, 24)
+    x = randn(gen, tokens, 32)
+    weights, ids = reference("moe_route")(randn(gen, tokens, experts), top_k, True)
+    together = native("moe_experts")(x, w13, w2, weights, ids)
+    row = data.draw(st.integers(0, tokens - 1))
+    alone = native("moe_experts")(x[row:row + 1], w13, w2, weights[row:row + 1],
+                                  ids[row:row + 1])
+    assert torch.equal(together[row:row + 1], alone)
+
+
+def test_moe_experts_is_taped_natively_and_replays_each_steps_routing() -> None:
+    from interlock.kernels.native import tape
+
+    gen = torch.Generator().manual_seed(1)
+    w13, w2 = _packed_experts(gen, 4, 16, 16)
+    x, logits = randn(gen, 3, 16), randn(gen, 3, 4)
+    weights, ids = reference("moe_route")(logits, 2, True)
+    with tape.recording() as recorded:
+        out = native("moe_experts")(x, w13, w2, weights, ids)
+    assert (recorded.calls, recorded.foreign_calls) == (1, 0)
+    new_weights, new_ids = reference("moe_route")(randn(gen, 3, 4), 2, True)
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    x.copy_(randn(gen, 3, 16))
+    recorded.replay()
+    assert torch.equal(out, native("moe_experts")(x, w13, w2, weights, ids))
+
+
+def test_moe_experts_refuses_an_expert_id_out_of_range_and_a_mismatched_shape() -> None:
+    gen = torch.Generator().manual_seed(2)
+    w13, w2 = _packed_experts(gen, 3, 16, 16)
+    x, weights = randn(gen, 2, 16), torch.ones(2, 1)
+    with pytest.raises(ValueError, match=r"an expert id is outside 0\.\.2"):
+        native("moe_experts")(x, w13, w2, weights, torch.tensor([[0], [3]]))
+    with pytest.raises(KernelError, match=r"moe_experts: x \(2, 16\).*do not agree"):
+        native("moe_experts")(x, w13, w2, torch.ones(2, 2), torch.zeros(2, 1, dtype=torch.int64))
