@@ -102,6 +102,7 @@ class LLM:
         *,
         dtype: str = "auto",
         load_format: str = "auto",
+        weights: str = "auto",
         device: str | None = None,
         seed: int = 0,
         block_size: int = 16,
@@ -118,7 +119,8 @@ class LLM:
         decision_log: str | os.PathLike[str] | None = None,
     ) -> None:
         check_llm_arguments(
-            {"dtype": dtype, "load_format": load_format, "device": device, "seed": seed,
+            {"dtype": dtype, "load_format": load_format, "weights": weights, "device": device,
+             "seed": seed,
              "block_size": block_size, "num_blocks": num_blocks,
              "kv_cache_memory": kv_cache_memory, "max_num_seqs": max_num_seqs,
              "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
@@ -183,6 +185,7 @@ class LLM:
             dtype=resolved_dtype,
             device=device or detected_device(),
             load_format=load_format,
+            weights=weights,
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,

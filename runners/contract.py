@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from interlock.core.decision import DTYPES, LOAD_FORMATS, Decision
+from interlock.core.decision import DTYPES, LOAD_FORMATS, WEIGHTS, Decision
 from interlock.runners.graphs.report import GraphReport
 from interlock.runners.model.config import ModelConfig
 
@@ -48,6 +48,7 @@ class ModelSpec:
     dtype: str  # resolved: one of interlock.core.decision.DTYPES
     device: str  # torch device string: "cpu", "cuda", "cuda:1", ...
     load_format: str = "auto"  # one of LOAD_FORMATS
+    weights: str = "auto"  # one of WEIGHTS: a GGUF file's quantized weights kept or not
     seed: int = 0  # the run's seed: of dummy weights, and of requests that bring none
     max_model_len: int = 2048  # longest sequence (prompt + output) the engine schedules
     # The engine's limits: the scheduler keeps to them and the runner sizes by them.
@@ -60,7 +61,8 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("dtype", self.dtype, DTYPES),
-                                    ("load_format", self.load_format, LOAD_FORMATS)):
+                                    ("load_format", self.load_format, LOAD_FORMATS),
+                                    ("weights", self.weights, WEIGHTS)):
             if value not in allowed:
                 raise ValueError(
                     f"{key} {value!r} is not supported; allowed: {', '.join(allowed)}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from interlock.core.decision import DTYPES, LOAD_FORMATS
+from interlock.core.decision import DTYPES, LOAD_FORMATS, WEIGHTS
 from interlock.core.errors import InputError
 from interlock.core.platform import PLATFORMS
 
@@ -51,6 +51,9 @@ def check_llm_arguments(arguments: Mapping[str, Any]) -> None:
         raise InputError(
             f"load_format={load_format!r} is invalid; allowed: {', '.join(LOAD_FORMATS)}"
         )
+    weights = get("weights", "auto")
+    if weights not in WEIGHTS:
+        raise InputError(f"weights={weights!r} is invalid; allowed: {', '.join(WEIGHTS)}")
     check_device(get("device"))
     _whole("seed", get("seed", 0), 0, SEED_LIMIT - 1)
     _whole("block_size", get("block_size", 16), 1, MAX_BLOCK_SIZE)

@@ -30,6 +30,10 @@ DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPES)
 #: How a model's weights are materialised: from the checkpoint (``auto``, ``safetensors``) or
 #: random (``dummy``).
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
+#: How a GGUF file's block-quantized weights are held: kept quantized (``native``, products
+#: that dequantize inside them), converted to floats at load (``dequantize``), or ``auto``:
+#: native where the quantized kernels run natively (CPU, float32, one rank), else dequantize.
+WEIGHTS: tuple[str, ...] = ("auto", "native", "dequantize")
 RUNNER_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 FieldValue = str | bool | tuple[int, ...]

@@ -193,6 +193,14 @@ class GraphRunner(ABC):
             tuple(t if s.sample else None for t, s in zip(tokens, batch.sequences, strict=True))
         )
 
+    def _reason(self, choice: KernelChoice) -> str:
+        """Why ``choice`` was made; for the quantized products, also how the loader held
+        the weights (``runners.model.quantized``: "native q4_1: weights kept quantized")."""
+        if choice.op != "quantized_linear" or self.model is None:
+            return choice.reason
+        held = "; ".join(f"{k}: {v}" for k, v in self.model.weight_decisions.items())
+        return f"{held} ({choice.reason})" if held else choice.reason
+
     def report(self) -> RunnerReport:
         if self.ops is None or self.graphs is None:
             raise RunnerError(f"{self.name}: report() before load()")
@@ -201,7 +209,8 @@ class GraphRunner(ABC):
             runner=self.name,
             device=str(self.device),
             dtype=self.model_spec.dtype,
-            kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.kernel_choices()),
+            kernels=tuple(KernelReport(c.op, c.label, self._reason(c))
+                          for c in self.kernel_choices()),
             cudagraph=self.decision.cudagraph,
             breakable=self.decision.breakable,
             captured_sizes=graphs.captured_sizes,

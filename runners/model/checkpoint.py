@@ -25,6 +25,7 @@ from interlock.runners.model.config import ModelConfig, load_config
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
 from interlock.runners.model.memory import check_fits_in_memory
+from interlock.runners.model.quantized import keep_quantized, weights_mode
 from interlock.runners.model.safetensors_format import TensorEntry, write_safetensors
 from interlock.runners.model.sources import DEMO, model_directory
 from interlock.runners.model.weights import (
@@ -117,7 +118,10 @@ def load_model(
         tensors: TensorSource = DummyTensors(shapes, seed, spec.config.initializer_range)
     else:
         tensors = SafetensorsFiles(directory)
-    load_weights(model, tensors)
+    native, why = weights_mode(spec.weights, directory, ops, spec.dtype, tp.size)
+    kept = keep_quantized(model, directory) if native and directory is not None else None
+    load_weights(model, tensors, kept.names if kept else frozenset())
+    model.weight_decisions = kept.decisions if kept else {"dequantized": why}
     model.finish_loading()
     return model.eval()
 

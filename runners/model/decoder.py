@@ -181,6 +181,11 @@ class CausalLM(nn.Module):
         )
         shape = (config.hidden_size, plan.vocab_rows)
         self.embed_tokens = empty_weight(*(shape if self.head_transposed else shape[::-1]))
+        # The GGML type of a table kept quantized (``keep_quantized_embedding``), else None.
+        self.embed_format: str | None = None
+        # How the weights are held, by format ("native q4_1", "dequantized") -> why: set by
+        # the loader (``runners.model.quantized``), reported by the runner.
+        self.weight_decisions: dict[str, str] = {}
         self.register_buffer(
             "cos_sin_cache", cos_sin_cache(config.rope, config.head_dim, max_positions),
             persistent=False,
@@ -210,6 +215,12 @@ class CausalLM(nn.Module):
         """The embedding table as [vocab, hidden] (a view when stored transposed), or
         packed (``pack_weights``)."""
         return self.embed_tokens.t() if self.head_transposed else self.embed_tokens
+
+    def keep_quantized_embedding(self, packed: torch.Tensor, ggml_type: str) -> None:
+        """Hold the embedding table (a tied LM head too) as ``packed`` records of
+        ``ggml_type`` (``kernels.quant.pack``) instead of floats."""
+        self.embed_tokens = frozen(packed)
+        self.embed_format = ggml_type
 
     def finish_loading(self) -> None:
         """Once, after the checkpoint's tensors are in their slots: MLA layers reorder rows
@@ -298,6 +309,8 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows of ``input_ids``: each rank looks up the ids in its rows (zero
         for the others) and the all-reduce assembles them."""
+        if self.embed_format is not None:  # one rank: kept quantized only unsharded
+            return self.ops.quantized_embedding(input_ids, self.embed_tokens, self.embed_format)
         if self.tp.size == 1:
             return self.ops.embedding(input_ids, self.embedding)
         rows = self.shards.vocab_rows
@@ -308,7 +321,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V]; under tensor parallelism every rank gets them whole."""
-        if self.lm_head is None:
+        if self.lm_head is None and self.embed_format is not None:
+            logits = self.ops.quantized_linear(hidden, self.embed_tokens, self.embed_format, None)
+        elif self.lm_head is None:
             logits = self.ops.linear(hidden, self.embed_tokens, None, self.head_transposed)
         else:
             logits = self.lm_head(hidden)
@@ -319,7 +334,8 @@ class CausalLM(nn.Module):
     def checkpoint_slots(self) -> CheckpointSlots:
         """Every checkpoint tensor this model needs, with the view it fills (HF names) and
         the rows of it this rank holds."""
-        yield "model.embed_tokens.weight", self.embedding, self.vocab_shard
+        if self.embed_format is None:  # else already filled (``keep_quantized_embedding``)
+            yield "model.embed_tokens.weight", self.embedding, self.vocab_shard
         for i, layer in enumerate(self.layers):
             yield from layer.checkpoint_slots(f"model.layers.{i}")
         yield "model.norm.weight", self.norm, None

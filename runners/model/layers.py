@@ -70,9 +70,19 @@ class Linear(nn.Module):
         shape = (in_features, out_features) if self.transposed else (out_features, in_features)
         self.weight = empty_weight(*shape)
         self.bias = empty_weight(out_features) if bias else None
+        # The GGML type of a weight kept quantized (``keep_quantized``), else None.
+        self.weight_format: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_format is not None:
+            return self.ops.quantized_linear(x, self.weight, self.weight_format, self.bias)
         return self.ops.linear(x, self.weight, self.bias, self.transposed)
+
+    def keep_quantized(self, packed: torch.Tensor, ggml_type: str) -> None:
+        """Hold the weight as ``packed`` records of ``ggml_type`` (``kernels.quant.pack``)
+        instead of floats; the float weight, never written, is freed."""
+        self.weight = frozen(packed)
+        self.weight_format = ggml_type
 
     def rows(self, rows: slice = slice(None)) -> torch.Tensor:
         """Output rows ``rows`` of W as an [out, in] view (what a checkpoint stores)."""
@@ -94,7 +104,8 @@ class Linear(nn.Module):
     ) -> CheckpointSlots:
         """``shard`` along dim 0 (output rows) applies to the bias too; along dim 1 (input
         columns, row-parallel) the bias is whole."""
-        yield f"{name}.weight", self.rows(rows), shard
+        if self.weight_format is None:  # else already filled (``keep_quantized``)
+            yield f"{name}.weight", self.rows(rows), shard
         if self.bias is not None:
             yield f"{name}.bias", self.bias[rows], shard if shard and shard.dim == 0 else None
 

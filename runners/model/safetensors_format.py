@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bytes per element of the dtypes this project writes.
-ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U8": 1}
 #: A header larger than this is refused (the format's own reader has a limit too).
 MAX_HEADER_BYTES = 100 * 2**20
 _LENGTH = struct.Struct("<Q")

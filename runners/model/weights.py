@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+from collections.abc import Set
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -264,15 +265,19 @@ def full_shape(view: torch.Tensor, shard: Shard | None) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def load_weights(model: CausalLM, source: TensorSource) -> None:
+def load_weights(
+    model: CausalLM, source: TensorSource, filled: Set[str] = frozenset()
+) -> None:
     """Copy every checkpoint tensor (or this rank's rows of it) into its slot, after
-    checking names and whole shapes."""
+    checking names and whole shapes; ``filled`` names tensors already in the model (kept
+    quantized: ``runners.model.quantized``)."""
     slots = {name: (view, shard) for name, view, shard in model.checkpoint_slots()}
     expected_shapes = {name: full_shape(view, shard) for name, (view, shard) in slots.items()}
     found = source.names()
     config = model.config
     mtp = tuple(f"model.layers.{config.num_layers + i}." for i in range(config.mtp_layers))
     ignored = {n for n in found if n.endswith(_IGNORED_SUFFIXES) or n.startswith(mtp)}
+    ignored |= filled
     if config.tie_word_embeddings:
         ignored.add("lm_head.weight")  # tied: the embedding is the head, as in transformers
     family = families.family(config.architecture)

@@ -6,7 +6,7 @@ import argparse
 
 from interlock.commands.common import add_context_flags, add_decision_log_args, add_policy_args
 from interlock.commands.run.orchestrate import IDS_MAX_TOKENS, TEXT_MAX_TOKENS, run
-from interlock.core.decision import DTYPE_CHOICES
+from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=DTYPE_CHOICES,
         default="auto",
         help="model dtype (auto: the checkpoint's)",
+    )
+    parser.add_argument(
+        "--weights", choices=WEIGHTS, default="auto",
+        help="a GGUF file's quantized weights: kept quantized (native), converted to floats at "
+        "load (dequantize), or auto: native where the quantized kernels run natively",
     )
     parser.add_argument(
         "--tensor-parallel-size", type=_positive, default=1, metavar="N",

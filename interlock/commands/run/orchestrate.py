@@ -166,6 +166,7 @@ def _execute(
         llm = LLM(
             model,
             dtype=args.dtype,
+            weights=args.weights,
             device=device,
             seed=args.seed,
             max_num_seqs=len(prompts),

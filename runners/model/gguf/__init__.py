@@ -6,7 +6,10 @@ everywhere else: ``config.json`` (the Hugging Face keys ``runners.model.config``
 reads; :mod:`.config`), ``model.safetensors`` (Hugging Face tensor names and
 layouts; :mod:`.tensors`), ``tokenizer.json`` (built with the ``tokenizers`` library
 from the GGUF vocabulary and merges) and ``tokenizer_config.json`` (the chat template
-and special tokens; :mod:`.tokenizer`). The file is read by :mod:`.reader`. Which
+and special tokens; :mod:`.tokenizer`), and ``quantized.safetensors``: the block-quantized
+weights' own bytes (uint8 [rows, bytes per row], q/k rows un-permuted, each tensor's GGML
+type in the metadata), which a runner keeps quantized with ``--weights native``
+(``runners.model.quantized``). The file is read by :mod:`.reader`. Which
 families convert, and how each differs, is what each declares in its ``GGUFFacts``.
 Torch-free: numpy, the ``gguf`` package (reading and dequantizing) and ``tokenizers``.
 """
@@ -22,17 +25,26 @@ from typing import Any, BinaryIO
 from interlock.runners.model.config import parse_config
 from interlock.runners.model.gguf.config import family_of, hf_config
 from interlock.runners.model.gguf.reader import Fields, GGUFError, open_reader
-from interlock.runners.model.gguf.tensors import GGUFTensor, gguf_tensor, safetensors_entry
+from interlock.runners.model.gguf.tensors import (
+    GGUFTensor,
+    gguf_tensor,
+    quantized_entry,
+    safetensors_entry,
+)
 from interlock.runners.model.gguf.tokenizer import build_tokenizer, tokenizer_fields
 from interlock.runners.model.safetensors_format import write_safetensors
 
-__all__ = ["CONVERTER_VERSION", "MODEL_FILES", "GGUFError", "GGUFModel", "convert", "read_gguf"]
+__all__ = ["CONVERTER_VERSION", "GGML_TYPES_KEY", "MODEL_FILES",
+           "GGUFError", "GGUFModel", "convert", "read_gguf"]
 
 #: Bumped whenever the converter's output changes: a cached conversion made by
 #: another version is converted again.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: quantized.safetensors
 
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+MODEL_FILES = ("config.json", "model.safetensors", "quantized.safetensors", "tokenizer.json",
+               "tokenizer_config.json")
+#: The metadata key of quantized.safetensors naming each tensor's GGML type (JSON).
+GGML_TYPES_KEY = "ggml_types"
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,12 @@ def convert(model: GGUFModel, directory: Path) -> None:
     write_safetensors(
         directory / "model.safetensors", [safetensors_entry(t) for t in model.tensors],
         {"source": model.path.name, "converter": f"interlock gguf v{CONVERTER_VERSION}"},
+    )
+    quantized = [t for t in model.tensors if t.quantized]
+    write_safetensors(
+        directory / "quantized.safetensors", [quantized_entry(t) for t in quantized],
+        {"source": model.path.name, "converter": f"interlock gguf v{CONVERTER_VERSION}",
+         GGML_TYPES_KEY: json.dumps({t.hf_name: t.ggml_type for t in quantized})},
     )
     tokenizer.save(str(directory / "tokenizer.json"))
     _write_json(directory / "tokenizer_config.json", tokenizer_config)

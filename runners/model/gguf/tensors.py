@@ -68,6 +68,11 @@ class GGUFTensor:
         """The safetensors dtype it is written as: its own when unquantized, else F32."""
         return _NATIVE.get(self.ggml_type, "F32")
 
+    @property
+    def quantized(self) -> bool:
+        """A block-quantized matrix (its bytes also go to quantized.safetensors as they are)."""
+        return self.ggml_type not in _NATIVE and len(self.shape) == 2
+
 
 def gguf_tensor(t: Any, facts: GGUFFacts, config: Mapping[str, Any], path: Path) -> GGUFTensor:
     name = t.name
@@ -145,3 +150,17 @@ def safetensors_entry(tensor: GGUFTensor) -> TensorEntry:
         return np.ascontiguousarray(values).tobytes()
 
     return TensorEntry(tensor.hf_name, tensor.stored_dtype, tensor.shape, data)
+
+
+def quantized_entry(tensor: GGUFTensor) -> TensorEntry:
+    """A quantized matrix's own bytes, uint8 [rows, bytes per row]: GGUF blocks never cross
+    a row, so un-permuting the q/k rows moves whole rows of bytes."""
+
+    def data() -> bytes:
+        rows = tensor.raw.reshape(tensor.shape[0], -1)
+        if tensor.rotary_heads is not None:
+            rows = unpermute_rotary(rows, tensor.rotary_heads)
+        return np.ascontiguousarray(rows).tobytes()
+
+    row_bytes = tensor.raw.size // tensor.shape[0]
+    return TensorEntry(tensor.hf_name, "U8", (tensor.shape[0], row_bytes), data)

