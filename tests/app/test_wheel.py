@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from checkout import python_in
 
+pytestmark = pytest.mark.usefixtures("isolated_env")
+
 #: Hugging Face's package of the same top-level name (a transformers optional dependency).
 HF_KERNELS = "kernels==0.17.2"
 
@@ -23,8 +25,6 @@ from pathlib import Path
 import kernels
 import interlock
 from interlock.kernels import REGISTRY
-
-pytestmark = pytest.mark.usefixtures("isolated_env")
 
 target = Path(sys.argv[1]).resolve()
 assert Path(interlock.__file__).resolve().is_relative_to(target), interlock.__file__

@@ -71,10 +71,11 @@ def test_unsupported_architecture_lists_supported_ones(llama_dir):
 
 
 def test_bad_dtype_and_load_format_list_allowed_values(llama_dir):
-    with pytest.raises(CheckpointError, match="dtype 'float64' is not supported; allowed: auto, "
+    # LLM's one argument check (interlock.app.arguments) refuses them before any loading
+    with pytest.raises(InputError, match="dtype='float64' is invalid; allowed: auto, "
                        "float32, bfloat16, float16"):
         tokens(llama_dir, dtype="float64")
-    with pytest.raises(ValueError, match="load_format 'pt' is not supported; allowed: auto, "
+    with pytest.raises(InputError, match="load_format='pt' is invalid; allowed: auto, "
                        "safetensors, dummy"):
         tokens(llama_dir, load_format="pt")
 
