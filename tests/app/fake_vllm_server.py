@@ -3,9 +3,10 @@
 ``vllm serve MODEL ... --host H --port P`` prints vLLM 0.33.0's startup lines (as
 fake_vllm_engine.py does, from the env and flags it is given) and then serves
 ``/health`` and an OpenAI-compatible ``/v1/completions`` (streamed or not) on H:P. Each
-streamed token takes ``FAKE_BASE_MS`` (default 2) + 3 ms under V2 + 1.2 ms with breakable
-graphs (no interaction). Greedy answers are a function of the prompt; ``FAKE_DIVERGE`` (e.g.
-``mrv1:true``: runner mrv1 with breakable graphs) changes them under that cell.
+streamed token takes ``FAKE_BASE_MS`` (default 2) + ``FAKE_V2_MS`` (default 3) ms under V2
++ 1.2 ms with breakable graphs (no interaction). Greedy answers are a function of the
+prompt; ``FAKE_DIVERGE`` (e.g. ``mrv1:true``: runner mrv1 with breakable graphs) changes
+them under that cell.
 ``FAKE_MODE=unhealthy`` never listens; ``FAKE_MODE=die`` exits at its first streamed request.
 """
 
@@ -37,7 +38,8 @@ v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
 breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1"
 mode_name = value("-cc.mode", "VLLM_COMPILE").upper()
 cudagraph = value("-cc.cudagraph_mode", "FULL_AND_PIECEWISE").upper()
-delay = (float(os.environ.get("FAKE_BASE_MS", "2")) + 3.0 * v2 + 1.2 * breakable) / 1e3
+v2_ms = float(os.environ.get("FAKE_V2_MS", "3"))
+delay = (float(os.environ.get("FAKE_BASE_MS", "2")) + v2_ms * v2 + 1.2 * breakable) / 1e3
 cell = f"{{'mrv2' if v2 else 'mrv1'}}:{{'true' if breakable else 'false'}}"
 diverge = os.environ.get("FAKE_DIVERGE") == cell
 

@@ -208,8 +208,9 @@ rules:
 def test_diff_measure_gates_a_policy_edit_on_the_engine(bench: Bench, tmp_path: Path) -> None:
     site = tmp_path / "site.yaml"
     site.write_text(SITE_MRV1)
-    # The edit moves Llama from V1 (the site's) back to V2 (the shipped default): +3 ms/token
-    # on the fake, and its greedy outputs differ.
+    # The edit moves Llama from V1 (the site's) back to V2 (the shipped default): +10 ms/token
+    # on this fake (3 by default: too close to a loaded machine's noise to gate on), and its
+    # greedy outputs differ.
     proc = subprocess.run(
         [sys.executable, "-m", "interlock.cli", "diff", f"@shipped{os.pathsep}{site}",
          "@shipped", "--measure", "--engine", "vllm", "--model", str(bench.model),
@@ -218,7 +219,8 @@ def test_diff_measure_gates_a_policy_edit_on_the_engine(bench: Bench, tmp_path: 
          "--trials", "5", "--warmup", "0", "--output-len", "16", "--concurrency", "2",
          "--requests-per-stream", "1", "--accuracy-tokens", "4", "--json",
          "--fail-on-divergence"],
-        capture_output=True, text=True, env={**bench.env, "FAKE_DIVERGE": "mrv2:false"},
+        capture_output=True, text=True,
+        env={**bench.env, "FAKE_DIVERGE": "mrv2:false", "FAKE_V2_MS": "10"},
         cwd=REPO, timeout=120, check=False,
     )
     assert proc.returncode == 1, proc.stderr
