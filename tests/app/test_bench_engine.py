@@ -66,6 +66,7 @@ def _effects(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"×".join(e["factors"]): e for e in effects}
 
 
+@pytest.mark.slow
 def test_the_bench_recovers_each_effect_and_no_interaction(bench: Bench) -> None:
     start = time.monotonic()
     proc, record = bench(*VARY, "--trials", "6", "--warmup", "1")

@@ -56,6 +56,7 @@ def _loopback_only(addresses: list[str]) -> bool:
     return all(ipaddress.ip_address(a.rsplit(":", 1)[0]).is_loopback for a in addresses)
 
 
+@pytest.mark.slow
 @linux
 def test_s3_every_listening_socket_of_a_tp_run_binds_loopback_only() -> None:
     from interlock.llm import LLM

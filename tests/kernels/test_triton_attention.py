@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +69,7 @@ def test_paged_decode_attention(
 
 
 @settings(max_examples=12, deadline=None)
+@pytest.mark.slow
 @given(data=st.data(), batch=st.integers(1, 3), kv_heads=st.integers(1, 2),
        group=st.sampled_from([1, 2, 4, 8]), head_size=HEAD_SIZES, window=WINDOW,
        dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1))

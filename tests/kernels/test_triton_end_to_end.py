@@ -73,11 +73,9 @@ def _generate(
     return tokens, {k.op: k for k in llm.report().kernels}
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.slow) if name in ("deepseek_v3", "glm_moe_dsa")
-    else name
-    for name in MODELS  # the MLA models take ~25 s each in the interpreter
-])
+# slow: 10-25 s a model in the interpreter on a 2-core machine (the MLA models the most).
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
 def test_every_op_forced_to_triton_generates_the_torch_tokens(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,6 +4,7 @@ distribution."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,6 +97,7 @@ def test_distribution_matches_the_softmax() -> None:
     _assert_follows(tokens, torch.softmax(logits[0].cpu() / 0.7, dim=-1))
 
 
+@pytest.mark.slow
 def test_distribution_under_top_k_and_top_p() -> None:
     draws = 150
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]], device=DEVICE).expand(draws, 5)

@@ -267,6 +267,7 @@ def test_smollm2_is_refused_at_two_ranks_naming_9_heads_and_2_ranks(smollm2, mon
     assert "Sizes that split it: 1, 3" in message
 
 
+@pytest.mark.slow
 def test_smollm2_at_three_ranks_answers_as_one(smollm2):
     prompt = "The capital of France is"
     params = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -46,6 +46,7 @@ def test_the_feature_and_the_flag_must_agree(policy_run, tiny_llama):
     assert "disagrees with --tensor-parallel-size 1" in result.err
 
 
+@pytest.mark.slow
 def test_torchrun_on_two_simulated_machines_gives_the_tokens_of_one_rank(policy_run, tiny_llama):
     """Two torchrun launchers (--nnodes 2 --nproc-per-node 1) meeting at a c10d rendezvous
     on 127.0.0.1, as two machines would."""

@@ -127,6 +127,7 @@ class CompilingMRV1(MRV1Runner):
     )
 
 
+@pytest.mark.slow
 def test_compile_compiles_each_graph_segment_before_capture(llama_oracle, monkeypatch):
     compiled = []
 
