@@ -164,3 +164,33 @@ def test_explaining_a_gguf_model_does_not_import_torch(tiny, tmp_path):
                           env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert '"architecture": "LlamaForCausalLM"' in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_weights_kept_quantized_give_the_float_paths_tokens(tiny, kind):
+    """Every block format end to end: the projections kept quantized (the tiny vocabulary
+    is no whole strips of 16, so its table and head are dequantized, each named), greedy
+    tokens those of the weights dequantized at load."""
+    path = tiny("llama", kind)
+    tokens, decisions = {}, {}
+    for weights in ("native", "dequantize"):
+        llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
+                  num_blocks=32, block_size=4, weights=weights)
+        outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+        tokens[weights] = [list(o.token_ids) for o in outputs]
+        decisions[weights] = llm.engine.runner.model.weight_decisions
+    assert tokens["native"] == tokens["dequantize"]
+    assert decisions["native"][f"native {kind.lower()}"].startswith(
+        "weights kept quantized (14 tensors)")
+    assert "model.embed_tokens.weight: its rows are not whole strips of 16" in (
+        decisions["native"]["dequantized"])
+    assert decisions["dequantize"] == {
+        "dequantized": "dequantized at load: weights dequantize was asked for"}
+
+
+def test_native_weights_without_a_gguf_file_are_refused_naming_why():
+    from interlock.runners.model.weights import CheckpointError
+
+    with pytest.raises(CheckpointError, match="weights native cannot be honoured: the model "
+                       "is not a GGUF file's conversion with quantized weights"):
+        LLM("demo", decision=Decision(), max_model_len=64, num_blocks=8, weights="native")
