@@ -109,7 +109,7 @@ def greedy_generators(llm: LLM, hf: torch.nn.Module) -> tuple[Generate, Generate
     """interlock's and transformers' greedy generation of ``outputs[i]`` tokens per prompt."""
 
     def ours(prompts: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
-        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in outputs]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
         return [o.token_ids for o in llm.generate(prompts, params)]
 
     def theirs(prompts: list[list[int]], outputs: list[int]) -> list[tuple[int, ...]]:
@@ -141,7 +141,7 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
     the decode attention op (timed alone on the same block tables, times the layers), and
     the part spent in matmuls (``matmul_ms``)."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(engine.make_request(prompt, params))
     engine.step()  # prefill

@@ -60,7 +60,7 @@ class Config:
 def decode_steps(llm: LLM, batch: int, steps: int, sync: bool) -> list[float]:
     """Seconds of each decode step after one prefill step of ``batch`` requests."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
     for i in range(batch):
         prompt = [(7 * i + j) % 1000 + 3 for j in range(PROMPT_LEN)]
         engine.add_request(engine.make_request(prompt, params))

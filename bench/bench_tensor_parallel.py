@@ -39,7 +39,7 @@ CONCURRENT = [list(range(1 + i, 10 + 3 * i)) for i in range(16)]
 
 
 def timed(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     start = time.perf_counter()
     llm.generate(prompts, params)
     return time.perf_counter() - start
@@ -87,7 +87,7 @@ def main() -> None:
 
     for llm in engines.values():  # warm up; tokens must agree
         timed(llm, [PROMPT], 4)
-    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     tokens = {n: [o.token_ids for o in llm.generate(CONCURRENT, params)]
               for n, llm in engines.items()}
     assert tokens[1] == tokens[size], f"TP={size} tokens differ from TP=1"

@@ -230,7 +230,8 @@ def _generate(
         max_num_seqs=len(TINY_PROMPTS), max_num_batched_tokens=8, max_model_len=64,
         runner=runner, decision=decision,
     )
-    outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(max_tokens=TINY_MAX_TOKENS))
+    outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(temperature=0,
+        max_tokens=TINY_MAX_TOKENS))
     return [list(o.token_ids) for o in outputs]
 
 

@@ -1,11 +1,10 @@
 """The Python API: ``LLM(model=...).generate(prompts, sampling_params)``.
 
-    from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock import LLM, SamplingParams
 
     llm = LLM("demo")
-    [out] = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
-    out.token_ids  # (8 token ids)
+    [out] = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8))
+    out.outputs[0].token_ids  # (8 token ids; out.token_ids is the same)
 
 A model with a ``tokenizer.json`` also accepts text prompts and returns
 text, and with a chat template (``tokenizer_config.json``) ``llm.chat(...)``
@@ -35,6 +34,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -42,20 +42,22 @@ from interlock.app.arguments import check_kv_cache_fits, check_llm_arguments
 from interlock.app.outputs import (
     CompletionOutput,
     GenerationInterrupted,
+    Logprob,
     Message,
     OnTokens,
     Prompt,
+    RequestOutput,
     as_prompt_list,
 )
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
 from interlock.core.errors import InputError
 from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
-from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport
+from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
 from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
-from interlock.runners.engine.request import Request
-from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.engine.request import FinishReason, Request
+from interlock.runners.engine.sampling import SEED_LIMIT, SamplingParams
 from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.sources import DEMO
@@ -65,8 +67,8 @@ if TYPE_CHECKING:
     from interlock.policy.resolution import Resolution
 
 __all__ = [
-    "LLM", "CompletionOutput", "GenerationInterrupted", "Message", "OnTokens", "Prompt",
-    "install_plugin_kernels",
+    "LLM", "CompletionOutput", "GenerationInterrupted", "Logprob", "Message", "OnTokens",
+    "Prompt", "RequestOutput", "install_plugin_kernels",
 ]
 
 LOG = logging.getLogger("interlock")
@@ -86,14 +88,18 @@ class LLM:
     ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
 
     ``generate(prompts, sampling_params)`` takes token-id lists or, with a tokenizer,
-    text, and returns one output per prompt; ``chat(messages)`` applies the model's chat
+    text, and returns one vLLM-shaped ``RequestOutput`` per prompt (``outputs``: its
+    ``n`` ``CompletionOutput``s); ``chat(messages)`` applies the model's chat
     template. Calls are serialised: one ``LLM`` is safe to share between threads, one
     call at a time. ``llm.resolution`` is the decision with its trace.
 
-    ``from interlock import LLM, SamplingParams`` imports both, as from vLLM; the
-    sampling parameters are interlock's own (``interlock.runners.engine.sampling``):
-    ``max_tokens``, ``temperature`` (0, the default, is greedy), ``top_k``, ``top_p``,
-    ``seed``, ``ignore_eos`` and ``stop_token_ids``.
+    ``from interlock import LLM, SamplingParams`` imports both, as from vLLM.
+    ``SamplingParams`` (``interlock.runners.engine.sampling``) has vLLM's common fields
+    with vLLM's defaults and meaning (``temperature`` 1.0: pass 0 for greedy): ``n``,
+    ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, the presence,
+    frequency and repetition penalties, ``seed``, ``stop``, ``stop_token_ids``,
+    ``include_stop_str_in_output``, ``ignore_eos`` and ``logprobs``; any other vLLM field
+    is refused by name (docs/runners-and-graphs.md).
     """
 
     def __init__(
@@ -211,11 +217,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         on_tokens: OnTokens | None = None,
-    ) -> list[CompletionOutput]:
+    ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in prompt order.
 
         ``on_tokens(index, token_ids, finish_reason)`` is called after every step in
-        which prompt ``index`` got a token (for streaming).
+        which prompt ``index`` got a token (for streaming; with ``n`` 1).
 
         All requests are validated before any runs: one that cannot fit the
         engine even alone raises ``RequestRejected`` and nothing is run.
@@ -244,7 +250,7 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         on_tokens: OnTokens | None,
-    ) -> list[CompletionOutput]:
+    ) -> list[RequestOutput]:
         batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
@@ -252,34 +258,60 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(batch):
                 raise InputError(f"{len(params)} sampling params for {len(batch)} prompts")
-        requests = []
+        groups: list[list[Request]] = []  # per prompt, its n completions' requests
         for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
             try:  # errors name the caller's position, not the engine's request id
                 if not isinstance(p, SamplingParams):
                     raise InputError(f"expected SamplingParams, got {type(p).__name__}")
-                requests.append(self.engine.make_request(self.encode(prompt), p))
+                if p.stop and self.tokenizer is None:
+                    raise InputError(
+                        f"stop={list(p.stop)!r}: stop strings are matched in the text, and "
+                        "this model has no tokenizer.json; use stop_token_ids"
+                    )
+                if p.n > 1 and on_tokens is not None:
+                    raise InputError(
+                        f"n={p.n} with on_tokens: streaming reports one completion per prompt; "
+                        "use n=1 or no on_tokens"
+                    )
+                token_ids = self.encode(prompt)
+                groups.append([self.engine.make_request(token_ids, c) for c in _completions(p)])
             except InputError as exc:
                 raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
+        requests = [r for group in groups for r in group]
         for request in requests:
             self.engine.add_request(request)
         seen = [0] * len(requests)
         try:
             while self.engine.has_unfinished():
                 self.engine.step()
-                if on_tokens is not None:
-                    for index, request in enumerate(requests):
-                        if len(request.output_token_ids) > seen[index]:
-                            seen[index] = len(request.output_token_ids)
-                            reason = request.finish_reason
-                            on_tokens(index, tuple(request.output_token_ids),
-                                      None if reason is None else reason.value)
+                for index, request in enumerate(requests):
+                    if len(request.output_token_ids) == seen[index]:
+                        continue
+                    seen[index] = len(request.output_token_ids)
+                    if request.params.stop:
+                        self._check_stop_strings(request)
+                    if on_tokens is not None:
+                        reason = request.finish_reason
+                        on_tokens(index, tuple(request.output_token_ids),
+                                  None if reason is None else reason.value)
         except BaseException as exc:
             # Every request of the call ends here, one way or the other: none stays running.
             self.engine.abort(requests)
             if isinstance(exc, KeyboardInterrupt):
-                raise GenerationInterrupted([self._output(r) for r in requests]) from exc
+                raise GenerationInterrupted(self._outputs(batch, groups)) from exc
             raise
-        return [self._output(r) for r in requests]
+        return self._outputs(batch, groups)
+
+    def _check_stop_strings(self, request: Request) -> None:
+        """Finish ``request`` if its text now holds one of its stop strings (vLLM's
+        ``stop``); a request that just ended by length ends by the stop string instead."""
+        found = _first_stop(self.decode(request.output_token_ids), request.params.stop)
+        if found is None or request.stop_reason is not None:
+            return
+        if request.finish_reason is FinishReason.LENGTH:
+            request.finish(FinishReason.STOP, request.finish_time or 0.0, found[1])
+        elif request.finish_reason is None:
+            self.engine.stop(request, found[1])
 
     def chat(
         self,
@@ -287,7 +319,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         on_tokens: OnTokens | None = None,
-    ) -> list[CompletionOutput]:
+    ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of messages) or several, each rendered
         with the model's chat template and an assistant turn to answer."""
         if not isinstance(conversations, (list, tuple)):
@@ -352,23 +384,90 @@ class LLM:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _output(self, request: Request) -> CompletionOutput:
+    def _outputs(self, batch: list[Prompt], groups: list[list[Request]]) -> list[RequestOutput]:
+        return [
+            self._request_output(prompt, group) for prompt, group in zip(batch, groups, strict=True)
+        ]
+
+    def _request_output(self, prompt: Prompt, group: list[Request]) -> RequestOutput:
+        first = group[0]
+        outputs = [self._completion(index, r) for index, r in enumerate(group)]
+        started = first.first_token_time
+        ttft = 0.0 if started is None else started - first.arrival_time
+        decode_time = 0.0 if started is None else (first.finish_time or started) - started
+        count = len(first.output_token_ids)
+        return RequestOutput(
+            request_id=first.request_id,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=outputs,
+            finished=all(o.finished() for o in outputs),
+            ttft_s=ttft,
+            tpot_s=decode_time / (count - 1) if count > 1 else 0.0,
+        )
+
+    def _completion(self, index: int, request: Request) -> CompletionOutput:
         if request.finish_reason is None:  # generate finishes or aborts each of its requests
             raise RuntimeError(f"request {request.request_id} has not finished")
         tokens = tuple(request.output_token_ids)
-        text = None if self.tokenizer is None else self.decode(tokens)
-        first = request.first_token_time
-        ttft = 0.0 if first is None else first - request.arrival_time
-        decode_time = 0.0 if first is None else (request.finish_time or first) - first
+        params = request.params
+        logprobs = None
+        cumulative = None
+        if params.logprobs is not None:
+            logprobs = [self._logprobs(token, step) for token, step
+                        in zip(tokens, request.logprobs, strict=True)]
+            cumulative = sum(step.logprob for step in request.logprobs)
         return CompletionOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
+            index=index,
+            text=None if self.tokenizer is None else self._text(request),
             token_ids=tokens,
-            text=text,
+            cumulative_logprob=cumulative,
+            logprobs=logprobs,
             finish_reason=request.finish_reason.value,
-            ttft_s=ttft,
-            tpot_s=decode_time / (len(tokens) - 1) if len(tokens) > 1 else 0.0,
+            stop_reason=request.stop_reason,
         )
+
+    def _text(self, request: Request) -> str:
+        """The completion's text as vLLM gives it: without the EOS or stop token that
+        ended it, cut before the stop string that did, unless include_stop_str_in_output."""
+        tokens = request.output_token_ids
+        keep = request.params.include_stop_str_in_output
+        stopped = request.finish_reason is FinishReason.STOP
+        if stopped and not keep and not isinstance(request.stop_reason, str):
+            tokens = tokens[:-1]
+        text = self.decode(tokens)
+        if stopped and isinstance(request.stop_reason, str):
+            found = _first_stop(text, request.params.stop)
+            if found is not None:
+                at, stop = found
+                text = text[: at + len(stop)] if keep else text[:at]
+        return text
+
+    def _logprobs(self, token: int, step: SampleLogprobs) -> dict[int, Logprob]:
+        def entry(token_id: int, logprob: float, rank: int) -> Logprob:
+            text = None if self.tokenizer is None else self.decode([token_id])
+            return Logprob(logprob, rank, text)
+
+        out = {t: entry(t, lp, rank) for rank, (t, lp) in enumerate(step.top, start=1)}
+        out.setdefault(token, entry(token, step.logprob, step.rank))
+        return out
+
+
+def _completions(params: SamplingParams) -> list[SamplingParams]:
+    """One request's parameters per completion: ``n`` independent samples, completion
+    ``i`` seeded ``seed + i`` where a seed is given (else each draws its own)."""
+    if params.n == 1:
+        return [params]
+    return [
+        replace(params, n=1, seed=None if params.seed is None else (params.seed + i) % SEED_LIMIT)
+        for i in range(params.n)
+    ]
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest stop string in ``text`` and where it starts."""
+    hits = [(at, stop) for stop in stops if (at := text.find(stop)) >= 0]
+    return min(hits) if hits else None
 
 
 def _without_request_id(exc: Exception) -> str:

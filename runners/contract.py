@@ -14,8 +14,10 @@ A runner executes a model for the engine. Its lifecycle is two calls:
    change.
 2. ``execute(batch)`` — once per engine step. ``batch`` holds every sequence
    scheduled this step, prefill chunks and decodes mixed, each with the
-   tokens to feed, where they start, its KV block table and how to sample.
-   Return one sampled token per sequence that asks for one.
+   tokens to feed, where they start, its KV block table and how to sample
+   (``Sampling``: temperature, top-k/top-p/min-p, penalties, logprobs; a sequence whose
+   sampling is penalised also carries its prompt and output tokens so far). Return one
+   sampled token per sequence that asks for one, and its logprobs where asked for.
 
 ``report()`` says what the runner actually did: kernel choices, graphs,
 fallbacks (e.g. a size whose capture failed and which runs eagerly). It may
@@ -89,13 +91,27 @@ class KVCacheSpec:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to pick a sequence's next token. temperature 0 is greedy; top_k 0 and
-    top_p 1.0 are off. The draw depends only on (seed, step), never on the batch."""
+    """How to pick a sequence's next token, with ``SamplingParams``' meaning
+    (``interlock.runners.engine.sampling``). temperature 0 is greedy; top_k 0, top_p 1.0
+    and min_p 0.0 are off, as are the penalties at 0, 0 and 1. The penalties change the
+    logits before the draw (greedy too). logprobs -1: none; N >= 0: the N most likely
+    tokens' log-probabilities and the sampled one's, of the raw logits. The draw depends
+    only on (seed, step), never on the batch."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int = -1
+
+    @property
+    def penalised(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
 
 @dataclass(frozen=True)
@@ -118,6 +134,10 @@ class ScheduledSequence:
     #: The request's slot of the recurrent-state pool (models with linear attention), -1
     #: for a model without one.
     state_slot: int = -1
+    #: Only where ``sampling.penalised`` (else empty): the request's prompt and the
+    #: tokens it has generated so far, which the penalties count.
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -146,11 +166,23 @@ class ScheduledBatch:
 
 
 @dataclass(frozen=True)
+class SampleLogprobs:
+    """The log-probabilities of one sampled token's step (``Sampling.logprobs``)."""
+
+    logprob: float  # of the sampled token
+    rank: int  # of the sampled token, 1 = the most likely
+    top: tuple[tuple[int, float], ...]  # the N most likely (token id, logprob), best first
+
+
+@dataclass(frozen=True)
 class RunnerOutput:
     """One entry per scheduled sequence, in batch order: the sampled token, or
-    None where the sequence did not ask for one (``sample=False``)."""
+    None where the sequence did not ask for one (``sample=False``). ``logprobs``:
+    empty when no sequence asks for them, else one entry per sequence (None where
+    it did not ask or sampled nothing)."""
 
     token_ids: tuple[int | None, ...]
+    logprobs: tuple[SampleLogprobs | None, ...] = ()
 
 
 @dataclass(frozen=True)

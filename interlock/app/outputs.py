@@ -17,21 +17,65 @@ OnTokens = Callable[[int, tuple[int, ...], str | None], None]
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """vLLM's: a token's log-probability, its rank (1 = most likely), its text."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None  # None without a tokenizer
+
+
+@dataclass(frozen=True)
 class CompletionOutput:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
+    """One completion of a prompt, as vLLM's ``CompletionOutput``."""
+
+    index: int  # which of the prompt's ``n`` completions
     text: str | None  # None without a tokenizer
+    token_ids: tuple[int, ...]
+    #: The sum of the sampled tokens' logprobs; None unless ``logprobs`` was asked for.
+    cumulative_logprob: float | None
+    #: Per generated token: the sampled and the ``logprobs`` most likely tokens; None
+    #: unless asked for.
+    logprobs: list[dict[int, Logprob]] | None
     finish_reason: str  # "length" | "stop" | "aborted"
-    ttft_s: float  # arrival to first token
+    stop_reason: int | str | None  # the stop token id or stop string; None: EOS or length
+
+    def finished(self) -> bool:
+        return self.finish_reason != "aborted"
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One prompt's result, as vLLM's ``RequestOutput``: ``outputs`` holds its ``n``
+    completions. ``token_ids``, ``text`` and ``finish_reason`` (of the first completion),
+    ``ttft_s`` and ``tpot_s`` are interlock's own shorthands."""
+
+    request_id: str
+    prompt: str | None  # the prompt's text; None for a prompt given as token ids
+    prompt_token_ids: tuple[int, ...]
+    outputs: list[CompletionOutput]
+    finished: bool
+    ttft_s: float  # arrival to first token (of the first completion)
     tpot_s: float  # mean time per output token after the first (0 for one token)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str | None:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
 
 
 class GenerationInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``generate``: ``outputs`` holds what each prompt generated so far
     (unfinished ones with finish reason ``aborted``)."""
 
-    def __init__(self, outputs: list[CompletionOutput]) -> None:
+    def __init__(self, outputs: list[RequestOutput]) -> None:
         super().__init__()
         self.outputs = outputs
 

@@ -154,7 +154,7 @@ def run_trials(
 
     units = [(c, b) for c in range(len(loaded)) for b in workload.batch_sizes]
     order = block_order(len(units), workload.warmup + workload.trials, workload.seed)
-    params = SamplingParams(max_tokens=workload.max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=workload.max_tokens, ignore_eos=True)
     samples = []
     for block, row in enumerate(order):
         for position, unit in enumerate(row):

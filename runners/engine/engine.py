@@ -6,9 +6,10 @@ import itertools
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, Runner, RunnerReport
-from interlock.runners.engine.request import Request
+from interlock.runners.engine.request import FinishReason, Request
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected, Scheduler
 
@@ -54,6 +55,14 @@ class Engine:
             raise RequestRejected(
                 f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
             )
+        if params.max_tokens is None:  # vLLM's: as many as the model length leaves
+            left = self.model.max_model_len - len(tokens)
+            if left < 1:
+                raise RequestRejected(
+                    f"the prompt ({len(tokens)} tokens) leaves no room under max_model_len "
+                    f"{self.model.max_model_len} for max_tokens=None"
+                )
+            params = replace(params, max_tokens=left)
         seed = params.seed if params.seed is not None else self._seeds.randrange(2**31)
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._ids)),
@@ -85,6 +94,11 @@ class Engine:
     def abort(self, requests: Sequence[Request]) -> None:
         """End the unfinished ``requests`` (finish reason ``aborted``), freeing their cache."""
         self.scheduler.abort(list(requests), time.perf_counter())
+
+    def stop(self, request: Request, stop_reason: str) -> None:
+        """Finish ``request`` between steps, as stopped by ``stop_reason`` (a stop string
+        its text reached: the engine sees tokens, its caller the text)."""
+        self.scheduler.stop(request, FinishReason.STOP, time.perf_counter(), stop_reason)
 
     def report(self) -> RunnerReport:
         return self.runner.report()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from interlock.runners.contract import SampleLogprobs
 from interlock.runners.engine.sampling import SamplingParams
 
 
@@ -16,7 +17,7 @@ class RequestStatus(Enum):
 
 class FinishReason(str, Enum):
     LENGTH = "length"  # max_tokens reached
-    STOP = "stop"  # EOS or a stop token
+    STOP = "stop"  # EOS, a stop token or a stop string
     ABORTED = "aborted"  # the call failed or was interrupted before the request finished
 
 
@@ -37,6 +38,10 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     state_slot: int = -1  # its recurrent-state pool slot while running (-1: none)
+    #: Per output token, where ``params.logprobs`` asks for them.
+    logprobs: list[SampleLogprobs] = field(default_factory=list)
+    #: vLLM's: the stop token id or stop string that finished it (None: EOS, length).
+    stop_reason: int | str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -45,7 +50,7 @@ class Request:
     @property
     def max_kv_tokens(self) -> int:
         """Cache slots the request needs at its longest (the last token is never fed)."""
-        return len(self.prompt_token_ids) + self.params.max_tokens - 1
+        return len(self.prompt_token_ids) + self.max_tokens - 1
 
     def token_ids(self, start: int, count: int) -> tuple[int, ...]:
         """Tokens [start, start + count) of prompt followed by output."""
@@ -57,19 +62,31 @@ class Request:
             return tuple(self.output_token_ids[offset : offset + count])
         return (prompt + tuple(self.output_token_ids))[start : start + count]
 
-    def append_token(self, token: int, now: float) -> None:
+    @property
+    def max_tokens(self) -> int:
+        """``params.max_tokens``, which the engine resolves (None there) at admission."""
+        assert self.params.max_tokens is not None
+        return self.params.max_tokens
+
+    def append_token(self, token: int, now: float,
+                     logprobs: SampleLogprobs | None = None) -> None:
         """Record a sampled token and finish the request if it ends here."""
         self.output_token_ids.append(token)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
         if self.first_token_time is None:
             self.first_token_time = now
         params = self.params
-        eos = not params.ignore_eos and token in self.eos_token_ids
-        if eos or token in params.stop_token_ids:
+        if token in params.stop_token_ids:
+            self.finish(FinishReason.STOP, now, token)
+        elif not params.ignore_eos and token in self.eos_token_ids:
             self.finish(FinishReason.STOP, now)
-        elif len(self.output_token_ids) >= params.max_tokens:
+        elif len(self.output_token_ids) >= self.max_tokens:
             self.finish(FinishReason.LENGTH, now)
 
-    def finish(self, reason: FinishReason, now: float) -> None:
+    def finish(self, reason: FinishReason, now: float,
+               stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.finish_time = now
+        self.stop_reason = stop_reason

@@ -65,7 +65,7 @@ class Scheduler:
 
     def check_fits(self, request: Request) -> None:
         model, cache = self.model, self.kv_cache
-        prompt_len, max_tokens = len(request.prompt_token_ids), request.params.max_tokens
+        prompt_len, max_tokens = len(request.prompt_token_ids), request.max_tokens
         if prompt_len == 0:
             raise RequestRejected(f"request {request.request_id}: the prompt is empty")
         if prompt_len + max_tokens > model.max_model_len:
@@ -129,15 +129,24 @@ class Scheduler:
     def _describe(self, request: Request, count: int) -> ScheduledSequence:
         start = request.num_computed_tokens
         params = request.params
+        sampling = Sampling(
+            params.temperature, params.top_k, params.top_p, request.seed, params.min_p,
+            params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            -1 if params.logprobs is None else params.logprobs,
+        )
+        sample = start + count == request.num_tokens
+        history = sample and sampling.penalised  # what the penalties count, when they apply
         return ScheduledSequence(
             request_id=request.request_id,
             token_ids=request.token_ids(start, count),
             start_position=start,
             block_table=tuple(request.block_table),
-            sampling=Sampling(params.temperature, params.top_k, params.top_p, request.seed),
+            sampling=sampling,
             step=len(request.output_token_ids),
-            sample=start + count == request.num_tokens,
+            sample=sample,
             state_slot=request.state_slot,
+            prompt_token_ids=request.prompt_token_ids if history else (),
+            output_token_ids=tuple(request.output_token_ids) if history else (),
         )
 
     def update(self, output: RunnerOutput, now: float) -> list[Request]:
@@ -147,14 +156,27 @@ class Scheduler:
                 f"runner returned {len(output.token_ids)} tokens for "
                 f"{len(self._scheduled)} scheduled sequences"
             )
+        logprobs = output.logprobs or (None,) * len(self._scheduled)
+        if len(logprobs) != len(self._scheduled):
+            raise RuntimeError(
+                f"runner returned {len(logprobs)} logprobs entries for "
+                f"{len(self._scheduled)} scheduled sequences"
+            )
         finished = []
-        for (request, count), token in zip(self._scheduled, output.token_ids, strict=True):
+        for (request, count), token, logprob in zip(
+            self._scheduled, output.token_ids, logprobs, strict=True
+        ):
             request.num_computed_tokens += count
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk short of the prompt's end
             if token is None:
                 raise RuntimeError(f"runner sampled no token for request {request.request_id}")
-            request.append_token(token, now)
+            if request.params.logprobs is not None and logprob is None:
+                raise RuntimeError(
+                    f"runner returned no logprobs for request {request.request_id}, which asks "
+                    f"for logprobs={request.params.logprobs}"
+                )
+            request.append_token(token, now, logprob)
             if request.status is RequestStatus.FINISHED:
                 self._release(request)
                 self.running.remove(request)
@@ -176,15 +198,20 @@ class Scheduler:
         """Finish unfinished ``requests`` as aborted and free their blocks; the batch in
         flight (if a step failed) is forgotten, so the engine is clean for the next call."""
         for request in requests:
-            if request.status is RequestStatus.FINISHED:
-                continue
-            if request in self.running:
-                self.running.remove(request)
-                self._release(request)
-            elif request in self.waiting:
-                self.waiting.remove(request)
-            request.finish(FinishReason.ABORTED, now)
+            self.stop(request, FinishReason.ABORTED, now)
         self._scheduled = []
+
+    def stop(self, request: Request, reason: FinishReason, now: float,
+             stop_reason: str | None = None) -> None:
+        """Finish ``request`` between steps (a stop string its text reached, an abort)."""
+        if request.status is RequestStatus.FINISHED:
+            return
+        if request in self.running:
+            self.running.remove(request)
+            self._release(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.finish(reason, now, stop_reason)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

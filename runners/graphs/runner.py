@@ -35,6 +35,12 @@ from interlock.runners.contract import (
 from interlock.runners.dispatch import KernelTable, build_kernel_table, platform_of
 from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
 from interlock.runners.graphs.capture import forward_logits
+from interlock.runners.graphs.logits import (
+    LOGITS_REPORT,
+    needs_processing,
+    process_logits,
+    sample_logprobs,
+)
 from interlock.runners.graphs.manager import GraphManager
 from interlock.runners.graphs.plan import CapturePlan
 from interlock.runners.machine import why_missing
@@ -183,14 +189,16 @@ class GraphRunner(ABC):
             key, program = chosen
             inputs, sampling = self.stage(batch, self.graphs.inputs(key, batch.decode_only))
             logits = program.replay(inputs.metadata)[0][:count]
+        processed = process_logits(logits, batch) if needs_processing(batch) else logits
         sampled = self.ops.sample(
-            logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds,
+            processed, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seeds,
             sampling.steps,
         )
         self.end_step(batch, inputs, sampled)
         tokens = sampled.tolist()
         return RunnerOutput(
-            tuple(t if s.sample else None for t, s in zip(tokens, batch.sequences, strict=True))
+            tuple(t if s.sample else None for t, s in zip(tokens, batch.sequences, strict=True)),
+            sample_logprobs(logits, tokens, batch),
         )
 
     def _reason(self, choice: KernelChoice) -> str:
@@ -210,7 +218,7 @@ class GraphRunner(ABC):
             device=str(self.device),
             dtype=self.model_spec.dtype,
             kernels=tuple(KernelReport(c.op, c.label, self._reason(c))
-                          for c in self.kernel_choices()),
+                          for c in self.kernel_choices()) + (LOGITS_REPORT,),
             cudagraph=self.decision.cudagraph,
             breakable=self.decision.breakable,
             captured_sizes=graphs.captured_sizes,

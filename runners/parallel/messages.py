@@ -7,7 +7,7 @@ rank loads, once) and ``step`` (one scheduled batch); ``stop`` ends the workers.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from typing import Any
 
 from interlock.runners.contract import (
@@ -67,8 +67,8 @@ def step_message(batch: ScheduledBatch) -> dict[str, Any]:
         "seqs": [
             [
                 s.request_id, s.token_ids, s.start_position, s.block_table,
-                [s.sampling.temperature, s.sampling.top_k, s.sampling.top_p, s.sampling.seed],
-                s.step, s.sample, s.state_slot,
+                list(astuple(s.sampling)), s.step, s.sample, s.state_slot,
+                s.prompt_token_ids, s.output_token_ids,
             ]
             for s in batch.sequences
         ],
@@ -88,8 +88,11 @@ def step_batch(message: dict[str, Any]) -> ScheduledBatch:
                 step=step,
                 sample=sample,
                 state_slot=slot,
+                prompt_token_ids=tuple(prompt),
+                output_token_ids=tuple(output),
             )
-            for rid, tokens, start, table, sampling, step, sample, slot in message["seqs"]
+            for rid, tokens, start, table, sampling, step, sample, slot, prompt, output
+            in message["seqs"]
         ),
         tuple(message["finished"]),
     )

@@ -15,7 +15,7 @@ from interlock.runners.mrv1.runner import MRV1Runner, RunnerError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-GREEDY = SamplingParams(max_tokens=5, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 
 
 @pytest.fixture
@@ -26,7 +26,8 @@ def llama_llm(tiny_models) -> LLM:
 
 def test_prompts_as_one_or_many_token_lists(llama_llm):
     [single] = llama_llm.generate([4, 5, 6], GREEDY)
-    many = llama_llm.generate([[4, 5, 6], [7, 8]], [GREEDY, SamplingParams(max_tokens=2)])
+    many = llama_llm.generate([[4, 5, 6], [7, 8]], [GREEDY, SamplingParams(temperature=0,
+        max_tokens=2)])
     assert many[0].token_ids == single.token_ids and len(many[1].token_ids) == 2
     assert single.prompt_token_ids == (4, 5, 6)
     assert single.finish_reason == "length" and single.text is None
@@ -54,7 +55,8 @@ def test_an_oversized_request_is_rejected_before_anything_runs(tiny_models):
     llm = LLM(str(tiny_models.path("llama")), num_blocks=2, max_model_len=64,
               decision=Decision())
     with pytest.raises(RequestRejected, match=r"needs 4 KV blocks .* the cache has only 2"):
-        llm.generate([[1, 2], list(range(60))], [GREEDY, SamplingParams(max_tokens=4)])
+        llm.generate([[1, 2], list(range(60))], [GREEDY, SamplingParams(temperature=0,
+            max_tokens=4)])
     assert not llm.engine.has_unfinished()
     assert len(llm.generate([[1, 2]], GREEDY)[0].token_ids) == GREEDY.max_tokens
 

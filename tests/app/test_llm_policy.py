@@ -19,7 +19,7 @@ from interlock.runners.mrv1.runner import MRV1Runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-GREEDY = SamplingParams(max_tokens=3, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 SITE_MRV1 = (
     'schema_version: 1\nversion: "site"\nrules:\n'
     "  - {id: site-llama-on-mrv1, when: {architecture: LlamaForCausalLM},"

@@ -17,7 +17,7 @@ def test_from_interlock_import_llm_and_sampling_params() -> None:
     from interlock.runners.engine.sampling import SamplingParams as Engine
 
     assert LLM is Direct and SamplingParams is Engine
-    [out] = LLM("demo").generate([[1, 2, 3]], SamplingParams(max_tokens=3))
+    [out] = LLM("demo").generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))
     assert len(out.token_ids) == 3
 
 

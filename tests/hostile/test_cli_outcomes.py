@@ -110,10 +110,11 @@ def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkey
 
     monkeypatch.setattr(runner, "execute", failing)
     with pytest.raises(RuntimeError, match="step failed"):
-        llm.generate([[1, 2], [3, 4, 5]], SamplingParams(max_tokens=4))
+        llm.generate([[1, 2], [3, 4, 5]], SamplingParams(temperature=0, max_tokens=4))
     assert not llm.engine.has_unfinished()
     assert llm.engine.scheduler.allocator.num_free == llm.engine.kv_cache.num_blocks
-    [out] = llm.generate([[1, 2]], SamplingParams(max_tokens=2))  # the engine still works
+    [out] = llm.generate([[1, 2]], SamplingParams(temperature=0,
+        max_tokens=2))  # the engine still works
     assert len(out.token_ids) == 2
 
 

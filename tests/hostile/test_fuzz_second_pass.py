@@ -404,7 +404,7 @@ def test_llm_arguments(arguments: dict[str, Any]) -> None:
         from interlock.runners.engine.sampling import SamplingParams
 
         llm = LLM("demo", **arguments)
-        llm.generate([[1, 2]], SamplingParams(max_tokens=1))
+        llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=1))
         return "ran"
 
     bounded(case)

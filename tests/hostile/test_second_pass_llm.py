@@ -193,7 +193,7 @@ def test_w8_bytes_are_not_token_ids_and_tiny_temperatures_are_refused(cli) -> No
 def test_c12_concurrent_generate_calls_are_serialised() -> None:
     llm = LLM("demo", decision=EAGER, max_num_seqs=4)
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16]]
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     expected = [o.token_ids for o in llm.generate(prompts, params)]
     results: dict[int, Any] = {}
 
@@ -215,11 +215,11 @@ def test_c12_generate_from_its_own_callback_is_refused() -> None:
     llm = LLM("demo", decision=EAGER, max_num_seqs=1)
 
     def again(index: int, tokens: tuple[int, ...], reason: str | None) -> None:
-        llm.generate([[1]], SamplingParams(max_tokens=1))
+        llm.generate([[1]], SamplingParams(temperature=0, max_tokens=1))
 
     with pytest.raises(InputError, match="on_tokens callback"):
-        llm.generate([[1, 2]], SamplingParams(max_tokens=2), on_tokens=again)
-    assert llm.generate([[1, 2]], SamplingParams(max_tokens=1))  # still usable
+        llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=2), on_tokens=again)
+    assert llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=1))  # still usable
 
 
 # -- C15, U7: LLM(...) arguments ----------------------------------------------------------

@@ -63,7 +63,7 @@ def test_s3_every_listening_socket_of_a_tp_run_binds_loopback_only() -> None:
 
     before = _listening(os.getpid())
     with LLM("demo", max_num_seqs=1, tensor_parallel_size=2) as llm:
-        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))
+        llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
         runner = llm.engine.runner
         pids = [os.getpid(), *runner.worker_pids]
         sockets = {pid: _listening(pid) for pid in pids}
@@ -89,7 +89,7 @@ def test_s3_a_single_process_run_listens_on_nothing() -> None:
     from interlock.llm import LLM
 
     before = _listening(os.getpid())
-    LLM("demo", max_num_seqs=1).generate([[1, 2]], SamplingParams(max_tokens=2))
+    LLM("demo", max_num_seqs=1).generate([[1, 2]], SamplingParams(temperature=0, max_tokens=2))
     assert _listening(os.getpid()) == before
 
 
@@ -160,7 +160,7 @@ def test_u5_a_stopped_worker_is_named_not_rank_0(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("INTERLOCK_TP_TIMEOUT", "10")
     llm = LLM("demo", max_num_seqs=1, tensor_parallel_size=2, decision=Decision(runner="mrv1"))
     engine = llm.engine
-    engine.add_request(engine.make_request([1, 2, 3], SamplingParams(max_tokens=50)))
+    engine.add_request(engine.make_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=50)))
     engine.step()
     [pid] = engine.runner.worker_pids
     os.kill(pid, signal.SIGSTOP)

@@ -59,7 +59,7 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 # Several KV blocks, a single token, and one in between; batched together.
 PROMPTS = [[(7 * i + 3) % 256 for i in range(37)], [5], [11, 40, 99, 3, 250, 17, 64, 8, 31]]
-GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
 def _generate(

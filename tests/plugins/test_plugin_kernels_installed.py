@@ -63,7 +63,7 @@ def declaring(target: str) -> object:
 def generate(model: Path, runner: str) -> tuple[list[tuple[int, ...]], dict[str, tuple[str, str]]]:
     llm = LLM(model, load_format="dummy", dtype="float32", device="cpu", max_model_len=64,
               max_num_seqs=4, decision=Decision(runner=runner, cudagraph="none"))
-    outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(max_tokens=4))
+    outputs = llm.generate(list(TINY_PROMPTS), SamplingParams(temperature=0, max_tokens=4))
     return ([o.token_ids for o in outputs],
             {k.op: (k.implementation, k.reason) for k in llm.report().kernels})
 

@@ -45,7 +45,8 @@ def test_more_prompts_than_max_num_seqs_run_on_mrv2_within_its_request_state() -
     runner = CountingMRV2()
     engine = Engine(spec, plan_kv_cache(spec, 16, num_blocks=32), runner,
                     Decision(runner="mrv2"))
-    requests = [engine.make_request(p, SamplingParams(max_tokens=2)) for p in PROMPTS]
+    requests = [engine.make_request(p, SamplingParams(temperature=0,
+        max_tokens=2)) for p in PROMPTS]
     for request in requests:
         engine.add_request(request)
     while engine.has_unfinished():
@@ -59,7 +60,7 @@ def test_llm_builds_the_configuration_once_for_cache_scheduler_and_runner() -> N
     runner = CountingMRV2()
     llm = LLM("demo", max_num_seqs=2, max_num_batched_tokens=64, max_model_len=64,
               num_blocks=32, runner=runner, decision=Decision(runner="mrv2"))
-    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=2))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2))
     assert [len(o.token_ids) for o in outputs] == [2] * 4
     assert max(runner.widths) == 2
     assert llm.engine.model is llm.engine.scheduler.model is runner.model_spec

@@ -24,7 +24,7 @@ def test_sampling_params_are_validated():
     for kwargs, message in [
         ({"max_tokens": 0}, "max_tokens=0 is invalid"),
         ({"temperature": -1.0}, "temperature=-1.0 is invalid; allowed: a finite number >= 0"),
-        ({"top_k": -1}, "top_k=-1 is invalid"),
+        ({"top_k": -2}, "top_k=-2 is invalid"),  # -1 is off, as in vLLM
         ({"top_p": 0.0}, r"top_p=0.0 is invalid; allowed: a number with 0 < top_p <= 1"),
         ({"seed": -3}, "seed=-3 is out of range"),
     ]:
@@ -37,7 +37,7 @@ def test_a_seed_fixes_the_sample_whatever_the_batch(tiny_models):
     llm = make_llm(tiny_models)
     alone = llm.generate([PROMPTS[0]], params)[0].token_ids
     together = llm.generate(PROMPTS, [params, SamplingParams(max_tokens=5, temperature=1.0),
-                                      SamplingParams(max_tokens=9)])[0].token_ids
+                                      SamplingParams(temperature=0, max_tokens=9)])[0].token_ids
     assert together == alone
     other_seed = SamplingParams(max_tokens=24, temperature=1.0, seed=8, ignore_eos=True)
     assert llm.generate([PROMPTS[0]], other_seed)[0].token_ids != alone
@@ -65,7 +65,7 @@ def test_top_k_samples_only_among_the_k_best(tiny_models, recording_runner):
     for logits, token in steps:
         assert token in torch.topk(logits, 3).indices.tolist()
     assert len({token for _, token in steps}) > 1
-    greedy = SamplingParams(max_tokens=32, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     top1 = SamplingParams(max_tokens=32, temperature=2.0, top_k=1, seed=1, ignore_eos=True)
     llm = make_llm(tiny_models)
     [sampled], [argmax] = llm.generate([PROMPTS[2]], top1), llm.generate([PROMPTS[2]], greedy)
@@ -85,16 +85,18 @@ def test_top_p_samples_only_inside_the_nucleus(tiny_models, recording_runner):
 
 def test_eos_stops_unless_ignored_and_stop_tokens_stop(tiny_models, tmp_path):
     directory = shutil.copytree(tiny_models.path("llama"), tmp_path / "llama")
-    greedy = make_llm(tiny_models).generate([PROMPTS[1]], SamplingParams(max_tokens=12))[0]
+    greedy = make_llm(tiny_models).generate([PROMPTS[1]], SamplingParams(temperature=0,
+        max_tokens=12))[0]
     eos = greedy.token_ids[3]
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     llm = LLM(str(directory), num_blocks=64, max_model_len=96, decision=Decision())
-    stopped = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=12))[0]
+    stopped = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12))[0]
     cut = greedy.token_ids.index(eos) + 1
     assert (stopped.token_ids, stopped.finish_reason) == (greedy.token_ids[:cut], "stop")
-    ignored = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    ignored = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12,
+        ignore_eos=True))[0]
     assert (ignored.token_ids, ignored.finish_reason) == (greedy.token_ids, "length")
     stop_at = greedy.token_ids[1]
-    by_stop_id = llm.generate([PROMPTS[1]], SamplingParams(
+    by_stop_id = llm.generate([PROMPTS[1]], SamplingParams(temperature=0,
         max_tokens=12, ignore_eos=True, stop_token_ids=(stop_at,)))[0]
     assert by_stop_id.token_ids == greedy.token_ids[:greedy.token_ids.index(stop_at) + 1]

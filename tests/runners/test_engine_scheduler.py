@@ -139,7 +139,7 @@ def spec_of(dtype: str = "float32", max_model_len: int = 2048, max_num_seqs: int
 
 
 def run(engine: Engine, prompts, max_tokens: int):
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     requests = [engine.make_request(p, params) for p in prompts]
     for request in requests:
         engine.add_request(request)
@@ -176,13 +176,13 @@ def test_requests_that_cannot_fit_alone_are_rejected_with_the_reason():
     engine = make_engine(num_blocks=4, block_size=4, max_model_len=32)
     with pytest.raises(RequestRejected, match=r"needs 5 KV blocks \(prompt 10 \+ max_tokens 10 "
                        r"tokens, block size 4\) but the cache has only 4"):
-        engine.make_request(list(range(10)), SamplingParams(max_tokens=10))
+        engine.make_request(list(range(10)), SamplingParams(temperature=0, max_tokens=10))
     with pytest.raises(RequestRejected, match="exceeds max_model_len 32"):
-        engine.make_request(list(range(30)), SamplingParams(max_tokens=3))
+        engine.make_request(list(range(30)), SamplingParams(temperature=0, max_tokens=3))
     with pytest.raises(RequestRejected, match="the prompt is empty"):
-        engine.make_request([], SamplingParams())
+        engine.make_request([], SamplingParams(temperature=0))
     with pytest.raises(RequestRejected, match=r"outside the vocabulary \[0, 32000\)"):
-        engine.make_request([1, 32000], SamplingParams())
+        engine.make_request([1, 32000], SamplingParams(temperature=0))
 
 
 def test_a_request_waits_for_blocks_then_runs():
@@ -198,7 +198,7 @@ def test_a_request_waits_for_blocks_then_runs():
 
 def test_prefill_and_decode_share_a_step_and_long_prompts_are_chunked():
     engine = make_engine(num_blocks=64, max_num_batched_tokens=6)
-    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     first = engine.make_request([1, 2, 3], params)
     engine.add_request(first)
     engine.step()  # prefill of the first request

@@ -35,7 +35,7 @@ def generate(path: Path, decision: Decision, prompts=PROMPTS, max_tokens=MAX_TOK
     options = {"block_size": 4, "num_blocks": 96, "max_model_len": 64, "max_num_seqs": 4,
                "max_num_batched_tokens": 10, **engine}
     llm = LLM(str(path), dtype="float32", decision=decision, **options)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     return [list(o.token_ids) for o in llm.generate(prompts, params)], llm
 
 
@@ -166,7 +166,7 @@ def _run(num_blocks: int, prompts, max_tokens) -> tuple[Engine, list]:
     spec = ModelSpec("demo", config, "float32", "cpu", max_model_len=64, max_num_seqs=6,
                      max_num_batched_tokens=16)
     engine = Engine(spec, KVCacheSpec(num_blocks, 4), StateCheckingRunner(), Decision())
-    requests = [engine.make_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    requests = [engine.make_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                 for p, n in zip(prompts, max_tokens, strict=True)]
     for request in requests:
         engine.add_request(request)

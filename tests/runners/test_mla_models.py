@@ -40,7 +40,7 @@ def generate(path: Path, decision: Decision, **engine) -> tuple[list[list[int]],
     options = {"block_size": 4, "num_blocks": 96, "max_model_len": 64, "max_num_seqs": 4,
                "max_num_batched_tokens": 10, **engine}
     llm = LLM(str(path), dtype="float32", decision=decision, **options)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     outputs = llm.generate(PROMPTS, params)
     return [list(o.token_ids) for o in outputs], llm.report()
 

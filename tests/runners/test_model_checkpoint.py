@@ -18,7 +18,7 @@ from interlock.runners.model.checkpoint import CheckpointError, write_demo_check
 from interlock.runners.model.config import ConfigError
 from interlock.runners.model.layers import Linear
 
-GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65]
 EAGER = Decision()  # the checkpoint is the subject here, not the decision
 

@@ -10,7 +10,7 @@ from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 def make_llm(path, runner=None, **kwargs) -> LLM:

@@ -53,7 +53,7 @@ def engine(tiny_models):
 
 def scheduled_batches(engine):
     """A prefill batch, then a mixed batch (decodes plus a new prompt)."""
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for prompt in PROMPTS[:2]:
         engine.add_request(engine.make_request(prompt, params))
     prefill = engine.scheduler.schedule()

@@ -152,7 +152,7 @@ def test_the_vocabulary_is_padded_rather_than_refused():
 
 def test_llm_splits_the_demo_model_as_the_policy_decides():
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9]]
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     one = [o.token_ids for o in LLM("demo", max_num_seqs=2).generate(prompts, params)]
     with LLM("demo", max_num_seqs=2, tensor_parallel_size=2) as llm:
         assert [o.token_ids for o in llm.generate(prompts, params)] == one
@@ -175,7 +175,8 @@ def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
     assert any("replicated on 2 ranks" in note for note in notes)
     engine = llm.engine
     for prompt in PROMPTS[:2]:
-        engine.add_request(engine.make_request(prompt, SamplingParams(max_tokens=50)))
+        engine.add_request(engine.make_request(prompt, SamplingParams(temperature=0,
+            max_tokens=50)))
     for _ in range(3):
         engine.step()
     [pid] = llm.engine.runner.worker_pids
@@ -203,7 +204,8 @@ def test_a_raising_worker_is_named_with_its_error(tiny_models):
     kv = plan_kv_cache(spec, 4, num_blocks=32)
     runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2)
     engine = Engine(spec, kv, runner, Decision(runner="mrv1"))
-    engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(max_tokens=20)))
+    engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(temperature=0,
+        max_tokens=20)))
     start = time.monotonic()
     with pytest.raises(TensorParallelError) as caught:
         while engine.has_unfinished():
@@ -270,7 +272,7 @@ def test_smollm2_is_refused_at_two_ranks_naming_9_heads_and_2_ranks(smollm2, mon
 @pytest.mark.slow
 def test_smollm2_at_three_ranks_answers_as_one(smollm2):
     prompt = "The capital of France is"
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     options = {"dtype": "float32", "max_num_seqs": 1, "max_model_len": 64}
     one = LLM(smollm2, decision=Decision(runner="mrv1"), **options).generate([prompt], params)
     with LLM(smollm2, tensor_parallel_size=3, **options) as llm:  # the policy's decision
@@ -292,7 +294,7 @@ def test_two_gpus_with_cuda_graphs_give_the_tokens_of_one(runner):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs for NCCL tensor parallelism, found {torch.cuda.device_count()}")
     prompts = [[1, 2, 3], [5, 6, 7, 8, 9]]
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     decision = Decision(runner=runner, cudagraph="full_and_piecewise")
     options = {"device": "cuda", "max_num_seqs": 2, "decision": decision}
     one = [o.token_ids for o in LLM("demo", **options).generate(prompts, params)]

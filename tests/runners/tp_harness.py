@@ -39,7 +39,7 @@ def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> 
 def generate(engine: Engine, prompts: Sequence[Sequence[int]], scenario: str) -> list[list[int]]:
     """Greedy tokens of every prompt: one request at a time ("alone"), or arriving every
     third step into a continuous batch with chunked prefills ("batch")."""
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     requests = [engine.make_request(p, params) for p in prompts]
     if scenario == "alone":
         for request in requests:

@@ -39,7 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"tokens to generate per prompt at most (default: {TEXT_MAX_TOKENS} for text "
         f"prompts, {IDS_MAX_TOKENS} for token ids)",
     )
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T",
+        help="0 (the default): greedy, so a run repeats exactly; LLM's SamplingParams, as vLLM's, "
+        "default to 1.0",
+    )
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed")
     parser.add_argument(
         "--ignore-eos", action="store_true",

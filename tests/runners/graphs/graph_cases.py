@@ -74,6 +74,6 @@ def run_case(path: Path, runner, decision, **engine) -> tuple[list[list[int]], R
         return chosen
 
     graphs.select = recording
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     outputs = llm.generate(PROMPTS, params)
     return [list(o.token_ids) for o in outputs], routes, llm.report()

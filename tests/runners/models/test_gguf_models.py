@@ -49,14 +49,16 @@ def test_greedy_tokens_equal_transformers_on_the_same_gguf_file(tiny, arch, name
     expected = [transformers_greedy(oracle, p, NEW_TOKENS) for p in PROMPTS]
     llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
-    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS,
+        ignore_eos=True))
     assert [list(o.token_ids) for o in outputs] == expected
 
 
 def test_a_gguf_model_takes_text_and_returns_text(tiny):
     llm = LLM(str(tiny("qwen2", "Q4_0")), decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
-    [out] = llm.generate("The quick brown fox", SamplingParams(max_tokens=5, ignore_eos=True))
+    [out] = llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=5,
+        ignore_eos=True))
     assert out.prompt_token_ids == tuple(llm.tokenizer.encode("The quick brown fox").ids)
     assert out.text == llm.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
 
@@ -100,7 +102,7 @@ def test_on_tokens_sees_every_step_of_every_prompt(tiny):
     llm = LLM(str(tiny("llama", "Q8_0")), decision=Decision(), max_model_len=64,
               num_blocks=32, block_size=4)
     seen: dict[int, list[tuple[tuple[int, ...], str | None]]] = {}
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (3, 5)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 5)]
     outputs = llm.generate(PROMPTS[:2], params,
                            on_tokens=lambda i, tokens, reason: seen.setdefault(i, []).append(
                                (tokens, reason)))

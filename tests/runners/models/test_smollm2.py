@@ -116,7 +116,7 @@ def test_transformers_greedy_tokens_are_the_pinned_ones(transformers_model, prom
 
 
 def test_greedy_tokens_alone_and_batched_are_the_pinned_ones(llm, prompts):
-    params = SamplingParams(max_tokens=MAX_TOKENS)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     names = list(prompts)
     batched = llm.generate([prompts[n] for n in names], params)
     assert {n: list(o.token_ids) for n, o in zip(names, batched, strict=True)} == EXPECTED
@@ -164,10 +164,10 @@ def test_native_weights_in_bfloat16_are_refused_naming_why(gguf_file):
 
 
 def test_a_chat_answer_stops_at_im_end_and_reads_as_text(llm):
-    [out] = llm.chat(QUESTION, SamplingParams(max_tokens=64))
+    [out] = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=64))
     assert out.finish_reason == "stop" and out.token_ids[-1] == EOS
     assert out.text == "The capital of France is Paris."
-    [longer] = llm.chat(QUESTION, SamplingParams(max_tokens=12, ignore_eos=True))
+    [longer] = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert len(longer.token_ids) == 12 and longer.token_ids[:8] == out.token_ids
 
 
@@ -192,5 +192,5 @@ def test_policy_explain_and_run_with_the_named_model(cli, monkeypatch):
 def test_bfloat16_weights_answer_the_same_question(gguf_file):
     llm = LLM("smollm2", dtype="bfloat16", device="cpu", max_num_seqs=1, max_model_len=256)
     assert llm.report().dtype == "bfloat16"
-    [out] = llm.chat(QUESTION, SamplingParams(max_tokens=16))
+    [out] = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=16))
     assert out.text == "The capital of France is Paris." and out.finish_reason == "stop"
