@@ -59,7 +59,7 @@ def interlock_child(model: str, weights: str, threads: int, new_tokens: int,
     prompt = draw(3, vocab - 1, 32)
 
     def timed(prompts: list[list[int]], tokens: list[int]) -> float:
-        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in tokens]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in tokens]
         begin = time.perf_counter()
         llm.generate(prompts, params)
         return time.perf_counter() - begin

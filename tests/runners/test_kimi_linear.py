@@ -68,7 +68,7 @@ def test_a_preempted_request_recomputes_to_the_same_tokens(runner, tiny_models):
     _, llm = generate(tiny_models.path(NAME), Decision(runner, "none", False), [], [],
                       num_blocks=9)
     engine = llm.engine
-    requests = [engine.make_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    requests = [engine.make_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                 for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
     for request in requests:
         engine.add_request(request)

@@ -131,7 +131,7 @@ def test_kept_quantized_the_greedy_tokens_are_the_float_ones(quantized, prompts)
     about 1e-6 of each output's magnitude; over these prompts and 32 tokens no greedy
     choice is that close, so the tokens are the float path's, alone and batched (measured;
     a divergence would be legitimate, and pinned here with its first differing step)."""
-    params = SamplingParams(max_tokens=MAX_TOKENS)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     names = list(prompts)
     batched = quantized.generate([prompts[n] for n in names], params)
     assert {n: list(o.token_ids) for n, o in zip(names, batched, strict=True)} == EXPECTED
