@@ -178,7 +178,8 @@ def test_weights_kept_quantized_give_the_float_paths_tokens(tiny, kind):
     for weights in ("native", "dequantize"):
         llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
                   num_blocks=32, block_size=4, weights=weights)
-        outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+        greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        outputs = llm.generate(PROMPTS, greedy)
         tokens[weights] = [list(o.token_ids) for o in outputs]
         decisions[weights] = llm.engine.runner.model.weight_decisions
     assert tokens["native"] == tokens["dequantize"]
