@@ -22,6 +22,12 @@ from interlock.runners.contract import (
     ScheduledBatch,
 )
 from interlock.runners.dispatch import build_kernel_table, platform_of
+from interlock.runners.graphs.logits import (
+    LOGITS_REPORT,
+    needs_processing,
+    process_logits,
+    sample_logprobs,
+)
 from interlock.runners.model.attention import AttentionMetadata
 from interlock.runners.model.checkpoint import load_model
 from interlock.runners.model.kv_cache import allocate_kv_cache
@@ -92,8 +98,11 @@ class EagerRunner:
         def per_seq(values: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=dev)
 
+        # Penalties, min_p and logprobs: interlock's torch step around the sample kernel,
+        # as its built-in runners do it.
+        processed = process_logits(logits, batch) if needs_processing(batch) else logits
         tokens = self.ops.sample(
-            logits,
+            processed,
             per_seq([s.sampling.temperature for s in seqs], torch.float32),
             per_seq([s.sampling.top_k for s in seqs], torch.int64),
             per_seq([s.sampling.top_p for s in seqs], torch.float32),
@@ -101,7 +110,8 @@ class EagerRunner:
             per_seq([s.step for s in seqs], torch.int64),
         ).tolist()
         return RunnerOutput(
-            tuple(t if s.sample else None for t, s in zip(tokens, seqs, strict=True))
+            tuple(t if s.sample else None for t, s in zip(tokens, seqs, strict=True)),
+            sample_logprobs(logits, tokens, batch),
         )
 
     def report(self) -> RunnerReport:
@@ -111,5 +121,6 @@ class EagerRunner:
             runner=self.name,
             device=str(self.device),
             dtype=self.spec.dtype,
-            kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.ops.choices),
+            kernels=tuple(KernelReport(c.op, c.label, c.reason) for c in self.ops.choices)
+            + (LOGITS_REPORT,),
         )

@@ -1,4 +1,5 @@
-"""The eager runner serves a model: the same greedy tokens as interlock's mrv1."""
+"""The eager runner serves a model: the same tokens as interlock's mrv1, greedy
+or sampled with penalties, min_p and logprobs."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def test_greedy_tokens_match_mrv1(tiny_model: Path) -> None:
     assert tokens == expected
     report = runner.report()
     assert (report.runner, report.cudagraph, report.fallbacks) == ("eager", "none", ())
+
+
+def test_penalties_min_p_and_logprobs_match_mrv1(tiny_model: Path) -> None:
+    prompts = list(TINY_PROMPTS)
+    params = SamplingParams(temperature=0.9, seed=5, max_tokens=6, ignore_eos=True, min_p=0.05,
+                            repetition_penalty=1.4, presence_penalty=0.5, logprobs=2)
+    ours = llm(tiny_model, EagerRunner()).generate(prompts, params)
+    theirs = llm(tiny_model, MRV1Runner()).generate(prompts, params)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.outputs[0].cumulative_logprob == pytest.approx(b.outputs[0].cumulative_logprob)
 
 
 def test_its_kernel_is_dispatched_when_installed(tiny_model: Path) -> None:
