@@ -80,9 +80,12 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     floats: list[str] = []
 
     def packed(name: str, inputs: int) -> torch.Tensor:
-        fmt = quant.format_of(types[name])
-        q, scale, offset = quant.decode(handle.get_tensor(name), fmt.name, inputs)
-        return quant.pack(q, scale, offset, fmt)
+        try:
+            fmt = quant.format_of(types[name])
+            q, scale, offset = quant.decode(handle.get_tensor(name), fmt.name, inputs)
+            return quant.pack(q, scale, offset, fmt)
+        except (quant.QuantFormatError, SafetensorError) as exc:  # a damaged conversion
+            raise CheckpointError(f"{path}: tensor {name}: {exc}") from None
 
     slots = list(model.checkpoint_slots())
     for module in model.modules():

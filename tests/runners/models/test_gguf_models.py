@@ -197,3 +197,33 @@ def test_native_weights_without_a_gguf_file_are_refused_naming_why():
     with pytest.raises(CheckpointError, match="weights native cannot be honoured: the model "
                        "is not a GGUF file's conversion with quantized weights"):
         LLM("demo", decision=Decision(), max_model_len=64, num_blocks=8, weights="native")
+
+
+def test_a_damaged_quantized_file_is_named_not_a_traceback(tiny, tmp_path):
+    """quantized.safetensors with a row of bytes cut short: a CheckpointError naming the
+    file, the tensor and the shape it should have."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from interlock.runners.dispatch import build_kernel_table
+    from interlock.runners.model.checkpoint import build_model
+    from interlock.runners.model.config import load_config
+    from interlock.runners.model.quantized import QUANTIZED, keep_quantized
+    from interlock.runners.model.sources import model_directory
+    from interlock.runners.model.weights import CheckpointError
+
+    damaged = tmp_path / "conversion"
+    shutil.copytree(model_directory(tiny("llama", "Q4_1")), damaged)
+    with safe_open(damaged / QUANTIZED, "pt") as handle:
+        metadata = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, str(damaged / QUANTIZED), metadata=metadata)
+    model = build_model(load_config(damaged), build_kernel_table("cpu", "float32"), "float32",
+                        "cpu", 64)
+    with pytest.raises(CheckpointError, match=f"{QUANTIZED}: tensor {name}: Q4_1: .* is not "
+                       r"\[rows, \d+\] bytes for \d+ inputs"):
+        keep_quantized(model, damaged)
