@@ -36,6 +36,7 @@ KERNELS = {
     "select_rows": "interlock.kernels.native.ops:select_rows",
     "pack_weight": "interlock.kernels.native.ops:pack_weight",
     "moe_experts": "interlock.kernels.native.ops:moe_experts",
+    "mla_decode_attention": "interlock.kernels.native.ops:mla_decode_attention",
     "quantized_linear": "interlock.kernels.native.ops:quantized_linear",
     "quantized_embedding": "interlock.kernels.native.ops:quantized_embedding",
 }

@@ -746,6 +746,83 @@ AVX2 static int moe_experts_packed(const float *x, long xs, const float *w13, co
     return 0;
 }
 
+/* ---- MLA decode attention (absorbed) ------------------------------------------------- */
+
+AVX2 static float dot_avx2(const float *a, const float *b, long n) {
+    __m256 acc = _mm256_setzero_ps();
+    long n8 = n & ~7L;
+    for (long i = 0; i < n8; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (long i = n8; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* y[0..n) += a * x[0..n) */
+AVX2 static void axpy_avx2(float a, const float *x, float *y, long n) {
+    __m256 va = _mm256_set1_ps(a);
+    long n8 = n & ~7L;
+    for (long i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    for (long i = n8; i < n; i++) y[i] += a * x[i];
+}
+
+/* MLA decode in the absorbed form, one query per sequence: q_nope [B, H, Dn] (row stride
+ * qs, heads back to back), q_pe [B, H, R] (row stride ps), the latent cache [NB, BS, L + R],
+ * kv_b [H, Dn + Dv, L] (W_UK rows, then W_UV rows) -> out [B, H, Dv]. Per head: the query
+ * folded through W_UK onto the latent, scores over each cached latent and rotary key, the
+ * softmax, the attended latent, and W_UV over it. A sequence of length 0 gives zeros.
+ * -1: a length exceeds the block table; -2: a block outside the cache; -3: no scratch. */
+AVX2 static int mla_decode(const float *q_nope, long qs, const float *q_pe, long ps,
+                           const float *cache, const float *kv_b, const int32_t *tables,
+                           long width, const int32_t *lens, float *out, long B, long H,
+                           long Dn, long R, long L, long Dv, long BS, long NB, float scale) {
+    long row = L + R;
+    for (long b = 0; b < B; b++) {
+        int rc = lens[b] > 0 ? check_blocks(tables + b * width, lens[b], width, BS, NB) : 0;
+        if (rc) return rc;
+    }
+    long longest = 0;
+    for (long b = 0; b < B; b++) longest = lens[b] > longest ? lens[b] : longest;
+    float *scratch = malloc(sizeof(float) * (size_t)(2 * L + longest) + 1);
+    if (scratch == NULL) return -3;
+    float *q_latent = scratch, *attended = scratch + L, *scores = scratch + 2 * L;
+    for (long b = 0; b < B; b++) {
+        long len = lens[b];
+        const int32_t *table = tables + b * width;
+        for (long h = 0; h < H; h++) {
+            float *o = out + (b * H + h) * Dv;
+            if (len <= 0) {
+                zero_floats(o, Dv);
+                continue;
+            }
+            const float *qn = q_nope + b * qs + h * Dn, *qp = q_pe + b * ps + h * R;
+            const float *w = kv_b + h * (Dn + Dv) * L;
+            zero_floats(q_latent, L);
+            for (long d = 0; d < Dn; d++) axpy_avx2(qn[d], w + d * L, q_latent, L);
+            float top = -INFINITY;
+            for (long t = 0; t < len; t++) {
+                const float *c = cache + ((long)table[t / BS] * BS + t % BS) * row;
+                float score = (dot_avx2(q_latent, c, L) + dot_avx2(qp, c + L, R)) * scale;
+                scores[t] = score;
+                top = score > top ? score : top;
+            }
+            float total = 0.0f;
+            zero_floats(attended, L);
+            for (long t = 0; t < len; t++) {
+                float p = expf(scores[t] - top);
+                total += p;
+                axpy_avx2(p, cache + ((long)table[t / BS] * BS + t % BS) * row, attended, L);
+            }
+            for (long i = 0; i < L; i++) attended[i] /= total;
+            for (long v = 0; v < Dv; v++) o[v] = dot_avx2(w + (Dn + v) * L, attended, L);
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
 #endif /* NATIVE_X86 */
 
 /* ---- rotary and the KV store (portable C; rounding as the torch references) ------- */
@@ -882,7 +959,10 @@ typedef union { int64_t i; double d; } Slot;
     /* quantized_embedding(ids, n, packed table, kind, L, V, H, out) */                    \
     X(QUANTIZED_EMBEDDING, "quantized_embedding", "iiiiiiii")                              \
     /* moe_experts(x, xs, packed w13, packed w2, weights, ids, out, T, k, E, H, I) */     \
-    X(MOE_EXPERTS, "moe_experts", "iiiiiiiiiiii")
+    X(MOE_EXPERTS, "moe_experts", "iiiiiiiiiiii")                                         \
+    /* mla_decode(q_nope, qs, q_pe, ps, cache, kv_b, tables, width, lens, out, B, H, Dn, R,  \
+       L, Dv, BS, NB, scale) */                                                            \
+    X(MLA_DECODE, "mla_decode", "iiiiiiiiiiiiiiiiiid")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -930,6 +1010,10 @@ static int run_op(int64_t op, const Slot *a) {
             return -2;
         return linear_quantized(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, P(5), P(6), a[7].i,
                                 a[8].i, a[9].i);
+    case OP_MLA_DECODE:
+        return mla_decode(P(0), a[1].i, P(2), a[3].i, P(4), P(5), P(6), a[7].i, P(8), P(9),
+                          a[10].i, a[11].i, a[12].i, a[13].i, a[14].i, a[15].i, a[16].i,
+                          a[17].i, (float)a[18].d);
     case OP_MOE_EXPERTS:
         return moe_experts_packed(P(0), a[1].i, P(2), P(3), P(4), P(5), P(6), a[7].i, a[8].i,
                                   a[9].i, a[10].i, a[11].i);
@@ -994,6 +1078,15 @@ static void describe(int64_t op, int rc, const Slot *a) {
         return;
     case OP_SELECT_ROWS:
         PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
+        return;
+    case OP_MLA_DECODE:
+        if (rc == -1)
+            PyErr_SetString(PyExc_ValueError, "a sequence length exceeds its block table");
+        else if (rc == -2)
+            PyErr_Format(PyExc_ValueError, "a block table names a block outside 0..%lld",
+                         (long long)a[17].i - 1);
+        else
+            PyErr_NoMemory();
         return;
     case OP_MOE_EXPERTS:
         if (rc == -1)

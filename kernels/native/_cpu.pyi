@@ -20,6 +20,7 @@ OP_PREFILL_ATTENTION: int
 OP_QUANTIZED_LINEAR: int
 OP_QUANTIZED_EMBEDDING: int
 OP_MOE_EXPERTS: int
+OP_MLA_DECODE: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

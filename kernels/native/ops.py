@@ -336,6 +336,48 @@ def paged_attention(
     return out
 
 
+def mla_decode_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The reference's absorbed MLA decode in C: per sequence and head the query folded
+    through W_UK, scores over the cached latents and rotary keys read through the block
+    table, the softmax, the attended latent and W_UV over it; no per-head K or V and no
+    gathered copy of the cache. Lengths and tables are read when it runs (taped natively)."""
+    _check_heads("q_nope", q_nope)
+    _check_heads("q_pe", q_pe)
+    _check_whole("cache", cache)
+    _check_whole("kv_b", kv_b)
+    _check_whole("block_tables", block_tables, torch.int32)
+    _check_whole("seq_lens", seq_lens, torch.int32)
+    batch, heads, nope = q_nope.shape
+    rope = q_pe.shape[2]
+    rank = kv_b.shape[2]
+    if (q_pe.shape[:2] != (batch, heads) or cache.dim() != 3 or cache.shape[2] != rank + rope
+            or kv_b.dim() != 3 or kv_b.shape[0] != heads or kv_b.shape[1] <= nope
+            or block_tables.dim() != 2 or block_tables.shape[0] != batch
+            or seq_lens.shape != (batch,)):
+        raise NativeArgumentError(
+            f"mla_decode_attention: q_nope {tuple(q_nope.shape)}, q_pe {tuple(q_pe.shape)}, "
+            f"cache {tuple(cache.shape)}, kv_b {tuple(kv_b.shape)}, block tables "
+            f"{tuple(block_tables.shape)}, seq_lens {tuple(seq_lens.shape)} do not agree"
+        )
+    values = kv_b.shape[1] - nope
+    out = torch.empty(batch, heads, values)
+    _run(_cpu.OP_MLA_DECODE, (q_nope.data_ptr(), q_nope.stride(0), q_pe.data_ptr(),
+                              q_pe.stride(0), cache.data_ptr(), kv_b.data_ptr(),
+                              block_tables.data_ptr(), block_tables.shape[1],
+                              seq_lens.data_ptr(), out.data_ptr(), batch, heads, nope, rope,
+                              rank, values, cache.shape[1], cache.shape[0], float(scale)),
+         q_nope, q_pe, cache, kv_b, block_tables, seq_lens, out)
+    return out
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check_whole("ids", ids, torch.int64)
     packed = table.dim() == 3

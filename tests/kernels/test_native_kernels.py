@@ -392,3 +392,73 @@ def test_moe_experts_refuses_an_expert_id_out_of_range_and_a_mismatched_shape() 
         native("moe_experts")(x, w13, w2, weights, torch.tensor([[0], [3]]))
     with pytest.raises(KernelError, match=r"moe_experts: x \(2, 16\).*do not agree"):
         native("moe_experts")(x, w13, w2, torch.ones(2, 2), torch.zeros(2, 1, dtype=torch.int64))
+
+
+def _mla_step(gen: torch.Generator, data: st.DataObject):
+    """A decode step of absorbed MLA as the model hands it over: q_nope and q_pe views of
+    one projection row per sequence, a latent cache, kv_b, block tables and lengths."""
+    heads = data.draw(st.sampled_from([1, 3, 12]))
+    nope, rope = data.draw(st.sampled_from([8, 24])), data.draw(st.sampled_from([4, 16]))
+    rank, values = data.draw(st.sampled_from([8, 40])), data.draw(st.sampled_from([8, 12]))
+    block_size = data.draw(st.sampled_from([1, 4, 16]))
+    lengths = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=4))
+    batch, width = len(lengths), max(1, -(-max(lengths) // block_size))
+    blocks = width * batch + 2
+    q = randn(gen, batch, heads * (nope + rope))
+    tables = torch.randperm(blocks, generator=gen)[: width * batch].view(batch, width)
+    return (q[:, : heads * nope].view(batch, heads, nope),
+            q[:, heads * nope:].view(batch, heads, rope),
+            randn(gen, blocks, block_size, rank + rope),
+            randn(gen, heads, nope + values, rank) * rank**-0.5,
+            tables.to(torch.int32), torch.tensor(lengths, dtype=torch.int32),
+            (nope + rope) ** -0.5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data(), seed=SEEDS)
+def test_mla_decode_attention(data: st.DataObject, seed: int) -> None:
+    args = _mla_step(torch.Generator().manual_seed(seed), data)
+    actual = native("mla_decode_attention")(*args)
+    torch.testing.assert_close(actual, reference("mla_decode_attention")(*args), **SUMS)
+    # Each sequence and head is computed on its own: a sequence alone gives the same bits.
+    row = data.draw(st.integers(0, args[0].shape[0] - 1))
+    q_nope, q_pe, cache, kv_b, tables, lengths, scale = args
+    alone = native("mla_decode_attention")(q_nope[row:row + 1], q_pe[row:row + 1], cache,
+                                           kv_b, tables[row:row + 1], lengths[row:row + 1],
+                                           scale)
+    assert torch.equal(actual[row:row + 1], alone)
+
+
+def test_mla_decode_attention_is_taped_and_reads_the_lengths_at_replay() -> None:
+    from interlock.kernels.native import tape
+
+    data_gen = torch.Generator().manual_seed(3)
+    q = randn(data_gen, 2, 2 * 12)
+    q_nope, q_pe = q[:, :16].view(2, 2, 8), q[:, 16:].view(2, 2, 4)
+    cache, kv_b = randn(data_gen, 6, 4, 8 + 4), randn(data_gen, 2, 8 + 8, 8)
+    tables = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    lengths = torch.tensor([5, 2], dtype=torch.int32)
+    with tape.recording() as recorded:
+        out = native("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables, lengths, 0.3)
+    assert (recorded.calls, recorded.foreign_calls) == (1, 0)
+    lengths.copy_(torch.tensor([9, 0], dtype=torch.int32))
+    q.copy_(randn(data_gen, 2, 24))
+    recorded.replay()
+    expected = reference("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables, lengths, 0.3)
+    torch.testing.assert_close(out, expected, **SUMS)
+    assert not out[1].any()
+
+
+def test_mla_decode_attention_refuses_what_it_cannot_read() -> None:
+    q_nope, q_pe = torch.ones(1, 2, 8), torch.ones(1, 2, 4)
+    cache, kv_b = torch.ones(2, 4, 8 + 4), torch.ones(2, 8 + 8, 8)
+    call = native("mla_decode_attention")
+    with pytest.raises(ValueError, match=r"a block table names a block outside 0\.\.1"):
+        call(q_nope, q_pe, cache, kv_b, torch.tensor([[0, 2]], dtype=torch.int32),
+             torch.tensor([6], dtype=torch.int32), 0.5)
+    with pytest.raises(ValueError, match="a sequence length exceeds its block table"):
+        call(q_nope, q_pe, cache, kv_b, torch.tensor([[0, 1]], dtype=torch.int32),
+             torch.tensor([9], dtype=torch.int32), 0.5)
+    with pytest.raises(KernelError, match=r"mla_decode_attention: .*cache \(2, 4, 10\).*agree"):
+        call(q_nope, q_pe, torch.ones(2, 4, 10), kv_b, torch.zeros(1, 2, dtype=torch.int32),
+             torch.ones(1, dtype=torch.int32), 0.5)
