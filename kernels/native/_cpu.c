@@ -788,17 +788,18 @@ AVX2 static int mla_decode(const float *q_nope, long qs, const float *q_pe, long
     float *scratch = malloc(sizeof(float) * (size_t)(2 * L + longest) + 1);
     if (scratch == NULL) return -3;
     float *q_latent = scratch, *attended = scratch + L, *scores = scratch + 2 * L;
-    for (long b = 0; b < B; b++) {
-        long len = lens[b];
-        const int32_t *table = tables + b * width;
-        for (long h = 0; h < H; h++) {
+    /* Heads outside, sequences inside: a head's kv_b rows stay in cache for the batch. */
+    for (long h = 0; h < H; h++) {
+        const float *w = kv_b + h * (Dn + Dv) * L;
+        for (long b = 0; b < B; b++) {
+            long len = lens[b];
+            const int32_t *table = tables + b * width;
             float *o = out + (b * H + h) * Dv;
             if (len <= 0) {
                 zero_floats(o, Dv);
                 continue;
             }
             const float *qn = q_nope + b * qs + h * Dn, *qp = q_pe + b * ps + h * R;
-            const float *w = kv_b + h * (Dn + Dv) * L;
             zero_floats(q_latent, L);
             for (long d = 0; d < Dn; d++) axpy_avx2(qn[d], w + d * L, q_latent, L);
             float top = -INFINITY;

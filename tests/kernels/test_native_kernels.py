@@ -462,3 +462,19 @@ def test_mla_decode_attention_refuses_what_it_cannot_read() -> None:
     with pytest.raises(KernelError, match=r"mla_decode_attention: .*cache \(2, 4, 10\).*agree"):
         call(q_nope, q_pe, torch.ones(2, 4, 10), kv_b, torch.zeros(1, 2, dtype=torch.int32),
              torch.ones(1, dtype=torch.int32), 0.5)
+
+
+def test_a_large_mla_decode_batch_goes_to_the_reference_as_a_foreign_call() -> None:
+    from interlock.kernels.native import ops, tape
+
+    gen = torch.Generator().manual_seed(4)
+    batch = ops.MLA_DECODE_NATIVE_BATCH + 1
+    q_nope, q_pe = randn(gen, batch, 2, 8), randn(gen, batch, 2, 4)
+    cache, kv_b = randn(gen, batch, 4, 8 + 4), randn(gen, 2, 8 + 8, 8)
+    tables = torch.arange(batch, dtype=torch.int32).view(batch, 1)
+    lengths = torch.full((batch,), 3, dtype=torch.int32)
+    with tape.recording() as recorded:
+        out = native("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables, lengths, 0.3)
+    assert (recorded.calls, recorded.foreign_calls) == (0, 1)
+    assert torch.equal(out, reference("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables,
+                                                               lengths, 0.3))
