@@ -277,3 +277,17 @@ def test_penalised_sampling_crosses_to_tensor_parallel_ranks():
     batch = ScheduledBatch((seq,))
     wire = messages.decode(messages.encode(messages.step_message(batch)))
     assert messages.step_batch(wire) == batch
+
+
+def test_penalties_apply_to_graph_replays_too(tiny_models):
+    """mrv2 replaying full graphs: the penalties act on the replayed logits."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                            repetition_penalty=1.5, logprobs=1)
+    tokens = {}
+    for mode in ("none", "full"):
+        llm = LLM(str(tiny_models.path("llama")), num_blocks=32, max_model_len=64,
+                  max_num_seqs=4, decision=Decision(runner="mrv2", cudagraph=mode))
+        tokens[mode] = [o.token_ids for o in llm.generate([PROMPT, [5, 6]], params)]
+        graphs = llm.report().graphs
+        assert mode == "none" or (graphs is not None and sum(graphs.replays.values()) > 0)
+    assert tokens["none"] == tokens["full"]
