@@ -101,7 +101,10 @@ def test_ctrl_c_stops_every_rank(tiny_llama):
             assert time.monotonic() < deadline, "no worker started"
             time.sleep(0.1)
         workers = _children(run.pid)
-        time.sleep(3)  # loading or generating: either way every rank must stop
+        # Loading or generating: either way every rank must stop. Soon after the worker
+        # starts, so that the run is surely not over (with shared-memory collectives its
+        # 120 tokens take well under 3 s on an idle machine).
+        time.sleep(0.5)
         os.killpg(run.pid, signal.SIGINT)
         _, err = run.communicate(timeout=30)
     finally:
