@@ -41,7 +41,7 @@ from interlock.runners.model.layers import (
     stored_transposed,
 )
 from interlock.runners.model.mla import MLASelfAttention
-from interlock.runners.model.moe import DeepseekMoE, SparseMoE
+from interlock.runners.model.moe import DeepseekMoE, RoutedExperts, SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
 from interlock.runners.model.sharding import ShardPlan, plan_shards
 from interlock.runners.model.state_pool import StateTensors
@@ -235,7 +235,7 @@ class CausalLM(nn.Module):
         head if the table's ``embedding`` takes a packed table, if the table's ``linear``
         wants them packed (``KernelTable.packs_weights``): once, after loading."""
         for module in self.modules():
-            if isinstance(module, (Linear, SparseMoE, DeepseekMoE)):
+            if isinstance(module, (Linear, RoutedExperts)):
                 module.pack()
         table = self.embed_tokens
         if (self.config.tie_word_embeddings and self.ops.packs_weights

@@ -41,7 +41,50 @@ def pack_experts(
             frozen(w2.view(experts, w2.shape[1] // PACK_STRIP, w2.shape[2], PACK_STRIP)))
 
 
-class SparseMoE(nn.Module):
+class RoutedExperts(nn.Module):
+    """What both MoE blocks hold alike: the router's weight and every expert's gate/up and
+    down weights, each rank with its shard of the intermediate features; their packing after
+    loading and their checkpoint names."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelTable,
+        expert_names: tuple[str, str, str],
+        tp: TensorParallel,
+    ) -> None:
+        """``expert_names``: the checkpoint names of an expert's gate, up and down projections."""
+        super().__init__()
+        moe = config.moe
+        assert moe is not None  # each block refuses a config without one, naming it
+        hidden, size = config.hidden_size, moe.intermediate_size // tp.size
+        self.shard = Shard(0, tp.rank * size, (tp.rank + 1) * size, moe.intermediate_size)
+        self.tp = tp
+        self.ops = ops
+        self.top_k = moe.top_k
+        self.renormalize = moe.norm_topk_prob
+        self.intermediate_size = size
+        self.expert_names = expert_names
+        self.router_weight = empty_weight(moe.num_experts, hidden)
+        self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate, then up
+        self.w2 = empty_weight(moe.num_experts, hidden, size)
+
+    def pack(self) -> None:
+        self.w13, self.w2 = pack_experts(self.w13, self.w2, self.ops)
+
+    def expert_slots(self, prefix: str) -> CheckpointSlots:
+        """Each expert's gate, up and down weights (``prefix.experts.N.*``)."""
+        gate, up, down = self.expert_names
+        size, rows = self.intermediate_size, self.shard
+        columns = Shard(1, rows.start, rows.stop, rows.full)
+        for expert in range(self.w13.shape[0]):
+            name = f"{prefix}.experts.{expert}"
+            yield f"{name}.{gate}.weight", self.w13[expert, :size], rows
+            yield f"{name}.{up}.weight", self.w13[expert, size:], rows
+            yield f"{name}.{down}.weight", self.w2[expert], columns
+
+
+class SparseMoE(RoutedExperts):
     """Softmax router, top-k experts (optionally renormalised), plus an optional shared expert.
 
     The shared expert is scaled by sigmoid(shared_expert_gate(x)) as in Qwen2-MoE.
@@ -54,22 +97,11 @@ class SparseMoE(nn.Module):
         expert_names: tuple[str, str, str],
         tp: TensorParallel,
     ) -> None:
-        """``expert_names``: the checkpoint names of an expert's gate, up and down projections."""
-        super().__init__()
         moe = config.moe
         if moe is None:
             raise ValueError(f"{config.architecture} has no MoE configuration")
-        hidden, size = config.hidden_size, moe.intermediate_size // tp.size
-        self.shard = Shard(0, tp.rank * size, (tp.rank + 1) * size, moe.intermediate_size)
-        self.tp = tp
-        self.ops = ops
-        self.top_k = moe.top_k
-        self.renormalize = moe.norm_topk_prob
-        self.intermediate_size = size
-        self.expert_names = expert_names
-        self.router_weight = empty_weight(moe.num_experts, hidden)
-        self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate rows, then up
-        self.w2 = empty_weight(moe.num_experts, hidden, size)
+        super().__init__(config, ops, expert_names, tp)
+        hidden = config.hidden_size
         self.shared_expert: DenseMLP | None = None
         self.shared_expert_gate: nn.Parameter | None = None
         if moe.shared_expert_intermediate_size:
@@ -87,25 +119,15 @@ class SparseMoE(nn.Module):
             out = out + gate * self.shared_expert(x)
         return self.tp.all_reduce(out)
 
-    def pack(self) -> None:
-        self.w13, self.w2 = pack_experts(self.w13, self.w2, self.ops)
-
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
-        gate, up, down = self.expert_names
-        size, rows = self.intermediate_size, self.shard
-        columns = Shard(1, rows.start, rows.stop, rows.full)
         yield f"{prefix}.gate.weight", self.router_weight, None
-        for expert in range(self.w13.shape[0]):
-            name = f"{prefix}.experts.{expert}"
-            yield f"{name}.{gate}.weight", self.w13[expert, :size], rows
-            yield f"{name}.{up}.weight", self.w13[expert, size:], rows
-            yield f"{name}.{down}.weight", self.w2[expert], columns
+        yield from self.expert_slots(prefix)
         if self.shared_expert is not None:
             yield from self.shared_expert.checkpoint_slots(f"{prefix}.shared_expert")
             yield f"{prefix}.shared_expert_gate.weight", self.shared_expert_gate, None
 
 
-class DeepseekMoE(nn.Module):
+class DeepseekMoE(RoutedExperts):
     """DeepSeek's MoE block: grouped routing (``moe_grouped_route``: softmax or sigmoid
     scores, greedy, group-limited or bias-corrected group choice, renormalised and scaled),
     the routed experts, plus ``n_shared_experts`` ungated shared experts, one SwiGLU MLP as
@@ -122,23 +144,13 @@ class DeepseekMoE(nn.Module):
         expert_names: tuple[str, str, str],
         tp: TensorParallel,
     ) -> None:
-        super().__init__()
         moe = config.moe
         if moe is None or moe.routing is None:
             raise ValueError(f"{config.architecture} has no DeepSeek routing configuration")
+        super().__init__(config, ops, expert_names, tp)
         self.routing = routing = moe.routing
-        hidden, size = config.hidden_size, moe.intermediate_size // tp.size
-        self.shard = Shard(0, tp.rank * size, (tp.rank + 1) * size, moe.intermediate_size)
-        self.tp = tp
-        self.ops = ops
-        self.top_k = moe.top_k
-        self.renormalize = moe.norm_topk_prob
-        self.intermediate_size = size
-        self.expert_names = expert_names
-        self.router_weight = empty_weight(moe.num_experts, hidden)
+        hidden = config.hidden_size
         self.correction_bias = empty_weight(moe.num_experts) if routing.correction_bias else None
-        self.w13 = empty_weight(moe.num_experts, 2 * size, hidden)  # per expert: gate, then up
-        self.w2 = empty_weight(moe.num_experts, hidden, size)
         # Built even with n_shared_experts 0: transformers then saves the shared MLP's
         # zero-sized tensors, and they must load.
         self.shared_experts = DenseMLP(
@@ -157,19 +169,9 @@ class DeepseekMoE(nn.Module):
             out = ops.add(out, self.shared_experts(x))
         return self.tp.all_reduce(out)
 
-    def pack(self) -> None:
-        self.w13, self.w2 = pack_experts(self.w13, self.w2, self.ops)
-
     def checkpoint_slots(self, prefix: str) -> CheckpointSlots:
-        gate, up, down = self.expert_names
-        size, rows = self.intermediate_size, self.shard
-        columns = Shard(1, rows.start, rows.stop, rows.full)
         yield f"{prefix}.gate.weight", self.router_weight, None
         if self.correction_bias is not None:
             yield f"{prefix}.gate.e_score_correction_bias", self.correction_bias, None
-        for expert in range(self.w13.shape[0]):
-            name = f"{prefix}.experts.{expert}"
-            yield f"{name}.{gate}.weight", self.w13[expert, :size], rows
-            yield f"{name}.{up}.weight", self.w13[expert, size:], rows
-            yield f"{name}.{down}.weight", self.w2[expert], columns
+        yield from self.expert_slots(prefix)
         yield from self.shared_experts.checkpoint_slots(f"{prefix}.shared_experts")
