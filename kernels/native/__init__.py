@@ -37,6 +37,9 @@ KERNELS = {
     "pack_weight": "interlock.kernels.native.ops:pack_weight",
     "moe_experts": "interlock.kernels.native.ops:moe_experts",
     "mla_decode_attention": "interlock.kernels.native.ops:mla_decode_attention",
+    "store_latent_cache": "interlock.kernels.native.ops:store_latent_cache",
+    "moe_grouped_route": "interlock.kernels.native.ops:moe_grouped_route",
+    "add": "interlock.kernels.native.ops:add",
     "quantized_linear": "interlock.kernels.native.ops:quantized_linear",
     "quantized_embedding": "interlock.kernels.native.ops:quantized_embedding",
 }

@@ -860,6 +860,121 @@ static int store_rows(const float *k, long ks, const float *v, long vs, float *k
     return 0;
 }
 
+/* MLA's per-token cache entries: latent [T, L] (row stride ls) then the rotary key [T, R]
+ * (row stride ps) into row slots[t] of cache [slots, L + R]; slot -1 is padding. -1 for a
+ * slot outside the cache (checked before anything is written). */
+static int store_latent_rows(const float *latent, long ls, const float *k_pe, long ps,
+                             float *cache, const int64_t *slots, long T, long L, long R,
+                             long num_slots) {
+    for (long t = 0; t < T; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots) return -1;
+    for (long t = 0; t < T; t++) {
+        if (slots[t] < 0) continue;
+        copy_floats(cache + slots[t] * (L + R), latent + t * ls, L);
+        copy_floats(cache + slots[t] * (L + R) + L, k_pe + t * ps, R);
+    }
+    return 0;
+}
+
+/* out [T, H] = x + y, rows of x and y at strides xs and ys: one rounding per element, as
+ * torch's add. */
+static void add_rows(const float *x, long xs, const float *y, long ys, float *out, long T,
+                     long H) {
+    for (long t = 0; t < T; t++)
+        for (long h = 0; h < H; h++) out[t * H + h] = x[t * xs + h] + y[t * ys + h];
+}
+
+/* ---- DeepSeek's grouped routing -------------------------------------------------------- */
+
+#define ROUTE_SOFTMAX 0
+#define ROUTE_SIGMOID 1
+#define ROUTE_GREEDY 0
+#define ROUTE_GROUP_LIMITED 1
+#define ROUTE_NOAUX_TC 2
+
+/* The index of the largest of v[0..n) (the first of equals), or -1 if none exceeds -inf. */
+static long arg_best(const float *v, long n) {
+    long best = -1;
+    for (long i = 0; i < n; i++)
+        if (v[i] > -INFINITY && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+/* reference.moe_grouped_route, token by token: logits [T, E] (row stride ls) -> weights
+ * [T, k] and ids [T, k]. Scores are the softmax or sigmoid of a token's logits; the k
+ * picks are taken best first (the first of equal values), as torch.topk orders them, by
+ * the score (greedy) or by the choice value (score, + the correction bias for noaux_tc)
+ * among the experts of the topk_group best groups (a group scored by its best choice, or
+ * for noaux_tc by its two best summed); the others count as -inf (noaux_tc) or 0
+ * (group_limited_greedy). A pick's weight is its score, renormalised by the picks' sum
+ * (+ 1e-20) if asked, then scaled. Scratch: 4 E floats. A token's result depends on its
+ * own logits only. */
+static void grouped_route(const float *logits, long ls, const float *bias, float *weights,
+                          int64_t *ids, long T, long E, long k, long scoring, long method,
+                          long n_group, long topk_group, long renormalize, float scaling,
+                          float *scratch) {
+    float *scores = scratch, *choice = scratch + E, *groups = scratch + 2 * E;
+    long size = E / n_group;
+    for (long t = 0; t < T; t++) {
+        const float *x = logits + t * ls;
+        if (scoring == ROUTE_SOFTMAX) {
+            float top = -INFINITY, total = 0.0f;
+            for (long e = 0; e < E; e++) top = x[e] > top ? x[e] : top;
+            for (long e = 0; e < E; e++) total += scores[e] = expf(x[e] - top);
+            for (long e = 0; e < E; e++) scores[e] /= total;
+        } else {
+            for (long e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-x[e]));
+        }
+        for (long e = 0; e < E; e++)
+            choice[e] = method == ROUTE_NOAUX_TC && bias ? scores[e] + bias[e] : scores[e];
+        if (method != ROUTE_GREEDY) {
+            for (long g = 0; g < n_group; g++) {
+                const float *member = choice + g * size;
+                long first = arg_best(member, size);
+                float best = first < 0 ? -INFINITY : member[first];
+                if (method == ROUTE_NOAUX_TC) {
+                    float second = -INFINITY;
+                    for (long i = 0; i < size; i++)
+                        if (i != first && member[i] > second) second = member[i];
+                    best = best + second;
+                }
+                groups[g] = best;
+            }
+            float fill = method == ROUTE_NOAUX_TC ? -INFINITY : 0.0f;
+            float *keep = groups + n_group;  /* 1 for a kept group */
+            for (long g = 0; g < n_group; g++) keep[g] = 0.0f;
+            for (long j = 0; j < topk_group; j++) {
+                long g = arg_best(groups, n_group);
+                if (g < 0) break;
+                keep[g] = 1.0f;
+                groups[g] = -INFINITY;
+            }
+            for (long e = 0; e < E; e++)
+                if (keep[e / size] == 0.0f) choice[e] = fill;
+        }
+        float sum = 0.0f;
+        for (long j = 0; j < k; j++) {
+            long e = arg_best(choice, E);
+            /* Only -inf left (k exceeds the kept experts): torch.topk picks among those
+             * too; here the first expert not picked yet. */
+            for (long i = 0; e < 0 && i < E; i++) {
+                long seen = 0;
+                for (long p = 0; p < j; p++) seen |= ids[t * k + p] == i;
+                if (!seen) e = i;
+            }
+            ids[t * k + j] = e;
+            weights[t * k + j] = scores[e];
+            sum += scores[e];
+            choice[e] = -INFINITY;
+        }
+        for (long j = 0; j < k; j++) {
+            float w = weights[t * k + j];
+            if (renormalize) w = w / (sum + 1e-20f);
+            weights[t * k + j] = w * scaling;
+        }
+    }
+}
+
 /* ---- gathers ------------------------------------------------------------------------ */
 
 /* out[i, :] = table[ids[i], :] for a table of V rows whose element (v, h) sits at
@@ -963,7 +1078,14 @@ typedef union { int64_t i; double d; } Slot;
     X(MOE_EXPERTS, "moe_experts", "iiiiiiiiiiii")                                         \
     /* mla_decode(q_nope, qs, q_pe, ps, cache, kv_b, tables, width, lens, out, B, H, Dn, R,  \
        L, Dv, BS, NB, scale) */                                                            \
-    X(MLA_DECODE, "mla_decode", "iiiiiiiiiiiiiiiiiid")
+    X(MLA_DECODE, "mla_decode", "iiiiiiiiiiiiiiiiiid")                                   \
+    /* store_latent(latent, ls, k_pe, ps, cache, slots, T, L, R, slots_n) */               \
+    X(STORE_LATENT, "store_latent", "iiiiiiiiii")                                          \
+    /* add(x, xs, y, ys, out, T, H) */                                                     \
+    X(ADD, "add", "iiiiiii")                                                               \
+    /* grouped_route(logits, ls, bias|0, weights, ids, T, E, k, scoring, method, groups,   \
+       topk_group, renormalize, scaling, scratch) */                                       \
+    X(GROUPED_ROUTE, "grouped_route", "iiiiiiiiiiiiidi")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -1032,6 +1154,16 @@ static int run_op(int64_t op, const Slot *a) {
                               a[8].i, P(9));
     case OP_SELECT_ROWS:
         return select_rows(P(0), a[1].i, a[2].i, a[3].i, P(4), a[5].i, P(6));
+    case OP_STORE_LATENT:
+        return store_latent_rows(P(0), a[1].i, P(2), a[3].i, P(4), P(5), a[6].i, a[7].i,
+                                 a[8].i, a[9].i);
+    case OP_ADD:
+        add_rows(P(0), a[1].i, P(2), a[3].i, P(4), a[5].i, a[6].i);
+        return 0;
+    case OP_GROUPED_ROUTE:
+        grouped_route(P(0), a[1].i, P(2), P(3), P(4), a[5].i, a[6].i, a[7].i, a[8].i, a[9].i,
+                      a[10].i, a[11].i, a[12].i, (float)a[13].d, P(14));
+        return 0;
     }
     return -100;
 }
@@ -1079,6 +1211,11 @@ static void describe(int64_t op, int rc, const Slot *a) {
         return;
     case OP_SELECT_ROWS:
         PyErr_Format(PyExc_ValueError, "a row index is outside 0..%lld", (long long)a[2].i - 1);
+        return;
+    case OP_STORE_LATENT:
+        PyErr_Format(PyExc_ValueError,
+                     "a slot is outside the latent cache (-1 for padding, else 0..%lld)",
+                     (long long)a[9].i - 1);
         return;
     case OP_MLA_DECODE:
         if (rc == -1)

@@ -21,6 +21,9 @@ OP_QUANTIZED_LINEAR: int
 OP_QUANTIZED_EMBEDDING: int
 OP_MOE_EXPERTS: int
 OP_MLA_DECODE: int
+OP_STORE_LATENT: int
+OP_ADD: int
+OP_GROUPED_ROUTE: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

@@ -387,6 +387,94 @@ def mla_decode_attention(
     return out
 
 
+def store_latent_cache(
+    latent: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """The reference's store: latent [T, L] then k_pe [T, R] (each row read in place, so
+    views of one projection's output do) into cache [NB, BS, L + R] at flat slots; slot -1
+    is padding."""
+    _check("latent", latent, 2)
+    _check("k_pe", k_pe, 2)
+    _check_whole("cache", cache)
+    _check_whole("slot_mapping", slot_mapping, torch.int64)
+    tokens, rank = latent.shape
+    rope = k_pe.shape[1]
+    if (cache.dim() != 3 or cache.shape[2] != rank + rope or k_pe.shape[0] != tokens
+            or slot_mapping.shape != (tokens,)):
+        raise NativeArgumentError(
+            f"store_latent_cache: latent {tuple(latent.shape)}, k_pe {tuple(k_pe.shape)}, "
+            f"cache {tuple(cache.shape)}, slots {tuple(slot_mapping.shape)} do not agree"
+        )
+    _run(_cpu.OP_STORE_LATENT, (latent.data_ptr(), latent.stride(0), k_pe.data_ptr(),
+                                k_pe.stride(0), cache.data_ptr(), slot_mapping.data_ptr(),
+                                tokens, rank, rope, cache.shape[0] * cache.shape[1]),
+         latent, k_pe, cache, slot_mapping)
+
+
+def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y for rows [T, H] of one shape (each rounded once, as torch adds)."""
+    _check("x", x, 2)
+    _check("y", y, 2)
+    if x.shape != y.shape:
+        raise NativeArgumentError(f"add: x {tuple(x.shape)} and y {tuple(y.shape)} differ")
+    out = torch.empty(x.shape)
+    _run(_cpu.OP_ADD, (x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), out.data_ptr(),
+                       x.shape[0], x.shape[1]), x, y, out)
+    return out
+
+
+_SCORING = {"softmax": 0, "sigmoid": 1}
+_METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
+
+
+def moe_grouped_route(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    scoring: str,
+    method: str,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's routing in C, token by token (rows of the logits read in place, so
+    the first experts' columns of a wider product do): the picks best first, the first of
+    equal values winning, as torch.topk orders them."""
+    if scoring not in _SCORING:
+        raise NativeArgumentError(
+            f"moe_grouped_route: scoring {scoring!r} is not softmax or sigmoid")
+    if method not in _METHODS:
+        raise NativeArgumentError(f"moe_grouped_route: method {method!r} is not greedy, "
+                                  "group_limited_greedy or noaux_tc")
+    _check("router_logits", router_logits, 2)
+    tokens, experts = router_logits.shape
+    groups, kept = (1, 1) if method == "greedy" else (n_group, topk_group)
+    if (not 1 <= top_k <= experts or groups < 1 or experts % groups
+            or not 1 <= kept <= groups or method == "noaux_tc" and experts // groups < 2):
+        raise NativeArgumentError(
+            f"moe_grouped_route: top {top_k} of {experts} experts in {n_group} groups, "
+            f"{topk_group} kept, by {method} (groups must divide the experts; noaux_tc "
+            "scores a group by its two best)"
+        )
+    if correction_bias is not None:
+        _check_whole("correction_bias", correction_bias)
+        if correction_bias.shape != (experts,):
+            raise NativeArgumentError(f"moe_grouped_route: correction_bias "
+                                      f"{tuple(correction_bias.shape)} for {experts} experts")
+    weights = torch.empty(tokens, top_k)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64)
+    scratch = torch.empty(4 * experts)
+    bias = () if correction_bias is None else (correction_bias,)
+    _run(_cpu.OP_GROUPED_ROUTE, (router_logits.data_ptr(), router_logits.stride(0),
+                                 0 if correction_bias is None else correction_bias.data_ptr(),
+                                 weights.data_ptr(), ids.data_ptr(), tokens, experts, top_k,
+                                 _SCORING[scoring], _METHODS[method], groups, kept,
+                                 int(renormalize), float(scaling), scratch.data_ptr()),
+         router_logits, weights, ids, scratch, *bias)
+    return weights, ids
+
+
 def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check_whole("ids", ids, torch.int64)
     packed = table.dim() == 3

@@ -478,3 +478,130 @@ def test_a_large_mla_decode_batch_goes_to_the_reference_as_a_foreign_call() -> N
     assert (recorded.calls, recorded.foreign_calls) == (0, 1)
     assert torch.equal(out, reference("mla_decode_attention")(q_nope, q_pe, cache, kv_b, tables,
                                                                lengths, 0.3))
+
+
+@settings(max_examples=15, deadline=None)
+@given(tokens=st.integers(0, 9), rank=st.sampled_from([8, 40, 256]),
+       rope=st.sampled_from([4, 16, 32]), block_size=st.sampled_from([1, 4, 16]),
+       data=st.data(), seed=SEEDS)
+def test_store_latent_cache(tokens: int, rank: int, rope: int, block_size: int,
+                            data: st.DataObject, seed: int) -> None:
+    """Bitwise the reference's store, from views of one projection's output row (as the
+    model hands over the latent and rotary key); padding tokens (slot -1) write nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = 10
+    slots = data.draw(st.lists(st.integers(0, blocks * block_size - 1), min_size=tokens,
+                               max_size=tokens, unique=True))
+    padding = data.draw(st.lists(st.booleans(), min_size=tokens, max_size=tokens))
+    mapping = torch.tensor([-1 if p else s for s, p in zip(slots, padding, strict=True)],
+                           dtype=torch.int64)
+    row = randn(gen, tokens, 3 + rank + rope)
+    latent, k_pe = row[:, 3:3 + rank], row[:, 3 + rank:]
+    cache = randn(gen, blocks, block_size, rank + rope)
+    expected = cache.clone()
+    reference("store_latent_cache")(latent, k_pe, expected, mapping)
+    native("store_latent_cache")(latent, k_pe, cache, mapping)
+    assert torch.equal(cache, expected)
+
+
+def test_store_latent_cache_is_taped_and_refuses_a_slot_outside_the_cache() -> None:
+    from interlock.kernels.native import tape
+
+    gen = torch.Generator().manual_seed(6)
+    latent, k_pe, cache = randn(gen, 2, 8), randn(gen, 2, 4), torch.zeros(3, 2, 12)
+    slots = torch.tensor([0, 5])
+    with tape.recording() as recorded:
+        native("store_latent_cache")(latent, k_pe, cache, slots)
+    assert (recorded.calls, recorded.foreign_calls) == (1, 0)
+    latent.copy_(randn(gen, 2, 8))
+    slots.copy_(torch.tensor([1, -1]))
+    recorded.replay()
+    assert torch.equal(cache.view(6, 12)[1], torch.cat([latent[0], k_pe[0]]))
+    with pytest.raises(ValueError, match=r"a slot is outside the latent cache .*0\.\.5\)"):
+        native("store_latent_cache")(latent, k_pe, cache, torch.tensor([0, 6]))
+    with pytest.raises(KernelError, match=r"store_latent_cache: .*cache \(3, 2, 12\).*agree"):
+        native("store_latent_cache")(latent, randn(gen, 2, 5), cache, slots)
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(0, 9), hidden=st.integers(1, 70), seed=SEEDS)
+def test_add(tokens: int, hidden: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x, y = randn(gen, tokens, hidden + 2)[:, 1:hidden + 1], randn(gen, tokens, hidden)
+    assert torch.equal(native("add")(x, y), reference("add")(x, y))
+    with pytest.raises(KernelError, match=r"add: x .* and y .* differ"):
+        native("add")(x, randn(gen, tokens, hidden + 1))
+
+
+def _route_case(data: st.DataObject, gen: torch.Generator, tokens: int):
+    """Logits (the first experts' columns of a wider product, as the padded router gives
+    them) and the rest of a routing call, every method and scoring."""
+    n_group, size = data.draw(st.sampled_from([(1, 2), (2, 2), (4, 2), (2, 4), (4, 4), (8, 8),
+                                               (3, 5), (2, 6)]))
+    method = data.draw(st.sampled_from(["greedy", "group_limited_greedy", "noaux_tc"]))
+    scoring = data.draw(st.sampled_from(["softmax", "sigmoid"]))
+    experts = n_group * size
+    topk_group = data.draw(st.integers(1, n_group))
+    top_k = data.draw(st.integers(1, min(8, topk_group * size if method != "greedy"
+                                         else experts)))
+    logits = randn(gen, tokens, experts + 4)[:, :experts]
+    bias = randn(gen, experts) * 0.1 if data.draw(st.booleans()) else None
+    return (logits, bias, top_k, scoring, method, n_group, topk_group,
+            data.draw(st.booleans()), 2.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 7), data=st.data(), seed=SEEDS)
+def test_moe_grouped_route(tokens: int, data: st.DataObject, seed: int) -> None:
+    """The reference's picks in its order (best first; random logits do not tie), weights
+    within a few roundings (its exp and division are torch's, not libm's)."""
+    args = _route_case(data, torch.Generator().manual_seed(seed), tokens)
+    weights, ids = native("moe_grouped_route")(*args)
+    expected_weights, expected_ids = reference("moe_grouped_route")(*args)
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+    # A token's routing is its own: alone, the same bits.
+    row = data.draw(st.integers(0, tokens - 1))
+    alone = native("moe_grouped_route")(args[0][row:row + 1], *args[1:])
+    assert torch.equal(alone[0], weights[row:row + 1]) and torch.equal(alone[1], ids[row:row + 1])
+
+
+def test_moe_grouped_route_is_taped_and_replays_each_steps_logits() -> None:
+    from interlock.kernels.native import tape
+
+    gen = torch.Generator().manual_seed(7)
+    logits, bias = randn(gen, 3, 8), randn(gen, 8) * 0.1
+    args = (bias, 2, "sigmoid", "noaux_tc", 2, 1, True, 2.5)
+    with tape.recording() as recorded:
+        weights, ids = native("moe_grouped_route")(logits, *args)
+    assert (recorded.calls, recorded.foreign_calls) == (1, 0)
+    logits.copy_(randn(gen, 3, 8))
+    recorded.replay()
+    expected_weights, expected_ids = reference("moe_grouped_route")(logits, *args)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_noaux_tc_in_c_chooses_with_the_bias_and_weighs_without_it() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 5.0])
+    weights, ids = native("moe_grouped_route")(logits, bias, 1, "sigmoid", "noaux_tc", 2, 1,
+                                               False, 1.0)
+    assert ids.tolist() == [[3]]  # -1 + 5 beats 2 + 0
+    torch.testing.assert_close(weights, torch.sigmoid(logits[:, 3:]))
+
+
+def test_moe_grouped_route_refuses_what_the_reference_cannot_route() -> None:
+    logits = torch.zeros(2, 6)
+    call = native("moe_grouped_route")
+    with pytest.raises(KernelError, match="scoring 'tanh' is not softmax or sigmoid"):
+        call(logits, None, 2, "tanh", "greedy", 1, 1, True, 1.0)
+    with pytest.raises(KernelError, match="method 'best' is not greedy"):
+        call(logits, None, 2, "softmax", "best", 1, 1, True, 1.0)
+    with pytest.raises(KernelError, match="top 2 of 6 experts in 4 groups"):
+        call(logits, None, 2, "softmax", "group_limited_greedy", 4, 1, True, 1.0)
+    with pytest.raises(KernelError, match="noaux_tc scores a group by its two best"):
+        call(logits, None, 1, "sigmoid", "noaux_tc", 6, 1, True, 1.0)
+    with pytest.raises(KernelError, match=r"correction_bias \(5,\) for 6 experts"):
+        call(logits, torch.zeros(5), 2, "sigmoid", "noaux_tc", 2, 1, True, 1.0)
