@@ -157,9 +157,23 @@ class DeepseekMoE(RoutedExperts):
             hidden, moe.intermediate_size * routing.shared_experts, ops, tp, reduce=False
         )
 
+    def pack(self) -> None:
+        """The experts as ``RoutedExperts.pack``; and, where the table packs linear weights,
+        the router too, its outputs padded with zero rows to a multiple of ``PACK_STRIP``
+        (``forward`` reads the real experts' columns), so that its product is a packed one
+        like every other rather than torch's (on a native tape: a Python call per layer)."""
+        super().pack()
+        weight = self.router_weight
+        if self.ops.packs_weights and weight.dim() == 2:
+            experts, hidden = weight.shape
+            if experts % PACK_STRIP:
+                weight = weight.new_zeros(-(-experts // PACK_STRIP) * PACK_STRIP, hidden)
+                weight[:experts] = self.router_weight
+            self.router_weight = frozen(self.ops.pack_weight(weight))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops, routing = self.ops, self.routing
-        logits = ops.linear(x, self.router_weight, None, False)
+        logits = ops.linear(x, self.router_weight, None, False)[:, : self.w13.shape[0]]
         weights, ids = ops.moe_grouped_route(
             logits, self.correction_bias, self.top_k, routing.scoring, routing.method,
             routing.n_group, routing.topk_group, self.renormalize, routing.scaling,

@@ -82,6 +82,31 @@ def test_the_debug_graph_backend_gives_the_same_tokens(runner, mode, breakable, 
     assert not report.graphs.failed and report.graphs.captured
 
 
+@pytest.mark.skipif(CPU_GRAPHS != "native", reason="native kernels: not built here")
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2_grouped"])
+def test_a_native_decode_graph_replays_without_python_calls(name, tiny_models, monkeypatch):
+    """Every op of an MLA + MoE decode step is native (the router's product padded to whole
+    strips, the grouped routing, the latent store, the experts, the latent attention): a
+    decode graph's tape records no foreign call, so its replay is one C call. (Where a
+    projection is not whole strips of 16 outputs, as deepseek_v3_plain_q's fused q + kv_a
+    of 88, that product goes to torch, as any such weight does.)"""
+    from interlock.kernels.native import tape
+
+    foreign: list[str] = []
+    record = tape.Tape.add_foreign
+
+    def add_foreign(self, call):
+        foreign.append(call.fn.__name__)
+        record(self, call)
+
+    monkeypatch.setattr(tape.Tape, "add_foreign", add_foreign)
+    decision = Decision("mrv2", "full_decode_only", False, capture_sizes=(1, 2, 4))
+    tokens, report = generate(tiny_models.path(name), decision)
+    assert tokens == expected(tiny_models, name)
+    assert report.graphs.backend == "native" and report.graphs.captured
+    assert foreign == []
+
+
 @pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
 def test_piecewise_and_breakable_programs_break_at_every_latent_attention(runner, tiny_models):
     layers = 2
