@@ -8,11 +8,11 @@ counterpart of a CUDA graph, and the native graph backend's segment.
 
 Ops of other backends that run while recording (the MoE ops, a plugin's kernels: a kernel
 table wraps them with ``foreign``; torch's product for a weight that is not packed: native
-``linear`` calls it so) are recorded as Python calls: a replay runs the
-native records between them in C, calls them again on the same buffers and copies what
-they return over what they returned at capture. Any other torch op that computes (not a
-view, not an allocation) while recording raises ``TapeError`` naming it: a replay would
-miss it.
+``linear`` calls it so; a tensor-parallel group's collectives) are recorded as Python
+calls: a replay runs the native records between them in C, calls them again on the same
+buffers and copies what they return over what they returned at capture. Any other torch
+op that computes (not a view, not an allocation) while recording raises ``TapeError``
+naming it: a replay would miss it.
 """
 
 from __future__ import annotations
@@ -164,15 +164,20 @@ def foreign(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        global ACTIVE, _GUARD
         recorder = ACTIVE
         if recorder is None:
             return fn(*args, **kwargs)
-        global _GUARD
         assert _GUARD is not None  # recording: start() entered it
         _GUARD.__exit__(None, None, None)
+        # The call runs as it will at each replay: native ops inside it (a collective's
+        # embedding lookup) belong to it, not to the tape, and a foreign call inside it is
+        # just a call.
+        ACTIVE = None
         try:
             result = fn(*args, **kwargs)
         finally:
+            ACTIVE = recorder
             _GUARD = _NativeOnly()
             _GUARD.__enter__()
         recorder.add_foreign(ForeignCall(fn, args, kwargs, result))

@@ -79,6 +79,27 @@ def test_another_backends_op_is_replayed_as_a_python_call_on_the_same_buffers() 
     assert torch.equal(out, native("silu_and_mul")(torch_norm(x, weight, 1e-5)))
 
 
+def test_native_ops_inside_a_foreign_call_belong_to_it_not_to_the_tape() -> None:
+    """A collective's masked lookup (torch ops around a native embedding) is one call: a
+    replay runs it once, and the tape holds no record of its native op."""
+    from interlock.kernels.native import tape
+
+    table = torch.randn(10, 4)
+
+    def masked_rows(ids: torch.Tensor) -> torch.Tensor:
+        rows = native("embedding")(ids.clamp(0, 4), table)
+        return rows * (ids < 5).unsqueeze(-1).to(rows.dtype)
+
+    ids = torch.tensor([1, 7, 3])
+    with tape.recording() as recorded:
+        out = native("silu_and_mul")(tape.foreign(tape.foreign(masked_rows))(ids))
+    assert (recorded.calls, recorded.foreign_calls) == (1, 1)
+    ids.copy_(torch.tensor([8, 2, 4]))
+    recorded.replay()
+    assert torch.equal(out, native("silu_and_mul")(masked_rows(ids)))
+    assert tape.ACTIVE is None
+
+
 def test_a_reshape_is_taped_as_a_view_and_refused_as_a_copy() -> None:
     from interlock.kernels.native import tape
 
