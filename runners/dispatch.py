@@ -36,13 +36,19 @@ class KernelTable:
     _fns: dict[str, Callable[..., Any]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
-        if self.taped:
-            from interlock.kernels.native.tape import foreign as wrap
         object.__setattr__(self, "_fns", {
-            c.op: c.fn if wrap is None or c.impl.backend == NATIVE else wrap(c.fn)
-            for c in self.choices
+            c.op: c.fn if c.impl.backend == NATIVE else self.foreign(c.fn) for c in self.choices
         })
+
+    def foreign(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, code outside the native kernels (another backend's op, a collective), as
+        the forward calls it: recorded as a Python call by a native tape when this table
+        can be taped, called as it is otherwise."""
+        if not self.taped:
+            return fn
+        from interlock.kernels.native.tape import foreign
+
+        return foreign(fn)
 
     def __getattr__(self, op: str) -> Callable[..., Any]:
         # Only called for names that are not attributes: the ops.

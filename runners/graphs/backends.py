@@ -16,9 +16,10 @@ breakable program; they differ only in what replay does.
 * ``native`` (CPU) records the native kernels' calls into tapes
   (``interlock.kernels.native.tape``) and replays a tape in one C call, with no Python
   or torch dispatch between the kernels: the CPU's counterpart of a CUDA graph, with the
-  same static buffers. A forward that runs any other op cannot be taped, and that key
-  runs eagerly (the graphs report says why). ``auto`` takes it on the CPU when the kernel
-  table chose the native kernels and there is one rank (collectives cannot be taped).
+  same static buffers. Other backends' ops and a tensor-parallel group's collectives are
+  recorded as Python calls between the runs of native kernels. A forward that runs any
+  other op cannot be taped, and that key runs eagerly (the graphs report says why).
+  ``auto`` takes it on the CPU when the kernel table chose the native kernels.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class GraphBackend(Protocol):
 def select_backend(requested: str, device: torch.device, tapeable: bool = False
                    ) -> GraphBackend:
     """``auto``: unless $INTERLOCK_DEBUG_GRAPHS=1, cuda on a CUDA/ROCm device and native on
-    the CPU when the forward is ``tapeable`` (its kernel table chose the native kernels, and
-    it runs no collectives); debug otherwise."""
+    the CPU when the forward is ``tapeable`` (its kernel table chose the native kernels);
+    debug otherwise."""
     if requested not in BACKENDS:
         raise ValueError(f"graph backend {requested!r} is unknown; allowed: {', '.join(BACKENDS)}")
     if requested == "auto":
@@ -94,8 +95,7 @@ def select_backend(requested: str, device: torch.device, tapeable: bool = False
     if requested == "native":
         if device.type != "cpu" or not tapeable:
             raise ValueError("the native graph backend replays the native CPU kernels: it "
-                             "needs a CPU run whose kernel table chose them and that runs no "
-                             f"collectives (device {device})")
+                             f"needs a CPU run whose kernel table chose them (device {device})")
         return NativeGraphBackend()
     return DebugGraphBackend()
 

@@ -22,7 +22,7 @@ class CapturedGraph:
 
 @dataclass(frozen=True)
 class GraphReport:
-    backend: str  # cuda | debug | none (nothing to capture)
+    backend: str  # cuda | native | debug | none (nothing to capture)
     mode: str
     breakable: bool
     sizes: dict[str, tuple[int, ...]]  # each ladder of the runner's plan

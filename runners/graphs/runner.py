@@ -117,6 +117,7 @@ class GraphRunner(ABC):
         self.decision = decision
         self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference,
                                       compiled=decision.compile)
+        tp.record_with(self.ops.foreign)  # a tape replays the collectives too
         self.model = load_model(model, self.ops, self.device, tp)
         self.block_size = kv_cache.block_size
         self.table_width = min(-(-model.max_model_len // kv_cache.block_size), kv_cache.num_blocks)
@@ -132,9 +133,7 @@ class GraphRunner(ABC):
         self.setup(model, kv_cache)
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
-            compile=decision.compile,
-            # Collectives run outside any kernel table: a sharded forward cannot be taped.
-            tapeable=self.ops.all_native() and tp.size == 1,
+            compile=decision.compile, tapeable=self.ops.all_native(),
         )
         with torch.inference_mode():
             self.graphs.capture(self.model)

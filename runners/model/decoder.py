@@ -176,6 +176,7 @@ class CausalLM(nn.Module):
         # ``embedding`` gives it as the embedding op takes it. Each rank holds its rows of
         # the vocabulary (the last rank's past vocab_size are zero).
         self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
+        self._own_rows = ops.foreign(self._own_rows_now)
         self.head_transposed = config.tie_word_embeddings and stored_transposed(
             config.hidden_size, plan.vocab_rows, ops
         )
@@ -313,11 +314,17 @@ class CausalLM(nn.Module):
             return self.ops.quantized_embedding(input_ids, self.embed_tokens, self.embed_format)
         if self.tp.size == 1:
             return self.ops.embedding(input_ids, self.embedding)
+        return self.tp.all_reduce(self._own_rows(input_ids))
+
+    def _own_rows_now(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the embedding: its rows of the ids it holds, zero elsewhere
+        (``_own_rows`` is this as a native tape records it: one call, since the masking is
+        torch ops)."""
         rows = self.shards.vocab_rows
         local = input_ids - self.vocab_shard.start
         mine = (local >= 0) & (local < rows)
         hidden = self.ops.embedding(local.clamp(0, rows - 1), self.embedding)
-        return self.tp.all_reduce(hidden * mine.unsqueeze(-1).to(hidden.dtype))
+        return hidden * mine.unsqueeze(-1).to(hidden.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V]; under tensor parallelism every rank gets them whole."""

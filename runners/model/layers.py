@@ -131,7 +131,7 @@ class RowParallelLinear(Linear):
         y = self.ops.linear(x, self.weight, None, self.transposed)
         if self.reduce:
             y = self.tp.all_reduce(y)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else self.ops.add(y, self.bias.expand_as(y))
 
 
 class SelfAttention(nn.Module):

@@ -5,18 +5,23 @@ the vocabulary-parallel embedding) and ``tp.all_gather`` (the LM head's logits).
 rank both are the identity and torch.distributed is never touched. On GPUs they are
 ``torch.distributed`` (NCCL) calls, so CUDA graphs capture them like any other op. On the
 CPU, ranks of one host sum float32 tensors in a shared segment (``shm``); anything else
-goes through gloo. The debug graph backend replays either eagerly.
+goes through gloo. The debug graph backend replays either eagerly; a native tape records
+them as Python calls between its runs of native kernels (``record_with``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from interlock.runners.parallel.shm import SharedMemoryCollectives
+
+#: A collective as the group calls it: the tensor in, the gathered tensor (or None) out.
+Collective = Callable[[torch.Tensor], torch.Tensor | None]
 
 
 @dataclass
@@ -40,11 +45,34 @@ class TensorParallel:
     shm: SharedMemoryCollectives | None = None
     #: What carries the collectives, and why (the run report shows it).
     collectives: str = "none (one rank)"
+    _reduce: Collective = field(init=False, repr=False)
+    _gather: Collective = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.record_with(lambda fn: fn)
+
+    def record_with(self, wrap: Callable[[Collective], Collective]) -> None:
+        """Call the collectives through ``wrap``: a runner passes its kernel table's
+        ``foreign``, so that a native tape records each collective as a Python call and a
+        tensor-parallel forward replays like any other."""
+        self._reduce = wrap(self._all_reduce)
+        self._gather = wrap(self._all_gather)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place."""
+        if self.size > 1:
+            self._reduce(x)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, S] per rank -> [N, size * S], rank order along the last dim."""
         if self.size == 1:
             return x
+        out = self._gather(x)
+        assert out is not None
+        return out
+
+    def _all_reduce(self, x: torch.Tensor) -> None:
         start = time.perf_counter() if self.times is not None else 0.0
         if self.shm is not None and x.dtype == torch.float32 and x.device.type == "cpu":
             if x.is_contiguous():
@@ -56,12 +84,8 @@ class TensorParallel:
         else:
             dist.all_reduce(x, group=self.group)
         self._count(start)
-        return x
 
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, S] per rank -> [N, size * S], rank order along the last dim."""
-        if self.size == 1:
-            return x
+    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter() if self.times is not None else 0.0
         rows, cols = x.shape
         if self.shm is not None and x.dtype == torch.float32 and x.device.type == "cpu":

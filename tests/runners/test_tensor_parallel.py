@@ -164,6 +164,10 @@ def test_llm_splits_the_demo_model_as_the_policy_decides():
         split = llm.report().tensor_parallel
         assert (split.size, split.backend, split.launcher) == (2, "gloo", "torch.multiprocessing")
         assert (split.heads_per_rank, split.kv_heads_per_rank) == (4, 2)
+        # the sharded forward replays native tapes, its collectives recorded in them
+        graphs = llm.report().graphs
+        assert graphs.backend == "native" and not graphs.failed, graphs
+        assert graphs.replays == {"full/decode/2t2s": 3}, graphs  # the prefill is larger
         pids = llm.engine.runner.worker_pids
     _assert_gone(pids)
 
