@@ -14,9 +14,13 @@
  *   arguments stay the same from one call to the next), its arrival and its departure.
  *   then one slot of slot_bytes per rank.
  *
- * Waiting spins with a pause, then yields the core (ranks may outnumber free cores), and
- * every few milliseconds checks the clock against the timeout and whether each rank that
- * has not arrived still exists. A timeout or a dead peer returns which rank it was, so the
+ * Rank 0 also broadcasts its step messages through its slot (the control channel once the
+ * segment exists): a gloo broadcast costs as much as a gloo all-reduce, and a worker that
+ * gets its step late makes rank 0 wait at the step's first collective.
+ *
+ * Waiting spins with a pause, then yields the core (ranks may outnumber free cores), then,
+ * after a few milliseconds, sleeps between looks; every so often it checks the clock
+ * against the timeout and whether the rank it waits for still exists. A timeout or a dead peer returns which rank it was, so the
  * caller can name it; no collective ever waits without bound.
  */
 #define PY_SSIZE_T_CLEAN
@@ -77,25 +81,47 @@ static int ended(int64_t pid) {
 #define TIMED_OUT(rank) (-(1 + 2 * (rank)))
 #define DIED(rank) (-(2 + 2 * (rank)))
 
-/* Waits until field `which` of every rank is >= g. */
-static int wait_all(char *base, long world, int which, int64_t g, double timeout) {
-    double deadline = 0.0;
+/* After this long a wait sleeps between looks instead of yielding, each sleep twice the
+ * last up to SLEEP_MAX_NS: a worker waiting for the next step of an idle engine must not
+ * keep a core busy, and a peer this late has already cost more than the sleeps add. */
+#define SLEEP_AFTER_S 0.005
+#define SLEEP_MIN_NS 50000
+#define SLEEP_MAX_NS 1000000
+
+/* Waits until field `which` of rank `r` is >= g. */
+static int wait_rank(char *base, long r, int which, int64_t g, double timeout) {
+    double start = 0.0;
     long spins = 0;
-    for (long r = 0; r < world; r++) {
-        while (__atomic_load_n(field(base, r, which), __ATOMIC_ACQUIRE) < g) {
-            if (++spins < 2000) {
-                relax();
-                continue;
-            }
+    long sleep_ns = 0; /* 0 while yielding */
+    while (__atomic_load_n(field(base, r, which), __ATOMIC_ACQUIRE) < g) {
+        if (++spins < 2000) {
+            relax();
+            continue;
+        }
+        if (sleep_ns) {
+            struct timespec pause = {0, sleep_ns};
+            nanosleep(&pause, NULL);
+            sleep_ns = sleep_ns * 2 < SLEEP_MAX_NS ? sleep_ns * 2 : SLEEP_MAX_NS;
+        } else {
             sched_yield();
             if (spins % 256)
                 continue;
-            double t = now_s();
-            if (deadline == 0.0) deadline = t + timeout;
-            int64_t pid = __atomic_load_n(field(base, r, F_PID), __ATOMIC_RELAXED);
-            if (pid > 0 && ended(pid)) return DIED(r);
-            if (t > deadline) return TIMED_OUT(r);
         }
+        double t = now_s();
+        if (start == 0.0) start = t;
+        if (!sleep_ns && t - start > SLEEP_AFTER_S) sleep_ns = SLEEP_MIN_NS;
+        int64_t pid = __atomic_load_n(field(base, r, F_PID), __ATOMIC_RELAXED);
+        if (pid > 0 && ended(pid)) return DIED(r);
+        if (t - start > timeout) return TIMED_OUT(r);
+    }
+    return 0;
+}
+
+/* Waits until field `which` of every rank is >= g. */
+static int wait_all(char *base, long world, int which, int64_t g, double timeout) {
+    for (long r = 0; r < world; r++) {
+        int rc = wait_rank(base, r, which, g, timeout);
+        if (rc) return rc;
     }
     return 0;
 }
@@ -132,6 +158,37 @@ static int collective(char *base, long rank, long world, long slot_bytes, float 
         __atomic_store_n(field(base, rank, F_DEPART), g, __ATOMIC_RELEASE);
     }
     return 0;
+}
+
+/* One broadcast round of rank 0's slot, which holds an 8-byte length and that many bytes.
+ * Rank 0 writes n bytes of x once every rank has read the previous round; another rank
+ * waits for rank 0's arrival, copies what it wrote into x (at most n bytes) and returns
+ * the count. A rank that times out waiting changes nothing, so it may simply wait again.
+ * Only rank 0's arrival is awaited: the next round's wait for every departure keeps rank
+ * 0 from rewriting its slot before all have read it. */
+static long broadcast(char *base, long rank, long world, long slot_bytes, char *x, long n,
+                      double timeout) {
+    int64_t g = __atomic_load_n(field(base, rank, F_GEN), __ATOMIC_RELAXED) + 1;
+    char *slot = base + HEADER;
+    int64_t length;
+    if (rank == 0) {
+        if (n > slot_bytes - (long)sizeof length) return -(2 * MAX_RANKS + 1);
+        int rc = wait_all(base, world, F_DEPART, g - 1, timeout);
+        if (rc) return rc;
+        length = n;
+        memcpy(slot, &length, sizeof length);
+        if (n > 0) memcpy(slot + sizeof length, x, (size_t)n);
+    } else {
+        int rc = wait_rank(base, 0, F_ARRIVE, g, timeout);
+        if (rc) return rc;
+        memcpy(&length, slot, sizeof length);
+        if (length > n) length = n;
+        if (length > 0) memcpy(x, slot + sizeof length, (size_t)length);
+    }
+    __atomic_store_n(field(base, rank, F_GEN), g, __ATOMIC_RELAXED);
+    __atomic_store_n(field(base, rank, F_ARRIVE), g, __ATOMIC_RELEASE);
+    __atomic_store_n(field(base, rank, F_DEPART), g, __ATOMIC_RELEASE);
+    return (long)length;
 }
 
 static int parse(PyObject *const *argv, Py_ssize_t argc, Py_ssize_t want, long long *v,
@@ -201,7 +258,28 @@ static PyObject *py_all_gather(PyObject *Py_UNUSED(self), PyObject *const *argv,
     return outcome(rc);
 }
 
+/* broadcast(base, rank, world, slot_bytes, x, n, timeout_s) -> count | (kind, rank) */
+static PyObject *py_broadcast(PyObject *Py_UNUSED(self), PyObject *const *argv,
+                              Py_ssize_t argc) {
+    long long v[6];
+    double timeout;
+    if (parse(argv, argc, 7, v, &timeout)) return NULL;
+    long rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = broadcast((char *)(intptr_t)v[0], (long)v[1], (long)v[2], (long)v[3],
+                   (char *)(intptr_t)v[4], (long)v[5], timeout);
+    Py_END_ALLOW_THREADS
+    if (rc == -(2 * MAX_RANKS + 1)) {
+        PyErr_Format(PyExc_ValueError, "broadcast: %lld bytes do not fit a slot of %lld",
+                     v[5], v[3]);
+        return NULL;
+    }
+    if (rc < 0) return outcome((int)rc);
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
+    {"broadcast", (PyCFunction)(void (*)(void))py_broadcast, METH_FASTCALL, NULL},
     {"all_reduce", (PyCFunction)(void (*)(void))py_all_reduce, METH_FASTCALL, NULL},
     {"all_gather", (PyCFunction)(void (*)(void))py_all_gather, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},

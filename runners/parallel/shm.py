@@ -37,6 +37,8 @@ CHOICES = ("auto", "shm", "gloo")
 SHM_DIR = Path("/dev/shm")
 PREFIX = "interlock-tp-"
 MIN_SLOT = 1 << 20
+#: How long one look for rank 0's next message lasts before Python checks for signals.
+_IDLE_LOOK_S = 0.25
 _NAME = re.compile(rf"{PREFIX}(\d+)-[0-9a-f]+")
 
 
@@ -108,6 +110,7 @@ class SharedMemoryCollectives:
         self._base = 0
         self._slot = 0
         self._pids: list[int] = []
+        self._inbox: torch.Tensor | None = None
 
     def all_reduce(self, x: torch.Tensor) -> None:
         """Sum ``x`` (float32, CPU, contiguous) over the ranks, in place."""
@@ -123,6 +126,44 @@ class SharedMemoryCollectives:
                                        x.data_ptr(), x.numel(), out.data_ptr(), self.timeout),
                     "all-gather")
         return out
+
+    @property
+    def ready(self) -> bool:
+        """Whether the segment exists: from the group's first collective on, which every
+        rank has made by the time it sends or takes the next message."""
+        return self._map is not None
+
+    def send(self, payload: bytes) -> None:
+        """Rank 0: ``payload`` to every other rank (``receive``), in slot-sized rounds."""
+        data = struct.pack("<q", len(payload)) + payload
+        room = self._slot - 8
+        for lo in range(0, len(data), room):
+            part = torch.frombuffer(bytearray(data[lo:lo + room]), dtype=torch.uint8)
+            self._broadcast(part, "message", self.timeout)
+
+    def receive(self) -> bytes:
+        """Another rank: rank 0's next message, waited for as long as rank 0 lives (in
+        bounded waits, so that Ctrl-C is seen between them)."""
+        if self._inbox is None:
+            self._inbox = torch.empty(self._slot, dtype=torch.uint8)
+        parts: list[bytes] = []
+        size = None
+        while size is None or sum(map(len, parts)) < size + 8:
+            count = self._broadcast(self._inbox, "message", None)
+            parts.append(self._inbox[:count].numpy().tobytes())
+            if size is None:
+                (size,) = struct.unpack_from("<q", parts[0])
+        return b"".join(parts)[8:]
+
+    def _broadcast(self, x: torch.Tensor, what: str, timeout: float | None) -> int:
+        while True:
+            got = self._c.broadcast(self._base, self.rank, self.size, self._slot,
+                                    x.data_ptr(), x.numel(),
+                                    _IDLE_LOOK_S if timeout is None else timeout)
+            if isinstance(got, int):
+                return got
+            if timeout is not None or got[0] != "timeout":
+                self._check(got, what)
 
     def close(self) -> None:
         if self._map is not None:

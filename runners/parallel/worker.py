@@ -67,6 +67,7 @@ def serve(rdzv: Rendezvous) -> int:
                 f"the group has {tp.size} ranks but rank 0 asks for tensor_parallel_size="
                 f"{fields['tensor_parallel_size']}"
             )
+        channel.shm = tp.shm
         set_current(tp)
         # As on rank 0 (interlock.llm): plugin kernels join the registry before any runner
         # builds its kernel table; rank 0 already logged any that failed to install.

@@ -1,6 +1,8 @@
 """The shared-memory collectives of one-host tensor parallelism, in real processes: sums
-bitwise equal on every rank, chunking past the slot, the gather's layout, a SIGKILLed peer
-named with nothing left in /dev/shm, and two runs that never share a segment."""
+bitwise equal on every rank, chunking past the slot, the gather's layout, rank 0's
+messages between them, a SIGKILLed peer named with nothing left in /dev/shm, a rank that
+waits for a message without keeping a core busy, and two runs that never share a
+segment."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ pytestmark = [pytest.mark.skipif(shm.unavailable() is not None,
               pytest.mark.slow]  # each test starts ranks in fresh interpreters
 
 SIZES = (576, 1, 0, 7, 300_000)  # the first sizes the slot (1 MiB); the last is chunked
+MESSAGES = (0, 5, 3_000_000, 17)  # bytes; the third takes three rounds of the slot
 
 
 def _port() -> int:
@@ -55,6 +58,15 @@ def _collectives(rank: int, world: int, port: int, seed: int, out: dict) -> None
     gathered = fast.all_gather(shard)
     want = torch.cat([_inputs(r, seed, 24).view(2, 12) for r in range(world)])
     results.append(bool(torch.equal(gathered, want)))
+    for n in MESSAGES:  # rank 0's messages, between collectives, as a step's are
+        payload = bytes((seed + i) % 256 for i in range(n))
+        if rank == 0:
+            fast.send(payload)
+        else:
+            results.append(fast.receive() == payload)
+        x = _inputs(rank, seed, 5)
+        fast.all_reduce(x)
+        results.append(bool(torch.equal(x, _sum_in_rank_order(world, seed, 5))))
     out[rank] = results
     fast.close()
     dist.destroy_process_group()
@@ -114,6 +126,37 @@ def test_a_sigkilled_peer_is_named_and_leaves_no_segment() -> None:
     procs[1].join(10)
     assert procs[1].exitcode == -signal.SIGKILL
     assert _leftovers({out["pid0"], out["pid1"]}) == []
+
+
+def _idle_worker(rank: int, port: int, out: dict) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    fast = shm.SharedMemoryCollectives(None, rank, 2, timeout=20.0)
+    fast.all_reduce(torch.ones(8))
+    if rank == 0:
+        time.sleep(2.0)  # an engine with nothing to do
+        fast.send(b"step")
+        return
+    cpu, wall = time.process_time(), time.monotonic()
+    out["message"] = fast.receive()
+    out["cpu"], out["wall"] = time.process_time() - cpu, time.monotonic() - wall
+
+
+def test_a_rank_waiting_for_a_message_does_not_keep_a_core_busy() -> None:
+    context = mp.get_context("spawn")
+    out = context.Manager().dict()
+    procs = [context.Process(target=_idle_worker, args=(r, port, out))
+             for port in [_port()] for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert out["message"] == b"step"
+    assert out["wall"] > 1.5
+    # it sleeps between looks after its first milliseconds: a busy wait would use ~2 s
+    assert out["cpu"] < 0.25 * out["wall"], dict(out)
 
 
 def test_two_runs_at_once_never_share_a_segment() -> None:
