@@ -30,6 +30,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,18 @@ def run_child(args: argparse.Namespace, weights: str) -> dict[str, Any]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def measured(command: list[str]) -> tuple[int, str, str, float]:
+    """Run ``command``: its exit code, output, error output and its own peak RSS in MB
+    (``wait4`` reports the child's, where RUSAGE_CHILDREN keeps the largest of all)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return child.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
+
+
 def run_llama(args: argparse.Namespace, gguf: Path) -> dict[str, Any] | str:
     """One rep of llama-bench (and llama-batched-bench), or why it cannot run."""
     bench = os.environ.get("LLAMA_BENCH")
@@ -102,24 +115,19 @@ def run_llama(args: argparse.Namespace, gguf: Path) -> dict[str, Any] | str:
         return "LLAMA_BENCH is not set (no llama-bench to run)"
     if not Path(bench).is_file():
         return f"LLAMA_BENCH={bench} is not a file"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run(
+    code, out, err, peak = measured(
         [bench, "-m", str(gguf), "-t", str(args.threads), "-p", str(args.prefill),
-         "-n", str(args.new_tokens), "-r", "1", "-o", "json"],
-        capture_output=True, text=True, check=False)
-    if done.returncode:
-        return f"llama-bench failed ({done.returncode}): {done.stderr[-500:]}"
-    rows = json.loads(done.stdout)
+         "-n", str(args.new_tokens), "-r", "1", "-o", "json"])
+    if code:
+        return f"llama-bench failed ({code}): {err[-500:]}"
+    rows = json.loads(out)
     result: dict[str, Any] = {}
     for row in rows:
         if row.get("n_prompt"):
             result["prefill_ms"] = args.prefill / row["avg_ts"] * 1e3
         elif row.get("n_gen"):
             result["decode_ms"] = 1e3 / row["avg_ts"]
-    # ru_maxrss of the children is the largest child's: llama-bench's when it is larger
-    # than any interlock child before it (it is the only figure a child leaves)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result["peak_rss_mb"] = after / 1024 if after > before else None
+    result["peak_rss_mb"] = peak
     batched = os.environ.get("LLAMA_BATCHED_BENCH")
     if batched and Path(batched).is_file():
         done = subprocess.run(
