@@ -3,6 +3,9 @@ the gguf package does, and the native kernels against their references."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import gguf
 import numpy as np
 import pytest
@@ -17,6 +20,28 @@ from interlock.kernels.native.ops import NativeArgumentError
 WHY_NOT = unavailable("cpu")
 native_only = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 FORMATS = sorted(quant.FORMATS)
+
+
+def _isas() -> list[str]:
+    """The instruction sets the quantized products can take here (AVX-512 first)."""
+    if WHY_NOT is not None:
+        return []
+    from interlock.kernels.native import _cpu
+    return ["avx512", "avx2"] if _cpu.quantized_isa() == "avx512" else ["avx2"]
+
+
+ISAS = _isas()
+
+
+@contextmanager
+def running_with(isa: str) -> Iterator[None]:
+    from interlock.kernels.native import _cpu
+    before = _cpu.quantized_isa()
+    _cpu.quantized_isa(isa)
+    try:
+        yield
+    finally:
+        _cpu.quantized_isa(before)
 
 
 def file_bytes(name: str, rows: int, inputs: int, seed: int) -> np.ndarray:
@@ -87,16 +112,18 @@ def bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @native_only
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(FORMATS), strips=st.integers(1, 4), blocks=st.integers(1, 3),
-       rows=st.integers(1, 64), with_bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+       rows=st.integers(1, 64), with_bias=st.booleans(), seed=st.integers(0, 2**31 - 1),
+       isa=st.sampled_from(ISAS or ["none"]))
 def test_native_quantized_linear_matches_its_reference(
-    name: str, strips: int, blocks: int, rows: int, with_bias: bool, seed: int
+    name: str, strips: int, blocks: int, rows: int, with_bias: bool, seed: int, isa: str
 ) -> None:
     inputs = blocks * quant.FORMATS[name].file_block
     weight, _ = packed(name, 16 * strips, inputs, seed)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, inputs, generator=gen)
     bias = torch.randn(16 * strips, generator=gen) if with_bias else None
-    got = impl("quantized_linear", "native")(x, weight, name, bias)
+    with running_with(isa):
+        got = impl("quantized_linear", "native")(x, weight, name, bias)
     want = impl("quantized_linear", "torch")(x, weight, name, bias)
     error = (got - want).abs()
     assert bool((error <= bound(x, quant.dequantize(weight, name))).all()), float(error.max())
@@ -104,18 +131,51 @@ def test_native_quantized_linear_matches_its_reference(
 
 @native_only
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(FORMATS), rows=st.integers(2, 64), seed=st.integers(0, 2**31 - 1))
-def test_a_rows_result_is_bitwise_the_same_in_any_batch(name: str, rows: int, seed: int) -> None:
+@given(name=st.sampled_from(FORMATS), rows=st.integers(2, 64), seed=st.integers(0, 2**31 - 1),
+       isa=st.sampled_from(ISAS or ["none"]))
+def test_a_rows_result_is_bitwise_the_same_in_any_batch(
+    name: str, rows: int, seed: int, isa: str
+) -> None:
     """Each row alone, and in a batch of ``rows`` (other tile shapes, other strips per
     tile), gives the same bits: the accumulation order is the row's own."""
     weight, _ = packed(name, 64, 2 * quant.FORMATS[name].file_block, seed)
     x = torch.randn(rows, weight.shape[1] * quant.FORMATS[name].block,
                     generator=torch.Generator().manual_seed(seed))
     linear = impl("quantized_linear", "native")
-    batch = linear(x, weight, name, None)
-    for r in {0, rows // 2, rows - 1}:
-        assert torch.equal(linear(x[r:r + 1], weight, name, None)[0], batch[r])
-    assert torch.equal(linear(x[1:], weight, name, None), batch[1:])
+    with running_with(isa):
+        batch = linear(x, weight, name, None)
+        for r in {0, rows // 2, rows - 1}:
+            assert torch.equal(linear(x[r:r + 1], weight, name, None)[0], batch[r])
+        assert torch.equal(linear(x[1:], weight, name, None), batch[1:])
+
+
+@pytest.mark.skipif(len(ISAS) < 2, reason="this CPU has no AVX-512: one path only")
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(FORMATS), strips=st.integers(1, 9), blocks=st.integers(1, 3),
+       rows=st.integers(1, 64), with_bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_the_avx512_and_avx2_products_are_bitwise_the_same(
+    name: str, strips: int, blocks: int, rows: int, with_bias: bool, seed: int
+) -> None:
+    """The two instruction sets run one accumulation order, operation for operation, over
+    every tile shape (1-9 strips: the wide tiles and the odd strip left after them)."""
+    weight, _ = packed(name, 16 * strips, blocks * quant.FORMATS[name].file_block, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, blocks * quant.FORMATS[name].file_block, generator=gen)
+    bias = torch.randn(16 * strips, generator=gen) if with_bias else None
+    linear = impl("quantized_linear", "native")
+    results = []
+    for isa in ISAS:
+        with running_with(isa):
+            results.append(linear(x, weight, name, bias))
+    assert torch.equal(results[0], results[1])
+
+
+@native_only
+def test_an_instruction_set_the_cpu_lacks_is_refused_by_name() -> None:
+    from interlock.kernels.native import _cpu
+    with pytest.raises(ValueError, match="quantized_isa 'avx9': this CPU runs 'avx"):
+        _cpu.quantized_isa("avx9")
+    assert _cpu.quantized_isa() == ISAS[0]
 
 
 @native_only
