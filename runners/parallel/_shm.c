@@ -18,9 +18,11 @@
  * segment exists): a gloo broadcast costs as much as a gloo all-reduce, and a worker that
  * gets its step late makes rank 0 wait at the step's first collective.
  *
- * Waiting spins with a pause, then yields the core (ranks may outnumber free cores), then,
- * after a few milliseconds, sleeps between looks; every so often it checks the clock
- * against the timeout and whether the rank it waits for still exists. A timeout or a dead peer returns which rank it was, so the
+ * Waiting spins with a pause, then sleeps on the awaited field (a futex on Linux) until
+ * the rank it waits for publishes it: a rank that waits gives its core to one that works
+ * (ranks may outnumber free cores), and a worker waiting for the next step of an idle
+ * engine uses no CPU. Every few milliseconds it checks the clock against the timeout and
+ * whether the rank it waits for still exists. A timeout or a dead peer returns which rank it was, so the
  * caller can name it; no collective ever waits without bound.
  */
 #define PY_SSIZE_T_CLEAN
@@ -32,13 +34,19 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define LINE 64
 #define MAX_RANKS 64
-/* Per rank, four 8-byte fields on lines of their own. */
-#define FIELDS 4
+/* Per rank, five 8-byte fields on lines of their own; F_SLEEPERS counts the ranks asleep
+ * on this rank's arrival or departure. */
+#define FIELDS 5
 #define HEADER (MAX_RANKS * FIELDS * LINE)
-enum { F_PID, F_GEN, F_ARRIVE, F_DEPART };
+enum { F_PID, F_GEN, F_ARRIVE, F_DEPART, F_SLEEPERS };
 
 static inline volatile int64_t *field(char *base, long rank, int which) {
     return (volatile int64_t *)(base + (rank * FIELDS + which) * LINE);
@@ -81,46 +89,76 @@ static int ended(int64_t pid) {
 #define TIMED_OUT(rank) (-(1 + 2 * (rank)))
 #define DIED(rank) (-(2 + 2 * (rank)))
 
-/* After this long a wait sleeps between looks instead of yielding, each sleep twice the
- * last up to SLEEP_MAX_NS: a worker waiting for the next step of an idle engine must not
- * keep a core busy, and a peer this late has already cost more than the sleeps add. */
-#define SLEEP_AFTER_S 0.005
-#define SLEEP_MIN_NS 50000
-#define SLEEP_MAX_NS 1000000
+/* Spins before a wait sleeps: long while every rank can have a core of its own (a peer a
+ * few microseconds behind is the common case, and waking a sleeper costs more), short when
+ * ranks outnumber the cores, where the rank being waited for may need this very core. */
+#define SPINS_OWN_CORE 4000
+#define SPINS_SHARED_CORE 50
+static long cores = 1; /* this process's CPUs, read at import */
 
-/* Waits until field `which` of rank `r` is >= g. */
-static int wait_rank(char *base, long r, int which, int64_t g, double timeout) {
-    double start = 0.0;
-    long spins = 0;
-    long sleep_ns = 0; /* 0 while yielding */
-    while (__atomic_load_n(field(base, r, which), __ATOMIC_ACQUIRE) < g) {
-        if (++spins < 2000) {
-            relax();
-            continue;
-        }
-        if (sleep_ns) {
-            struct timespec pause = {0, sleep_ns};
-            nanosleep(&pause, NULL);
-            sleep_ns = sleep_ns * 2 < SLEEP_MAX_NS ? sleep_ns * 2 : SLEEP_MAX_NS;
-        } else {
-            sched_yield();
-            if (spins % 256)
-                continue;
-        }
+/* The futex word of a field: its low 32 bits, which change with every increment. */
+static inline uint32_t *word(volatile int64_t *f) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)f + 1;
+#else
+    return (uint32_t *)f;
+#endif
+}
+
+/* Sleep until the field's word is no longer `seen`, a wake, or at most `ns`. */
+static void doze(volatile int64_t *f, uint32_t seen, long ns) {
+    struct timespec pause = {0, ns};
+#if defined(__linux__)
+    syscall(SYS_futex, word(f), FUTEX_WAIT, seen, &pause, NULL, 0);
+#else
+    (void)f;
+    (void)seen;
+    nanosleep(&pause, NULL);
+#endif
+}
+
+/* Publish `value` in field `which` of `rank`, waking whoever sleeps on that rank. The
+ * store and the load of the sleepers are sequentially consistent, as are a sleeper's
+ * count and its look at the field: one of the two always sees the other. */
+static void publish(char *base, long rank, int which, int64_t value) {
+    __atomic_store_n(field(base, rank, which), value, __ATOMIC_SEQ_CST);
+#if defined(__linux__)
+    if (__atomic_load_n(field(base, rank, F_SLEEPERS), __ATOMIC_SEQ_CST) > 0)
+        syscall(SYS_futex, word(field(base, rank, which)), FUTEX_WAKE, MAX_RANKS, NULL,
+                NULL, 0);
+#endif
+}
+
+/* Waits until field `which` of rank `r` is >= g: spins, then sleeps on the field (woken
+ * by `publish`, and every 5 ms to check the clock against the timeout and whether rank r
+ * still exists). */
+static int wait_rank(char *base, long r, int which, int64_t g, double timeout, long world) {
+    volatile int64_t *f = field(base, r, which);
+    long spins = world <= cores ? SPINS_OWN_CORE : SPINS_SHARED_CORE;
+    for (long i = 0; i < spins; i++) {
+        if (__atomic_load_n(f, __ATOMIC_ACQUIRE) >= g) return 0;
+        relax();
+    }
+    double start = now_s(), checked = start;
+    for (;;) {
+        __atomic_add_fetch(field(base, r, F_SLEEPERS), 1, __ATOMIC_SEQ_CST);
+        int64_t seen = __atomic_load_n(f, __ATOMIC_SEQ_CST);
+        if (seen < g) doze(f, (uint32_t)seen, 5000000);
+        __atomic_sub_fetch(field(base, r, F_SLEEPERS), 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(f, __ATOMIC_ACQUIRE) >= g) return 0;
         double t = now_s();
-        if (start == 0.0) start = t;
-        if (!sleep_ns && t - start > SLEEP_AFTER_S) sleep_ns = SLEEP_MIN_NS;
+        if (t - checked < 0.001) continue;
+        checked = t;
         int64_t pid = __atomic_load_n(field(base, r, F_PID), __ATOMIC_RELAXED);
         if (pid > 0 && ended(pid)) return DIED(r);
         if (t - start > timeout) return TIMED_OUT(r);
     }
-    return 0;
 }
 
 /* Waits until field `which` of every rank is >= g. */
 static int wait_all(char *base, long world, int which, int64_t g, double timeout) {
     for (long r = 0; r < world; r++) {
-        int rc = wait_rank(base, r, which, g, timeout);
+        int rc = wait_rank(base, r, which, g, timeout, world);
         if (rc) return rc;
     }
     return 0;
@@ -141,7 +179,7 @@ static int collective(char *base, long rank, long world, long slot_bytes, float 
         if (rc) return rc;
         float *mine = (float *)(slots + rank * slot_bytes);
         if (m > 0) memcpy(mine, x + lo, sizeof(float) * (size_t)m);
-        __atomic_store_n(field(base, rank, F_ARRIVE), g, __ATOMIC_RELEASE);
+        publish(base, rank, F_ARRIVE, g);
         rc = wait_all(base, world, F_ARRIVE, g, timeout);
         if (rc) return rc;
         if (out == NULL) {
@@ -155,7 +193,7 @@ static int collective(char *base, long rank, long world, long slot_bytes, float 
             for (long r = 0; r < world; r++)
                 memcpy(out + r * n + lo, slots + r * slot_bytes, sizeof(float) * (size_t)m);
         }
-        __atomic_store_n(field(base, rank, F_DEPART), g, __ATOMIC_RELEASE);
+        publish(base, rank, F_DEPART, g);
     }
     return 0;
 }
@@ -179,15 +217,15 @@ static long broadcast(char *base, long rank, long world, long slot_bytes, char *
         memcpy(slot, &length, sizeof length);
         if (n > 0) memcpy(slot + sizeof length, x, (size_t)n);
     } else {
-        int rc = wait_rank(base, 0, F_ARRIVE, g, timeout);
+        int rc = wait_rank(base, 0, F_ARRIVE, g, timeout, world);
         if (rc) return rc;
         memcpy(&length, slot, sizeof length);
         if (length > n) length = n;
         if (length > 0) memcpy(x, slot + sizeof length, (size_t)length);
     }
     __atomic_store_n(field(base, rank, F_GEN), g, __ATOMIC_RELAXED);
-    __atomic_store_n(field(base, rank, F_ARRIVE), g, __ATOMIC_RELEASE);
-    __atomic_store_n(field(base, rank, F_DEPART), g, __ATOMIC_RELEASE);
+    publish(base, rank, F_ARRIVE, g);
+    publish(base, rank, F_DEPART, g);
     return (long)length;
 }
 
@@ -292,6 +330,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__shm(void) {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "HEADER", HEADER) < 0 ||
