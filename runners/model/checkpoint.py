@@ -118,7 +118,7 @@ def load_model(
         tensors: TensorSource = DummyTensors(shapes, seed, spec.config.initializer_range)
     else:
         tensors = SafetensorsFiles(directory)
-    native, why = weights_mode(spec.weights, directory, ops, spec.dtype, tp.size)
+    native, why = weights_mode(spec.weights, directory, ops, spec.dtype)
     kept = keep_quantized(model, directory) if native and directory is not None else None
     load_weights(model, tensors, kept.names if kept else frozenset())
     model.weight_decisions = kept.decisions if kept else {"dequantized": why}

@@ -74,9 +74,13 @@ class Linear(nn.Module):
         self.weight_format: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x, self.bias)
+
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T + ``bias``, with W as it is held (floats, packed, or quantized)."""
         if self.weight_format is not None:
-            return self.ops.quantized_linear(x, self.weight, self.weight_format, self.bias)
-        return self.ops.linear(x, self.weight, self.bias, self.transposed)
+            return self.ops.quantized_linear(x, self.weight, self.weight_format, bias)
+        return self.ops.linear(x, self.weight, bias, self.transposed)
 
     def keep_quantized(self, packed: torch.Tensor, ggml_type: str) -> None:
         """Hold the weight as ``packed`` records of ``ggml_type`` (``kernels.quant.pack``)
@@ -128,7 +132,7 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return super().forward(x)
-        y = self.ops.linear(x, self.weight, None, self.transposed)
+        y = self.product(x, None)
         if self.reduce:
             y = self.tp.all_reduce(y)
         return y if self.bias is None else self.ops.add(y, self.bias.expand_as(y))

@@ -7,7 +7,8 @@ checkpoint tensors are all quantized in one format the kernels take, in whole st
 rows, is repacked (``kernels.quant``) into the weight itself before the float checkpoint
 is read; the float tensor it replaces is never written, so its memory is never touched.
 The rest loads as floats, each with its reason. ``dequantize`` loads everything as floats
-(what every other backend and tensor parallelism take).
+(what every other backend takes). Under tensor parallelism each rank keeps its shard
+quantized: its output rows, or, for a row-parallel product, its inputs in whole records.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class KeptWeights:
     decisions: dict[str, str] = field(default_factory=dict)
 
 
-def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype: str,
-                 tensor_parallel: int) -> tuple[bool, str]:
+def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype: str
+                 ) -> tuple[bool, str]:
     """Whether to keep quantized weights (``requested``: auto, native or dequantize), and
     why. A native request that cannot be honoured is a ``CheckpointError`` naming why."""
     if requested == "dequantize":
@@ -52,8 +53,7 @@ def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype
     why_not = (
         None if has_file else "the model is not a GGUF file's conversion with quantized weights"
     ) or (None if dtype == "float32" else f"the quantized products compute in float32, not {dtype}"
-          ) or (None if tensor_parallel == 1 else
-                f"quantized weights are not split across ranks (tensor parallel {tensor_parallel})")
+          )
     if why_not is None and requested == "auto" and choice.impl.backend != NATIVE:
         why_not = f"no native quantized kernels here ({choice.reason})"
     if why_not is None:
@@ -79,10 +79,22 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     counts: Counter[str] = Counter()
     floats: list[str] = []
 
-    def packed(name: str, inputs: int) -> torch.Tensor:
+    def packed(name: str, inputs: int, shard: Shard | None = None) -> torch.Tensor:
+        """The file's tensor ``name`` as records; of this rank's ``shard`` only (its output
+        rows, or its inputs: whole records, ``_why_float`` has checked)."""
         try:
             fmt = quant.format_of(types[name])
-            q, scale, offset = quant.decode(handle.get_tensor(name), fmt.name, inputs)
+            raw = handle.get_tensor(name)
+            if shard is not None and shard.dim == 0:
+                raw = raw[shard.start:shard.stop]
+            if shard is not None and shard.dim == 1:
+                q, scale, offset = quant.decode(raw, fmt.name, shard.full)
+                cols, blocks = slice(shard.start, shard.stop), slice(
+                    shard.start // fmt.block, shard.stop // fmt.block)
+                q, scale = q[:, cols].contiguous(), scale[:, blocks].contiguous()
+                offset = None if offset is None else offset[:, blocks].contiguous()
+            else:
+                q, scale, offset = quant.decode(raw, fmt.name, inputs)
             return quant.pack(q, scale, offset, fmt)
         except (quant.QuantFormatError, SafetensorError) as exc:  # a damaged conversion
             raise CheckpointError(f"{path}: tensor {name}: {exc}") from None
@@ -94,23 +106,23 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
         weight = module.weight
         parts = sorted(
             ((view.storage_offset() - weight.storage_offset()) // module.in_features, name,
-             view.shape[0])
+             view.shape[0], shard)
             for name, view, shard in slots
-            if name.endswith(".weight") and _whole(shard)
+            if name.endswith(".weight")
             and view.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
         )
         why = _why_float(parts, types, module.in_features, module.out_features)
         if why is not None:
-            floats.extend(f"{name}: {why}" for _, name, _ in parts)
+            floats.extend(f"{name}: {why}" for _, name, _, _ in parts)
             continue
         module.keep_quantized(
-            torch.cat([packed(name, module.in_features) for _, name, _ in parts]),
+            torch.cat([packed(name, module.in_features, shard) for _, name, _, shard in parts]),
             types[parts[0][1]])
-        kept.names.update(name for _, name, _ in parts)
+        kept.names.update(name for _, name, _, _ in parts)
         counts[types[parts[0][1]]] += len(parts)
     table = "model.embed_tokens.weight"
     vocab, hidden = model.embedding.shape
-    why = _why_float([(0, table, vocab)], types, hidden, vocab)
+    why = _why_float([(0, table, vocab, None)], types, hidden, vocab)
     if why is None and model.tp.size == 1:
         model.keep_quantized_embedding(packed(table, hidden), types[table])
         kept.names.add(table)
@@ -126,25 +138,35 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     return kept
 
 
-def _whole(shard: Shard | None) -> bool:
-    return shard is None or (shard.start, shard.stop) == (0, shard.full)
-
-
-def _why_float(parts: list[tuple[int, str, int]], types: dict[str, str], inputs: int,
-               outputs: int) -> str | None:
-    """Why a weight filled by ``parts`` (start row, name, rows) stays float, or None."""
-    if not parts or any(name not in types for _, name, _ in parts):
+def _why_float(parts: list[tuple[int, str, int, Shard | None]], types: dict[str, str],
+               inputs: int, outputs: int) -> str | None:
+    """Why a weight filled by ``parts`` (start row, name, rows, this rank's shard of the
+    file's tensor) stays float, or None."""
+    if not parts or any(name not in types for _, name, _, _ in parts):
         return "not quantized in the file"
-    kinds = {types[name] for _, name, _ in parts}
+    kinds = {types[name] for _, name, _, _ in parts}
     if len(kinds) > 1:
         return f"fused from tensors of different formats ({', '.join(sorted(kinds))})"
     kind = kinds.pop()
     if kind not in quant.FORMATS:
         return f"no quantized kernels for {kind}"
-    if any(start % quant.PACK_STRIP or rows % quant.PACK_STRIP for start, _, rows in parts):
+    fmt = quant.FORMATS[kind]
+    if any(start % quant.PACK_STRIP or rows % quant.PACK_STRIP for start, _, rows, _ in parts):
         return f"its rows are not whole strips of {quant.PACK_STRIP}"
-    if sum(rows for _, _, rows in parts) != outputs:
+    if sum(rows for _, _, rows, _ in parts) != outputs:
         return "the file's tensors do not fill it"
-    if inputs % quant.FORMATS[kind].file_block:
+    for _, _, _, shard in parts:
+        if shard is None:
+            continue
+        if shard.stop > shard.full:
+            return "this rank's shard is padded past the tensor"
+        if shard.dim == 1 and (shard.full % fmt.file_block or shard.start % fmt.block
+                               or shard.stop % fmt.block):
+            return (f"this rank's inputs {shard.start}:{shard.stop} of {shard.full} are not "
+                    f"whole {kind} records of {fmt.block}")
+        if shard.dim not in (0, 1):
+            return f"it is split along dim {shard.dim}"
+    if not any(shard is not None and shard.dim == 1 for *_, shard in parts) and \
+            inputs % fmt.file_block:
         return f"{inputs} inputs are not whole {kind} blocks"
     return None

@@ -281,7 +281,11 @@ def test_smollm2_at_three_ranks_answers_as_one(smollm2):
     one = LLM(smollm2, decision=Decision(runner="mrv1"), **options).generate([prompt], params)
     with LLM(smollm2, tensor_parallel_size=3, **options) as llm:  # the policy's decision
         three = llm.generate([prompt], params)
-        split = llm.report().tensor_parallel
+        report = llm.report()
+        split = report.tensor_parallel
+    # each rank keeps its shard of the Q4_1 weights quantized, as one rank keeps them all
+    [held] = [k.reason for k in report.kernels if k.op == "quantized_linear"]
+    assert held.startswith("native q4_1: weights kept quantized"), held
     assert three[0].token_ids == one[0].token_ids
     assert three[0].text == one[0].text
     assert (split.size, split.heads_per_rank, split.kv_heads_per_rank) == (3, 3, 1)

@@ -191,6 +191,24 @@ def test_weights_kept_quantized_give_the_float_paths_tokens(tiny, kind):
         "dequantized": "dequantized at load: weights dequantize was asked for"}
 
 
+@pytest.mark.slow  # starts a second rank
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+def test_two_ranks_keep_their_shards_quantized_and_give_one_ranks_tokens(tiny, kind):
+    """Each rank keeps its output rows (q/k/v, gate/up) and its inputs of the row-parallel
+    products (o, down: 128 of 256, whole records even of Q4_K's 256-input blocks)
+    quantized; greedy tokens those of one rank."""
+    path = tiny("llama", kind)
+    options = {"dtype": "float32", "decision": Decision(), "max_model_len": 64,
+               "num_blocks": 32, "block_size": 4, "weights": "native"}
+    greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    one = [list(o.token_ids) for o in LLM(str(path), **options).generate(PROMPTS, greedy)]
+    with LLM(str(path), tensor_parallel_size=2, **options) as llm:
+        two = [list(o.token_ids) for o in llm.generate(PROMPTS, greedy)]
+        decisions = llm.engine.runner.inner.model.weight_decisions
+    assert two == one
+    assert decisions[f"native {kind.lower()}"].startswith("weights kept quantized (14 tensors)")
+
+
 def test_native_weights_without_a_gguf_file_are_refused_naming_why():
     from interlock.runners.model.weights import CheckpointError
 
