@@ -5,10 +5,10 @@ packed in strips (``reference.pack_weight``; a runner packs them after loading),
 stream each weight once at the machine's read bandwidth for a few rows and near the
 core's FMA rate for many; prefill attention over keys gathered into strips; and the small
 per-layer ops in one call each. ``tape`` records their calls for the native graph backend
-to replay. The CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2 and
-FMA, checked when the module loads. The module builds on every CPU; off x86-64 it has no
+to replay. The CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2,
+FMA and F16C, checked when the module loads. The module builds on every CPU; off x86-64 it has no
 kernels, and ``unavailable`` says so ("not built for this CPU (aarch64)"), as it does on a
-CPU without AVX2/FMA or where no C compiler built it, and the registry picks torch, with
+CPU without AVX2/FMA/F16C or where no C compiler built it, and the registry picks torch, with
 that reason. torch.compile cannot trace a call through raw addresses,
 so a compiled forward gets the torch references instead, and the reason says that too.
 """

@@ -1,4 +1,4 @@
-/* The native CPU kernels (backend "native"): float32, x86-64 with AVX2 and FMA, with
+/* The native CPU kernels (backend "native"): float32, x86-64 with AVX2, FMA and F16C, with
  * products over weights kept in GGUF's quantized block formats (see "quantized products").
  *
  * A decode step multiplies one or a few rows by every weight, so it is bound by how
@@ -33,7 +33,7 @@
     !defined(INTERLOCK_NATIVE_PORTABLE)
 #define NATIVE_X86 1
 #include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define NATIVE_X86 0
 #endif
@@ -66,13 +66,42 @@ static inline void zero_floats(float *to, long n) {
     if (n > 0) memset(to, 0, sizeof(float) * (size_t)n);
 }
 
-/* The quantized records' two kinds of quants (see "quantized products"), and the bytes of
- * one record of L inputs for a strip of 16 outputs. */
+/* The quantized records' kinds (see "quantized products"): 4-bit quants with offsets or
+ * signed bytes, and QBYTES_HALF where the scales (and offsets) are float16, not float32. */
 #define QBYTES_NIBBLES 0
 #define QBYTES_SIGNED 1
+#define QBYTES_HALF 2
+#define QSIGNED(kind) ((kind) & QBYTES_SIGNED)
+
+/* The bytes of a record's scales (and offsets) before its quants, and of one record of L
+ * inputs for a strip of 16 outputs. */
+static inline long qscales(int kind) {
+    return (kind & QBYTES_HALF ? 32 : 64) * (QSIGNED(kind) ? 1 : 2);
+}
 
 static inline long qrecord(int kind, int L) {
-    return kind == QBYTES_NIBBLES ? 2 * 64 + 8 * L : 64 + 16 * L;
+    return qscales(kind) + (QSIGNED(kind) ? 16 : 8) * L;
+}
+
+/* The record kinds and block lengths the formats have (kernels.quant.FORMATS): Q4_0 and
+ * Q4_K, Q4_1, Q8_0, Q6_K. run_op refuses any other. */
+static inline int qkind_known(long kind, long L) {
+    return (L == 32 && (kind == QBYTES_NIBBLES || kind == (QBYTES_NIBBLES | QBYTES_HALF)
+                        || kind == (QBYTES_SIGNED | QBYTES_HALF)))
+           || (L == 16 && kind == QBYTES_SIGNED);
+}
+
+/* A float16's value as a float32 (exact), for the portable code. */
+static inline float half_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0) {  /* zero or subnormal: man 2^-24, exact in float32 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    uint32_t bits = sign | (exp == 0x1f ? 0x7f800000u : (exp + 112) << 23) | man << 13;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 #if NATIVE_X86
@@ -217,10 +246,15 @@ static int pack_strips(float *w, long K, long N) {
  * Strip s and block b (L inputs: 32, or 16 for Q6_K's sub-blocks) is one record; the
  * records of a strip follow each other, and the strips each other, so that a product
  * streams the weight once, front to back. A record is:
- *   16 float32 scales d[c] (c: the strip's 16 outputs),
- *   with 4-bit quants (Q4_0, Q4_1, Q4_K): 16 float32 offsets m[c], then L / 2 lines of 16
+ *   16 scales d[c] (c: the strip's 16 outputs),
+ *   with 4-bit quants (Q4_0, Q4_1, Q4_K): 16 offsets m[c], then L / 2 lines of 16
  *     bytes, byte c of line j holding q[c][j] (low nibble) and q[c][j + L / 2] (high);
  *   with 8-bit quants (Q8_0, Q6_K): L lines of 16 signed bytes, byte c of line k q[c][k].
+ * The scales and offsets are the file's own float16 where the format has them so (Q4_1,
+ * Q8_0: QBYTES_HALF; a product at one row streams its bytes, so these are 17 % and 6 %
+ * fewer than with float32), float32 where they are computed at load (Q4_0's -8 d, the
+ * K-quants' d times a sub-block scale); either way the kernels compute with their float32
+ * values, exactly.
  * Weight (c, k) of the block is d[c] q[c][k] + m[c] (no m for 8-bit quants). Q4_0's
  * q - 8 is d q + (-8 d), and the K-quants' sub-block scales are folded into d and m, in
  * float32 as gguf dequantizes them (reference.dequantize_packed matches it bitwise).
@@ -247,7 +281,7 @@ AVX2 static inline __attribute__((always_inline)) void qtile(
         const int kind, const int L, const int mr, const int ns, const float *x, long xs,
         const float *xsum, long nb, const uint8_t *w, long strip_bytes, float *y, long ys,
         const uint8_t *prefetch, long lines) {
-    const long rec = qrecord(kind, L);
+    const long rec = qrecord(kind, L), qs = qscales(kind);
     const __m128i low4 = _mm_set1_epi8(0x0f);
 #define QZERO(r, s) if (r < mr && s < ns) { \
         _mm256_storeu_ps(y + r * ys + s * STRIP, _mm256_setzero_ps()); \
@@ -262,19 +296,23 @@ AVX2 static inline __attribute__((always_inline)) void qtile(
                 _mm_prefetch((const char *)prefetch + 64 * l, _MM_HINT_T1);
             prefetch += rec;
         }
+        /* Scales (or offsets) i .. i + 7 of a record from its head, as float32. */
+#define QSCALE8(d, i) (kind & QBYTES_HALF \
+        ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d) + (i) / 8)) \
+        : _mm256_loadu_ps((const float *)(d) + (i)))
         /* Converts 8 bytes (signed or not) to floats: weights of outputs 0-7 or 8-15. */
-#define QCVT(v) (kind == QBYTES_SIGNED ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)) \
+#define QCVT(v) (QSIGNED(kind) ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)) \
                                        : _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)))
 #define QFMA(r, s, k) if (r < mr && s < ns) { \
         __m256 xv = _mm256_broadcast_ss(xb + r * xs + (k)); \
         lo##r##s = _mm256_fmadd_ps(xv, w0##s, lo##r##s); \
         hi##r##s = _mm256_fmadd_ps(xv, w1##s, hi##r##s); }
 #define QSTEP(s, k) QFMA(0, s, k) QFMA(1, s, k) QFMA(2, s, k) QFMA(3, s, k)
-        if (kind == QBYTES_NIBBLES) {
+        if (!QSIGNED(kind)) {
             for (long j = 0; j < L / 2; j++) {
 #define QNIB(s) __m128i n##s = _mm_setzero_si128(); __m256 w0##s, w1##s; \
                 if (s < ns) n##s = _mm_loadu_si128( \
-                    (const __m128i *)(w + s * strip_bytes + b * rec + 128 + 16 * j));
+                    (const __m128i *)(w + s * strip_bytes + b * rec + qs + 16 * j));
                 QNIB(0) QNIB(1) QNIB(2)
 #define QLOW(s) if (s < ns) { __m128i q = _mm_and_si128(n##s, low4); \
                 w0##s = QCVT(q); w1##s = QCVT(_mm_srli_si128(q, 8)); QSTEP(s, j) }
@@ -286,23 +324,21 @@ AVX2 static inline __attribute__((always_inline)) void qtile(
         } else {
             for (long k = 0; k < L; k++) {
 #define QBYTE(s) __m256 w0##s, w1##s; if (s < ns) { __m128i q = _mm_loadu_si128( \
-                    (const __m128i *)(w + s * strip_bytes + b * rec + 64 + 16 * k)); \
+                    (const __m128i *)(w + s * strip_bytes + b * rec + qs + 16 * k)); \
                 w0##s = QCVT(q); w1##s = QCVT(_mm_srli_si128(q, 8)); QSTEP(s, k) }
                 QBYTE(0) QBYTE(1) QBYTE(2)
             }
         }
 #define QADD(r, s) if (r < mr && s < ns) { \
-        const float *d = (const float *)(w + s * strip_bytes + b * rec); \
+        const uint8_t *d = w + s * strip_bytes + b * rec; \
         __m256 tlo, thi; \
-        if (kind == QBYTES_NIBBLES) { \
+        if (!QSIGNED(kind)) { \
             __m256 sum = _mm256_broadcast_ss(xsum + r * nb + b); \
-            tlo = _mm256_fmadd_ps(_mm256_loadu_ps(d), lo##r##s, \
-                                  _mm256_mul_ps(_mm256_loadu_ps(d + 16), sum)); \
-            thi = _mm256_fmadd_ps(_mm256_loadu_ps(d + 8), hi##r##s, \
-                                  _mm256_mul_ps(_mm256_loadu_ps(d + 24), sum)); \
+            tlo = _mm256_fmadd_ps(QSCALE8(d, 0), lo##r##s, _mm256_mul_ps(QSCALE8(d, 16), sum)); \
+            thi = _mm256_fmadd_ps(QSCALE8(d, 8), hi##r##s, _mm256_mul_ps(QSCALE8(d, 24), sum)); \
         } else { \
-            tlo = _mm256_mul_ps(_mm256_loadu_ps(d), lo##r##s); \
-            thi = _mm256_mul_ps(_mm256_loadu_ps(d + 8), hi##r##s); } \
+            tlo = _mm256_mul_ps(QSCALE8(d, 0), lo##r##s); \
+            thi = _mm256_mul_ps(QSCALE8(d, 8), hi##r##s); } \
         float *yo = y + r * ys + s * STRIP; \
         _mm256_storeu_ps(yo, _mm256_add_ps(_mm256_loadu_ps(yo), tlo)); \
         _mm256_storeu_ps(yo + 8, _mm256_add_ps(_mm256_loadu_ps(yo + 8), thi)); }
@@ -321,16 +357,22 @@ AVX2 static inline __attribute__((always_inline)) void qtile(
     case 1 * 4 + 3: qtile(kind, L, 1, 3, x, xs, xsum, nb, w, sb, y, ys, pf, lines); break; \
     }
 
-AVX2 static void qtile_of(int kind, int L, int mr, int ns, const float *x, long xs,
+/* Compiled for each record kind and block length qkind_known takes. */
+#define QKINDS(CASES) \
+    if (kind == QBYTES_NIBBLES) { \
+        CASES(QBYTES_NIBBLES, 32) \
+    } else if (kind == (QBYTES_NIBBLES | QBYTES_HALF)) { \
+        CASES(QBYTES_NIBBLES | QBYTES_HALF, 32) \
+    } else if (kind == (QBYTES_SIGNED | QBYTES_HALF)) { \
+        CASES(QBYTES_SIGNED | QBYTES_HALF, 32) \
+    } else { \
+        CASES(QBYTES_SIGNED, 16) \
+    }
+
+AVX2 static void qtile_of(int kind, int mr, int ns, const float *x, long xs,
                           const float *xsum, long nb, const uint8_t *w, long sb, float *y,
                           long ys, const uint8_t *pf, long lines) {
-    if (kind == QBYTES_NIBBLES) {
-        QTILE_CASES(QBYTES_NIBBLES, 32)
-    } else if (L == 32) {
-        QTILE_CASES(QBYTES_SIGNED, 32)
-    } else {
-        QTILE_CASES(QBYTES_SIGNED, 16)
-    }
+    QKINDS(QTILE_CASES)
 }
 
 /* The same products with AVX-512, taken where the CPU has AVX-512 F (quantized_isa says
@@ -352,7 +394,7 @@ AVX2 static void qtile_of(int kind, int L, int mr, int ns, const float *x, long 
 AVX512 static inline __attribute__((always_inline)) void qtile512(
         const int kind, const int L, const int mr, const int ns, const float *x, long xs,
         const float *xsum, long nb, const uint8_t *w, long strip_bytes, float *y, long ys) {
-    const long rec = qrecord(kind, L);
+    const long rec = qrecord(kind, L), qs = qscales(kind);
     const __m512i low4 = _mm512_set1_epi32(0x0f);
 #define ZY(r, s) __m512 y##r##s = _mm512_setzero_ps();
     ZTILE_RS(ZY)
@@ -368,12 +410,12 @@ AVX512 static inline __attribute__((always_inline)) void qtile512(
         }
 #define ZFMA(r, s, k, v) if (r < mr && s < ns) \
         a##r##s = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * xs + (k)]), v, a##r##s);
-        if (kind == QBYTES_NIBBLES) {
+        if (!QSIGNED(kind)) {
             for (long j = 0; j < L / 2; j++) {
                 /* each byte widened to a lane: its low nibble q[c][j], its high q[c][j + L/2] */
 #define ZNIB(s) __m512 lo##s = _mm512_setzero_ps(), hi##s = lo##s; if (s < ns) { \
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128( \
-                    (const __m128i *)(wb + s * strip_bytes + 128 + 16 * j))); \
+                    (const __m128i *)(wb + s * strip_bytes + qs + 16 * j))); \
                 lo##s = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4)); \
                 hi##s = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)); }
                 ZTILE_S(ZNIB)
@@ -386,18 +428,22 @@ AVX512 static inline __attribute__((always_inline)) void qtile512(
             for (long k = 0; k < L; k++) {
 #define ZBYTE(s) __m512 q##s = _mm512_setzero_ps(); if (s < ns) \
                 q##s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128( \
-                    (const __m128i *)(wb + s * strip_bytes + 64 + 16 * k))));
+                    (const __m128i *)(wb + s * strip_bytes + qs + 16 * k))));
                 ZTILE_S(ZBYTE)
 #define ZQ(r, s) ZFMA(r, s, k, q##s)
                 ZTILE_RS(ZQ)
             }
         }
+        /* The record's 16 scales (i 0) or offsets (i 16), as float32. */
+#define ZSCALE(d, i) (kind & QBYTES_HALF \
+        ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d) + (i) / 16)) \
+        : _mm512_loadu_ps((const float *)(d) + (i)))
 #define ZADD(r, s) if (r < mr && s < ns) { \
-        const float *d = (const float *)(wb + s * strip_bytes); \
-        __m512 t = kind == QBYTES_NIBBLES \
-            ? _mm512_fmadd_ps(_mm512_loadu_ps(d), a##r##s, _mm512_mul_ps( \
-                  _mm512_loadu_ps(d + 16), _mm512_set1_ps(xsum[r * nb + b]))) \
-            : _mm512_mul_ps(_mm512_loadu_ps(d), a##r##s); \
+        const uint8_t *d = wb + s * strip_bytes; \
+        __m512 t = !QSIGNED(kind) \
+            ? _mm512_fmadd_ps(ZSCALE(d, 0), a##r##s, _mm512_mul_ps( \
+                  ZSCALE(d, 16), _mm512_set1_ps(xsum[r * nb + b]))) \
+            : _mm512_mul_ps(ZSCALE(d, 0), a##r##s); \
         y##r##s = _mm512_add_ps(y##r##s, t); }
         ZTILE_RS(ZADD)
     }
@@ -417,26 +463,20 @@ AVX512 static inline __attribute__((always_inline)) void qtile512(
     case 1 * 8 + 1: qtile512(kind, L, 1, 1, x, xs, xsum, nb, w, sb, y, ys); break; \
     }
 
-AVX512 static void qtile512_of(int kind, int L, int mr, int ns, const float *x, long xs,
+AVX512 static void qtile512_of(int kind, int mr, int ns, const float *x, long xs,
                                const float *xsum, long nb, const uint8_t *w, long sb, float *y,
                                long ys) {
-    if (kind == QBYTES_NIBBLES) {
-        ZTILE_CASES(QBYTES_NIBBLES, 32)
-    } else if (L == 32) {
-        ZTILE_CASES(QBYTES_SIGNED, 32)
-    } else {
-        ZTILE_CASES(QBYTES_SIGNED, 16)
-    }
+    QKINDS(ZTILE_CASES)
 }
 
 /* y [T, N] = x [T, K] W^T (+ bias) for W quantized and packed (N a multiple of 16, K of
- * L; kind and L checked by the caller: nibbles with L 32, or signed bytes with L 16 or
- * 32). -1 if the block sums' scratch cannot be allocated. */
+ * L; kind and L checked by the caller: qkind_known). -1 if the block sums' scratch cannot
+ * be allocated. */
 AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int kind, long L,
                                  const float *bias, float *y, long T, long K, long N) {
     long nb = K / L, strips = N / STRIP, rec = qrecord(kind, (int)L), sb = nb * rec;
     float *xsum = NULL;
-    if (kind == QBYTES_NIBBLES) {
+    if (!QSIGNED(kind)) {
         xsum = malloc(sizeof(float) * (size_t)(T * nb > 0 ? T * nb : 1));
         if (xsum == NULL) return -1;
         for (long t = 0; t < T; t++)
@@ -467,9 +507,9 @@ AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int 
                 const float *xt = x + (m0 + t) * xs, *st = xsum ? xsum + (m0 + t) * nb : NULL;
                 float *yt = y + (m0 + t) * N + s * STRIP;
                 if (use_avx512)  /* prefetches its own strips' records ahead */
-                    qtile512_of(kind, (int)L, mr, ns, xt, xs, st, nb, ws, sb, yt, N);
+                    qtile512_of(kind, mr, ns, xt, xs, st, nb, ws, sb, yt, N);
                 else
-                    qtile_of(kind, (int)L, mr, ns, xt, xs, st, nb, ws, sb, yt, N, pf, count);
+                    qtile_of(kind, mr, ns, xt, xs, st, nb, ws, sb, yt, N, pf, count);
                 t += mr;
             }
             s += ns;
@@ -1098,6 +1138,18 @@ static int embedding_rows(const int64_t *ids, long n, const float *table, long g
     return 0;
 }
 
+/* Scale (or offset) c of the 16 at `at`, float16 or float32, as float32. */
+static inline float scale_at(const uint8_t *at, long c, long half) {
+    if (half) {
+        uint16_t h;
+        memcpy(&h, at + 2 * c, sizeof h);
+        return half_value(h);
+    }
+    float f;
+    memcpy(&f, at + 4 * c, sizeof f);
+    return f;
+}
+
 /* out[i, :] = row ids[i] of a quantized packed table of V rows and H columns (a tied LM
  * head kept quantized), each weight d q + m as reference.dequantize_packed computes it. */
 static int quantized_rows(const int64_t *ids, long n, const uint8_t *w, int kind, long L,
@@ -1110,18 +1162,18 @@ static int quantized_rows(const int64_t *ids, long n, const uint8_t *w, int kind
         const uint8_t *strip = w + ids[i] / 16 * nb * rec;
         for (long b = 0; b < nb; b++) {
             const uint8_t *r = strip + b * rec;
-            float d, m = 0.0f;
-            memcpy(&d, r + 4 * c, sizeof d);
+            long qs = qscales(kind), half = kind & QBYTES_HALF;
+            float d = scale_at(r, c, half), m = 0.0f;
             float *o = out + i * H + b * L;
-            if (kind == QBYTES_NIBBLES) {
-                memcpy(&m, r + 64 + 4 * c, sizeof m);
+            if (!QSIGNED(kind)) {
+                m = scale_at(r + qs / 2, c, half);
                 for (long j = 0; j < L / 2; j++) {
-                    uint8_t q = r[128 + 16 * j + c];
+                    uint8_t q = r[qs + 16 * j + c];
                     o[j] = d * (float)(q & 15) + m;
                     o[j + L / 2] = d * (float)(q >> 4) + m;
                 }
             } else {
-                for (long k = 0; k < L; k++) o[k] = d * (float)(int8_t)r[64 + 16 * k + c];
+                for (long k = 0; k < L; k++) o[k] = d * (float)(int8_t)r[qs + 16 * k + c];
             }
         }
     }
@@ -1231,9 +1283,7 @@ static int run_op(int64_t op, const Slot *a) {
                                  P(9), a[10].i, a[11].i, a[12].i, a[13].i, a[14].i, a[15].i,
                                  (float)a[16].d, a[17].i);
     case OP_QUANTIZED_LINEAR:
-        if (!(a[3].i == QBYTES_NIBBLES && a[4].i == 32)
-                && !(a[3].i == QBYTES_SIGNED && (a[4].i == 16 || a[4].i == 32)))
-            return -2;
+        if (!qkind_known(a[3].i, a[4].i)) return -2;
         return linear_quantized(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, P(5), P(6), a[7].i,
                                 a[8].i, a[9].i);
     case OP_MLA_DECODE:
@@ -1245,7 +1295,7 @@ static int run_op(int64_t op, const Slot *a) {
                                   a[9].i, a[10].i, a[11].i);
 #endif
     case OP_QUANTIZED_EMBEDDING:
-        if (a[3].i != QBYTES_NIBBLES && a[3].i != QBYTES_SIGNED) return -2;
+        if (!qkind_known(a[3].i, a[4].i)) return -2;
         return quantized_rows(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, a[5].i, a[6].i, P(7));
     case OP_ROTARY:
         return rotary_rows(P(0), P(1), a[2].i, a[3].i, a[4].i, a[5].i, P(6), a[7].i);
@@ -1467,7 +1517,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_cpu",
-    "interlock's native CPU kernels (float32; x86-64 with AVX2 and FMA).", -1, methods,
+    "interlock's native CPU kernels (float32; x86-64 with AVX2, FMA and F16C).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -1477,8 +1527,9 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     const char *unsupported = NULL;
 #if NATIVE_X86
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
-        unsupported = "this CPU has no AVX2 and FMA (" CPU_NAME ")";
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")
+            || !__builtin_cpu_supports("f16c"))
+        unsupported = "this CPU has no AVX2, FMA and F16C (" CPU_NAME ")";
     use_avx512 = unsupported == NULL && __builtin_cpu_supports("avx512f");
 #else
     unsupported = "not built for this CPU (" CPU_NAME ")";

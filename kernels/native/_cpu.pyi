@@ -3,7 +3,8 @@
 # tests/kernels/test_native_build.py holds this stub to the module and each call site in
 # ops.py to SIGNATURES.
 
-# Why the kernels cannot run here (a portable build, or a CPU without AVX2 and FMA), or None.
+# Why the kernels cannot run here (a portable build, or a CPU without AVX2, FMA and F16C),
+# or None.
 UNSUPPORTED: str | None
 # op name -> its argument kinds in order: "i" an int (address, size, stride), "d" a float.
 SIGNATURES: dict[str, str]

@@ -538,7 +538,7 @@ def quantized_linear(
             raise NativeArgumentError(
                 f"quantized_linear: bias {tuple(bias.shape)} for {outputs} outputs")
     y = torch.empty(rows, outputs)
-    _run(_cpu.OP_QUANTIZED_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(), fmt.kind,
+    _run(_cpu.OP_QUANTIZED_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(), fmt.code,
                                     fmt.block, 0 if bias is None else bias.data_ptr(),
                                     y.data_ptr(), rows, features, outputs),
          x, weight, y, *(() if bias is None else (bias,)))
@@ -552,6 +552,6 @@ def quantized_embedding(ids: torch.Tensor, table: torch.Tensor, ggml_type: str) 
         raise NativeArgumentError(f"quantized_embedding: ids {tuple(ids.shape)} are not 1-d")
     out = torch.empty(ids.shape[0], hidden)
     _run(_cpu.OP_QUANTIZED_EMBEDDING, (ids.data_ptr(), ids.shape[0], table.data_ptr(),
-                                       fmt.kind, fmt.block, vocab, hidden, out.data_ptr()),
+                                       fmt.code, fmt.block, vocab, hidden, out.data_ptr()),
          ids, table, out)
     return out

@@ -99,6 +99,40 @@ def test_partial_blocks_and_strips_are_refused_by_name() -> None:
         quant.pack(q, scale, offset, quant.FORMATS["Q4_1"])
     with pytest.raises(quant.QuantFormatError, match="no quantized kernels for Q5_K"):
         quant.format_of("Q5_K")
+    with pytest.raises(quant.QuantFormatError, match="Q4_1: a scale or offset is not a "
+                       "float16 value"):
+        quant.pack(*quant.decode(torch.zeros(16, 20, dtype=torch.uint8), "Q4_1", 32)[:1],
+                   torch.full((16, 1), 0.1), torch.zeros(16, 1), quant.FORMATS["Q4_1"])
+
+
+@native_only
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # gguf's 0 inf
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_1"])
+def test_float16_scales_of_every_class_are_read_exactly(name: str) -> None:
+    """Records keep Q8_0's and Q4_1's float16 scales as they are; the products and the
+    embedding rows read them as float32 exactly (zero, -0, subnormal, the largest,
+    infinity): against gguf's dequantization."""
+    specials = np.array([0.0, -0.0, 2.0**-24, -(2.0**-20), 6.1e-5, 65504.0, -np.inf, 1.0],
+                        dtype="<f2")
+    raw = file_bytes(name, 16, 64, seed=5).reshape(16, 2, -1)
+    scales = raw[..., 0:2].copy().view("<f2")
+    scales[:8, 0, 0] = specials
+    raw[..., 0:2] = scales.view(np.uint8)
+    raw = raw.reshape(16, -1)
+    weight = quant.pack(*quant.decode(torch.from_numpy(raw), name, 64), quant.FORMATS[name])
+    expected = torch.from_numpy(
+        gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(16, 64))
+    rows = impl("quantized_embedding", "native")(torch.arange(16), weight, name)
+    torch.testing.assert_close(rows, expected, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(quant.dequantize(weight, name), expected, rtol=0, atol=0,
+                               equal_nan=True)
+    x = torch.zeros(1, 64)
+    x[0, 40] = 1.0  # picks weight 40 of each row (0 d is NaN where d is infinite: row 6)
+    finite = torch.arange(16) != 6
+    for isa in ISAS:
+        with running_with(isa):
+            got = impl("quantized_linear", "native")(x, weight, name, None)
+        assert torch.equal(got[0, finite], expected[finite, 40])
 
 
 def bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

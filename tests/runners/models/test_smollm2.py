@@ -142,13 +142,14 @@ def test_kept_quantized_the_greedy_tokens_are_the_float_ones(quantized, prompts)
 
 def test_kept_quantized_the_weights_stay_in_their_blocks(quantized):
     """Every projection is Q4_1 in the file and the tied embedding Q8_0: all held as uint8
-    records (about 110 MB, where float32 weights are 538 MB), and the report says so."""
+    records (96 MB with Q4_1's and Q8_0's float16 scales, where float32 weights are 538 MB),
+    and the report says so."""
     model = quantized.engine.runner.model
     assert model.embed_format == "Q8_0"
     held = {p.dtype: 0 for p in model.parameters()}
     for p in model.parameters():
         held[p.dtype] += p.numel() * p.element_size()
-    assert held[torch.uint8] < 120e6 and held[torch.float32] < 1e6, held
+    assert held[torch.uint8] < 97e6 and held[torch.float32] < 1e6, held
     [choice] = [k for k in quantized.report().kernels if k.op == "quantized_linear"]
     assert choice.implementation == "native (interlock)"
     assert choice.reason.startswith(
