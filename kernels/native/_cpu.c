@@ -388,7 +388,7 @@ AVX2 static void qtile_of(int kind, int mr, int ns, const float *x, long xs,
 /* The same products with AVX-512, taken where the CPU has AVX-512 F (quantized_isa says
  * which path runs): one 512-bit register holds a strip's 16 outputs, so a line of quants
  * is widened once and each weight costs one conversion and one FMA on 16 lanes instead of
- * two on 8 (SmolLM2's products at 1 row: 0.7-0.85x the AVX2 path's time). The
+ * two on 8 (a SmolLM2 decode step: 0.9x the AVX2 path's time, both streaming). The
  * arithmetic is the order above, operation for operation (each output's chains, the block
  * sums, d a[b] + m s[b] added to y from 0), so both paths give bitwise the same results;
  * y stays in registers across the blocks instead of in memory, which rounds nothing. */
