@@ -46,6 +46,13 @@ KERNELS = {
 """op -> lazy "module:function" target."""
 
 
+def quantized_isa() -> str:
+    """The instruction set the quantized products run on here ("avx512" or "avx2"): the
+    module picks the widest this CPU has when it loads."""
+    isa: str = importlib.import_module("interlock.kernels.native._cpu").quantized_isa()
+    return isa
+
+
 @functools.cache
 def unavailable(platform: str) -> str | None:
     """Why the native kernels cannot run now, or None."""

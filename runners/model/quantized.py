@@ -22,6 +22,7 @@ import torch
 
 from interlock.kernels import quant
 from interlock.kernels.native import BACKEND as NATIVE
+from interlock.kernels.native import quantized_isa
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.layers import Linear
@@ -129,10 +130,13 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
         counts[types[table]] += 1
     elif table in types:
         floats.append(f"{table}: {why or 'sharded across ranks'}")
+    # where the products are the native ones, which instruction set they run
+    native = counts and model.ops.choice("quantized_linear").impl.backend == NATIVE
+    where = f" ({quantized_isa()})" if native else ""
     for name, count in sorted(counts.items()):
         kept.decisions[f"native {name.lower()}"] = (
             f"weights kept quantized ({count} tensors), dequantized in registers inside "
-            "the products")
+            f"the products{where}")
     if floats:
         kept.decisions["dequantized"] = "; ".join(floats)
     return kept
