@@ -341,6 +341,14 @@ def deepseek_moe(
     return rule
 
 
+def deepseek_v3_moe(defaults: DeepseekMoEDefaults) -> MoERule:
+    """DeepSeek-V3's routing, which DeepSeek-V3.2 and GLM-5 (GlmMoeDsa) share: sigmoid
+    scores, ``noaux_tc`` over the best groups with the ``e_score_correction_bias``, the
+    chosen weights renormalised as ``norm_topk_prob`` says."""
+    return deepseek_moe(defaults, scoring="sigmoid", methods=("noaux_tc",),
+                        reads_norm_topk_prob=True, correction_bias=True)
+
+
 _Q = ("q_lora_rank", "num_attention_heads", "qk_nope_head_dim", "qk_rope_head_dim")
 _EXPERT = ("moe_intermediate_size", "n_routed_experts")
 _SHARED = ("moe_intermediate_size", "n_shared_experts")

@@ -8,7 +8,7 @@ from interlock.runners.model.family import (
     Defaults,
     Family,
     MLADefaults,
-    deepseek_moe,
+    deepseek_v3_moe,
     mla_attention,
 )
 
@@ -18,14 +18,12 @@ FAMILIES = (
         Defaults(max_position_embeddings=4096),
         bias_key="attention_bias", bias_on_output=True,  # q_a, kv_a and o_proj
         mla=mla_attention(MLADefaults(), interleave_key=True),
-        moe=deepseek_moe(
+        moe=deepseek_v3_moe(
             DeepseekMoEDefaults(
                 n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=2048,
                 first_k_dense_replace=3, routed_scaling_factor=2.5, n_group=8, topk_group=4,
                 num_experts_per_tok=8, norm_topk_prob=True,
-            ),
-            scoring="sigmoid", methods=("noaux_tc",), reads_norm_topk_prob=True,
-            correction_bias=True,
+            )
         ),
         shape_keys=DEEPSEEK_SHAPE_KEYS,
         mtp_layers=True,

@@ -7,7 +7,7 @@ from interlock.runners.model.family import (
     Defaults,
     Family,
     MLADefaults,
-    deepseek_moe,
+    deepseek_v3_moe,
     mla_attention,
 )
 from interlock.runners.model.family_dsa import (
@@ -25,14 +25,12 @@ FAMILIES = (
         mla=mla_attention(MLADefaults(), interleave_key=False),
         dsa=dsa_indexer(DSADefaults(index_n_heads=64), reads_indexer_types=False,
                         rope_interleave=False),
-        moe=with_mlp_layer_types(deepseek_moe(
+        moe=with_mlp_layer_types(deepseek_v3_moe(
             DeepseekMoEDefaults(
                 n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=2048,
                 first_k_dense_replace=3, routed_scaling_factor=2.5, n_group=8, topk_group=4,
                 num_experts_per_tok=8, norm_topk_prob=True,
-            ),
-            scoring="sigmoid", methods=("noaux_tc",), reads_norm_topk_prob=True,
-            correction_bias=True,
+            )
         )),
         shape_keys=DSA_SHAPE_KEYS,
         mtp_layers=True,
