@@ -176,7 +176,8 @@ class CausalLM(nn.Module):
         # ``embedding`` gives it as the embedding op takes it. Each rank holds its rows of
         # the vocabulary (the last rank's past vocab_size are zero).
         self.vocab_shard = plan.rows(tp.rank, plan.vocab_rows, config.vocab_size)
-        self._own_rows = ops.foreign(self._own_rows_now)
+        # wrapped unbound: a bound method kept on the model would be a reference cycle
+        self._own_rows = ops.foreign(CausalLM._own_rows_now)
         self.head_transposed = config.tie_word_embeddings and stored_transposed(
             config.hidden_size, plan.vocab_rows, ops
         )
@@ -314,7 +315,7 @@ class CausalLM(nn.Module):
             return self.ops.quantized_embedding(input_ids, self.embed_tokens, self.embed_format)
         if self.tp.size == 1:
             return self.ops.embedding(input_ids, self.embedding)
-        return self.tp.all_reduce(self._own_rows(input_ids))
+        return self.tp.all_reduce(self._own_rows(self, input_ids))
 
     def _own_rows_now(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's part of the embedding: its rows of the ids it holds, zero elsewhere

@@ -20,8 +20,9 @@ import torch.distributed as dist
 
 from interlock.runners.parallel.shm import SharedMemoryCollectives
 
-#: A collective as the group calls it: the tensor in, the gathered tensor (or None) out.
-Collective = Callable[[torch.Tensor], torch.Tensor | None]
+#: A collective as the group calls it: the group and the tensor in, the gathered tensor (or
+#: None) out.
+Collective = Callable[["TensorParallel", torch.Tensor], torch.Tensor | None]
 
 
 @dataclass
@@ -54,21 +55,24 @@ class TensorParallel:
     def record_with(self, wrap: Callable[[Collective], Collective]) -> None:
         """Call the collectives through ``wrap``: a runner passes its kernel table's
         ``foreign``, so that a native tape records each collective as a Python call and a
-        tensor-parallel forward replays like any other."""
-        self._reduce = wrap(self._all_reduce)
-        self._gather = wrap(self._all_gather)
+        tensor-parallel forward replays like any other. The functions are wrapped
+        unbound: a bound method kept on the group would make a reference cycle, and the
+        group (its sockets, its process groups) would outlive its run until the cyclic
+        garbage collector ran."""
+        self._reduce = wrap(TensorParallel._all_reduce)
+        self._gather = wrap(TensorParallel._all_gather)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place."""
         if self.size > 1:
-            self._reduce(x)
+            self._reduce(self, x)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[N, S] per rank -> [N, size * S], rank order along the last dim."""
         if self.size == 1:
             return x
-        out = self._gather(x)
+        out = self._gather(self, x)
         assert out is not None
         return out
 

@@ -5,11 +5,13 @@ and without graphs; the launcher, failures and refusals."""
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import queue
 import signal
 import socket
 import time
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -170,6 +172,23 @@ def test_llm_splits_the_demo_model_as_the_policy_decides():
         assert graphs.replays == {"full/decode/2t2s": 3}, graphs  # the prefill is larger
         pids = llm.engine.runner.worker_pids
     _assert_gone(pids)
+
+
+def test_a_closed_run_frees_its_group_and_model_without_the_cyclic_collector():
+    """The group (its sockets, its process groups) and the model are freed when the last
+    reference goes, not whenever the garbage collector next runs: a tape's wrapped
+    collectives hold no bound method of the object that keeps them."""
+    gc.disable()
+    try:
+        llm = LLM("demo", max_num_seqs=1, tensor_parallel_size=2)
+        llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=2))
+        group = weakref.ref(llm.engine.runner.tp)
+        model = weakref.ref(llm.engine.runner.inner.model)
+        llm.close()
+        del llm
+        assert group() is None and model() is None
+    finally:
+        gc.enable()
 
 
 def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
