@@ -96,14 +96,15 @@ def test_ctrl_c_stops_every_rank(tiny_llama):
                            text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not _children(run.pid):
+        while not (workers := _children(run.pid)) or not all(map(_has_torch, workers)):
             assert run.poll() is None, run.communicate()
             assert time.monotonic() < deadline, "no worker started"
-            time.sleep(0.1)
-        workers = _children(run.pid)
-        # Loading or generating: either way every rank must stop. Soon after the worker
-        # starts, so that the run is surely not over (with shared-memory collectives its
-        # 120 tokens take well under 3 s on an idle machine).
+            time.sleep(0.05)
+        # Loading or generating: either way every rank must stop. Once the worker maps
+        # torch it has read everything rank 0 sends it at spawn, so rank 0 has left the
+        # window in which it ignores Ctrl-C (which a loaded machine can stretch past a
+        # fixed delay); soon after, so that the run is surely not over (with shared-memory
+        # collectives its 120 tokens take well under 3 s on an idle machine).
         time.sleep(0.5)
         os.killpg(run.pid, signal.SIGINT)
         _, err = run.communicate(timeout=30)
@@ -111,9 +112,16 @@ def test_ctrl_c_stops_every_rank(tiny_llama):
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 130, err[-2000:]
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"rank process {pid} survived"
+
+
+def _has_torch(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def _children(pid: int) -> list[int]:
