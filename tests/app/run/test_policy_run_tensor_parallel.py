@@ -89,7 +89,11 @@ def test_bad_timeouts_are_refused(policy_run, tiny_llama, monkeypatch, value):
 def test_ctrl_c_stops_every_rank(tiny_llama):
     """SIGINT to the foreground process group, as a terminal's Ctrl-C sends it, mid-run."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    command = [sys.executable, "-m", "interlock.cli", "run", "--model", str(tiny_llama),
+    # As a terminal starts it: with Ctrl-C's default action, even where this test runs
+    # under a shell's background job, whose children inherit SIGINT ignored.
+    terminal = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler);"
+                " runpy.run_module('interlock.cli', run_name='__main__', alter_sys=True)")
+    command = [sys.executable, "-c", terminal, "run", "--model", str(tiny_llama),
                "--tensor-parallel-size", "2", "--max-tokens", "120", "--ignore-eos",
                "--set", "cudagraph=none"]
     run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
