@@ -14,9 +14,7 @@ spells several DeepSeek keys its own way (``num_experts_per_token``, ``moe_renor
 
 from __future__ import annotations
 
-import dataclasses
-
-from interlock.runners.model.config import Bad, LinearAttentionConfig, MoEConfig, RawConfig
+from interlock.runners.model.config import Bad, LinearAttentionConfig, RawConfig
 from interlock.runners.model.family import (
     DEEPSEEK_SHAPE_KEYS,
     CheckpointNames,
@@ -24,11 +22,11 @@ from interlock.runners.model.family import (
     Defaults,
     Family,
     MLADefaults,
-    deepseek_moe,
+    deepseek_v3_moe,
     mla_attention,
     positive,
 )
-from interlock.runners.model.family_dsa import MLP_LAYER_TYPES
+from interlock.runners.model.family_dsa import with_mlp_layer_types
 
 LINEAR, FULL = "linear_attention", "full_attention"
 LAYER_TYPES = (LINEAR, FULL)
@@ -86,33 +84,6 @@ def kda_layers(cfg: RawConfig, bad: Bad) -> LinearAttentionConfig:
     )
 
 
-_ROUTING = deepseek_moe(
-    DeepseekMoEDefaults(
-        n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=1024,
-        first_k_dense_replace=1, routed_scaling_factor=2.446, n_group=1, topk_group=1,
-        num_experts_per_tok=8, norm_topk_prob=True,
-    ),
-    scoring="sigmoid", methods=("noaux_tc",), reads_norm_topk_prob=True, correction_bias=True,
-)
-
-
-def kimi_moe(cfg: RawConfig, family: Family, bad: Bad) -> MoEConfig:
-    """DeepSeek-V3's routing on the layers ``mlp_layer_types`` marks ``sparse``."""
-    moe = _ROUTING(cfg, family, bad)
-    kinds = cfg.mlp_layer_types
-    if kinds is None:
-        return moe
-    if len(kinds) != cfg.num_hidden_layers:
-        raise bad("mlp_layer_types", f"<{len(kinds)} entries>",
-                  f"one entry per layer ({cfg.num_hidden_layers}, num_hidden_layers)")
-    for kind in kinds:
-        if kind not in MLP_LAYER_TYPES:
-            raise bad("mlp_layer_types entry", kind, ", ".join(MLP_LAYER_TYPES))
-    return dataclasses.replace(
-        moe, sparse_layers=tuple(i for i, kind in enumerate(kinds) if kind == "sparse")
-    )
-
-
 _KDA = ("linear_num_heads", "linear_head_dim", "layer_types")
 
 FAMILIES = (
@@ -121,7 +92,14 @@ FAMILIES = (
         Defaults(rms_norm_eps=1e-5, max_position_embeddings=1048576),
         bias_key="attention_bias", bias_on_output=True,
         mla=mla_attention(MLADefaults(q_lora_rank=None), interleave_key=False, rotary=False),
-        moe=kimi_moe,
+        # DeepSeek-V3's routing on the layers ``mlp_layer_types`` marks ``sparse``
+        moe=with_mlp_layer_types(deepseek_v3_moe(
+            DeepseekMoEDefaults(
+                n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=1024,
+                first_k_dense_replace=1, routed_scaling_factor=2.446, n_group=1,
+                topk_group=1, num_experts_per_tok=8, norm_topk_prob=True,
+            )
+        )),
         linear=kda_layers,
         aliases={
             "model_max_length": "max_position_embeddings",
