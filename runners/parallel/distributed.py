@@ -267,16 +267,19 @@ def join_control(rdzv: Rendezvous, store: dist.Store, timeout: float) -> Channel
 
 
 def join_tensor_parallel(
-    rdzv: Rendezvous, device: torch.device, timeout: float
+    rdzv: Rendezvous, device: torch.device, timeout: float, channel: Channel | None = None
 ) -> TensorParallel:
     """The model's group over every rank, on the device's backend, bounded by ``timeout``.
-    Called by every rank, in the same order, after the load order."""
+    Called by every rank, in the same order, after the load order; ``channel`` (the
+    control channel) then carries its messages through the group's shared segment too."""
     backend = backend_for(device.type)
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=timeout))
     fast, carried = collectives_for(rdzv, device)
     tp = TensorParallel(rdzv.rank, rdzv.world_size, group, collectives=carried)
     if fast:
         tp.shm = shm.SharedMemoryCollectives(group, rdzv.rank, rdzv.world_size, timeout)
+    if channel is not None:
+        channel.shm = tp.shm
     return tp
 
 
@@ -326,7 +329,8 @@ class Channel:
 
     def __init__(self, rank: int, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.rank = rank
-        #: The model group's shared-memory collectives, when it has them (set once joined).
+        #: The model group's shared-memory collectives, when it has them (set by
+        #: ``join_tensor_parallel``).
         self.shm: shm.SharedMemoryCollectives | None = None
         #: How long rank 0 waits for every rank to take a message (a worker waits for the
         #: next one as long as the engine stays idle).

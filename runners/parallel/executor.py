@@ -105,8 +105,7 @@ class TensorParallelRunner:
             channel.send(messages.encode(order))
             device = rank_device(model.device, rdzv.local_rank)
             set_threads(device, rdzv.local_world_size)
-            self.tp = join_tensor_parallel(rdzv, device, timeout_s())
-            channel.shm = self.tp.shm
+            self.tp = join_tensor_parallel(rdzv, device, timeout_s(), channel)
             set_current(self.tp)
             inner = load_import_path(self.factory)()
             inner.load(replace(model, device=str(device)), kv_cache, decision)

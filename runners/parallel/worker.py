@@ -61,13 +61,12 @@ def serve(rdzv: Rendezvous) -> int:
         fields, kv_cache, decision, factory = messages.load_parts(message)
         device = rank_device(fields["device"], rdzv.local_rank)
         set_threads(device, rdzv.local_world_size)
-        tp = join_tensor_parallel(rdzv, device, timeout)
+        tp = join_tensor_parallel(rdzv, device, timeout, channel)
         if tp.size != fields["tensor_parallel_size"]:
             raise TensorParallelError(
                 f"the group has {tp.size} ranks but rank 0 asks for tensor_parallel_size="
                 f"{fields['tensor_parallel_size']}"
             )
-        channel.shm = tp.shm
         set_current(tp)
         # As on rank 0 (interlock.llm): plugin kernels join the registry before any runner
         # builds its kernel table; rank 0 already logged any that failed to install.
