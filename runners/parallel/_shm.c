@@ -11,8 +11,8 @@
  * The segment (laid out by shm.py, which creates, maps and sizes it):
  *   header, HEADER bytes: for each rank, on a cache line of its own, its pid, its
  *   generation (collectives it has entered, counted by the C code so that a call's
- *   arguments stay the same from one call to the next), its arrival and its departure.
- *   then one slot of slot_bytes per rank.
+ *   arguments stay the same from one call to the next), its arrival, its departure and
+ *   the count of ranks asleep waiting on it; then one slot of slot_bytes per rank.
  *
  * Rank 0 also broadcasts its step messages through its slot (the control channel once the
  * segment exists): a gloo broadcast costs as much as a gloo all-reduce, and a worker that
@@ -212,18 +212,17 @@ static int collective(char *base, long rank, long world, long slot_bytes, float 
 }
 
 /* One broadcast round of rank 0's slot, which holds an 8-byte length and that many bytes.
- * Rank 0 writes n bytes of x once every rank has read the previous round; another rank
+ * Rank 0 writes n bytes of x (n fits the slot: py_broadcast checks) once every rank has
+ * read the previous round; another rank
  * waits for rank 0's arrival, copies what it wrote into x (at most n bytes) and returns
  * the count. A rank that times out waiting changes nothing, so it may simply wait again.
  * Only rank 0's arrival is awaited: the next round's wait for every departure keeps rank
  * 0 from rewriting its slot before all have read it. */
-static long broadcast(char *base, long rank, long world, long slot_bytes, char *x, long n,
-                      double timeout) {
+static long broadcast(char *base, long rank, long world, char *x, long n, double timeout) {
     int64_t g = __atomic_load_n(field(base, rank, F_GEN), __ATOMIC_RELAXED) + 1;
     char *slot = base + HEADER;
     int64_t length;
     if (rank == 0) {
-        if (n > slot_bytes - (long)sizeof length) return -(2 * MAX_RANKS + 1);
         int rc = wait_all(base, world, F_DEPART, g - 1, timeout);
         if (rc) return rc;
         length = n;
@@ -315,16 +314,16 @@ static PyObject *py_broadcast(PyObject *Py_UNUSED(self), PyObject *const *argv,
     long long v[6];
     double timeout;
     if (parse(argv, argc, 7, v, &timeout)) return NULL;
-    long rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = broadcast((char *)(intptr_t)v[0], (long)v[1], (long)v[2], (long)v[3],
-                   (char *)(intptr_t)v[4], (long)v[5], timeout);
-    Py_END_ALLOW_THREADS
-    if (rc == -(2 * MAX_RANKS + 1)) {
+    if (v[1] == 0 && v[5] > v[3] - (long long)sizeof(int64_t)) { /* rank 0's length first */
         PyErr_Format(PyExc_ValueError, "broadcast: %lld bytes do not fit a slot of %lld",
                      v[5], v[3]);
         return NULL;
     }
+    long rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = broadcast((char *)(intptr_t)v[0], (long)v[1], (long)v[2], (char *)(intptr_t)v[4],
+                   (long)v[5], timeout);
+    Py_END_ALLOW_THREADS
     if (rc < 0) return outcome((int)rc);
     return PyLong_FromLong(rc);
 }
