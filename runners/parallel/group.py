@@ -14,15 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from interlock.runners.parallel.shm import SharedMemoryCollectives
-
-#: A collective as the group calls it: the group and the tensor in, the gathered tensor (or
-#: None) out.
-Collective = Callable[["TensorParallel", torch.Tensor], torch.Tensor | None]
 
 
 @dataclass
@@ -46,13 +43,14 @@ class TensorParallel:
     shm: SharedMemoryCollectives | None = None
     #: What carries the collectives, and why (the run report shows it).
     collectives: str = "none (one rank)"
-    _reduce: Collective = field(init=False, repr=False)
-    _gather: Collective = field(init=False, repr=False)
+    _reduce: Callable[[TensorParallel, torch.Tensor], None] = field(init=False, repr=False)
+    _gather: Callable[[TensorParallel, torch.Tensor], torch.Tensor] = field(init=False,
+                                                                            repr=False)
 
     def __post_init__(self) -> None:
         self.record_with(lambda fn: fn)
 
-    def record_with(self, wrap: Callable[[Collective], Collective]) -> None:
+    def record_with(self, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         """Call the collectives through ``wrap``: a runner passes its kernel table's
         ``foreign``, so that a native tape records each collective as a Python call and a
         tensor-parallel forward replays like any other. The functions are wrapped
@@ -72,9 +70,7 @@ class TensorParallel:
         """[N, S] per rank -> [N, size * S], rank order along the last dim."""
         if self.size == 1:
             return x
-        out = self._gather(self, x)
-        assert out is not None
-        return out
+        return self._gather(self, x)
 
     def _all_reduce(self, x: torch.Tensor) -> None:
         start = time.perf_counter() if self.times is not None else 0.0

@@ -139,7 +139,7 @@ class SharedMemoryCollectives:
         room = self._slot - 8
         for lo in range(0, len(data), room):
             part = torch.frombuffer(bytearray(data[lo:lo + room]), dtype=torch.uint8)
-            self._broadcast(part, "message", self.timeout)
+            self._broadcast(part, self.timeout)
 
     def receive(self) -> bytes:
         """Another rank: rank 0's next message, waited for as long as rank 0 lives (in
@@ -149,13 +149,14 @@ class SharedMemoryCollectives:
         parts: list[bytes] = []
         size = None
         while size is None or sum(map(len, parts)) < size + 8:
-            count = self._broadcast(self._inbox, "message", None)
+            count = self._broadcast(self._inbox, None)
             parts.append(self._inbox[:count].numpy().tobytes())
             if size is None:
                 (size,) = struct.unpack_from("<q", parts[0])
         return b"".join(parts)[8:]
 
-    def _broadcast(self, x: torch.Tensor, what: str, timeout: float | None) -> int:
+    def _broadcast(self, x: torch.Tensor, timeout: float | None) -> int:
+        """One round of rank 0's message (``timeout`` None: look again until it comes)."""
         while True:
             got = self._c.broadcast(self._base, self.rank, self.size, self._slot,
                                     x.data_ptr(), x.numel(),
@@ -163,7 +164,7 @@ class SharedMemoryCollectives:
             if isinstance(got, int):
                 return got
             if timeout is not None or got[0] != "timeout":
-                self._check(got, what)
+                self._check(got, "message")
 
     def close(self) -> None:
         if self._map is not None:
