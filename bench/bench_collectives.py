@@ -60,17 +60,24 @@ def _rank(rank: int, world: int, port: int, calls: int, hidden: int, vocab: int)
     dist.destroy_process_group()
 
 
+def _echo(child: socket.socket, nbytes: int, calls: int) -> None:
+    message = b"x" * nbytes
+    for _ in range(calls):
+        received = 0
+        while received < nbytes:
+            received += len(child.recv(nbytes - received))
+        child.sendall(message)
+
+
 def socket_round_trip(nbytes: int, calls: int) -> float:
-    """Seconds per round trip of ``nbytes`` over a Unix socket pair between two processes."""
+    """Seconds per round trip of ``nbytes`` over a Unix socket pair between two processes.
+
+    The echoing process is spawned: this one may hold torch's threads, and a forked child of
+    a threaded process can deadlock."""
     parent, child = socket.socketpair()
     message = b"x" * nbytes
-    if os.fork() == 0:
-        for _ in range(calls):
-            received = 0
-            while received < nbytes:
-                received += len(child.recv(nbytes - received))
-            child.sendall(message)
-        os._exit(0)
+    echo = mp.get_context("spawn").Process(target=_echo, args=(child, nbytes, calls))
+    echo.start()
     start = time.perf_counter()
     for _ in range(calls):
         parent.sendall(message)
@@ -78,7 +85,7 @@ def socket_round_trip(nbytes: int, calls: int) -> float:
         while received < nbytes:
             received += len(parent.recv(nbytes - received))
     elapsed = time.perf_counter() - start
-    os.wait()
+    echo.join()
     return elapsed / calls
 
 

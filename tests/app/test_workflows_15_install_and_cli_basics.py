@@ -1,13 +1,18 @@
 """Issue 24 item 15: the Makefile takes TORCH_INDEX_URL (the CPU wheel index by default on
-Linux without a GPU), ``policy --version``, and a misspelt option of a subcommand gets its
-subcommand's usage and a "did you mean"."""
+Linux without a GPU, where that index answers), ``policy --version``, and a misspelt option
+of a subcommand gets its subcommand's usage and a "did you mean"."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
 import platform
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,18 +51,38 @@ def test_an_empty_index_url_adds_none(tmp_path: Path) -> None:
     assert "--extra-index-url" not in dry_install(tmp_path, "TORCH_INDEX_URL=")
 
 
+@contextlib.contextmanager
+def index_server(root: Path) -> Iterator[str]:
+    """A wheel index stand-in on 127.0.0.1: an empty page at /whl/cpu/."""
+    (root / "whl" / "cpu").mkdir(parents=True)
+    (root / "whl" / "cpu" / "index.html").write_text("<html></html>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/whl/cpu"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @needs_make
 @pytest.mark.skipif(platform.system() != "Linux", reason="the default is Linux's")
-def test_linux_without_a_gpu_defaults_to_the_cpu_index(tmp_path: Path) -> None:
+def test_linux_without_a_gpu_defaults_to_the_cpu_index_where_it_answers(tmp_path: Path) -> None:
     if shutil.which("nvidia-smi") or Path("/dev/kfd").exists():
         pytest.skip("this machine has a GPU")
-    assert '--extra-index-url "https://download.pytorch.org/whl/cpu"' in dry_install(tmp_path)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\n")
-    (fake / "nvidia-smi").chmod(0o755)
-    with_gpu = dry_install(tmp_path, path=f"{fake}{os.pathsep}{os.environ['PATH']}")
-    assert "--extra-index-url" not in with_gpu
+    with index_server(tmp_path / "index") as index:
+        assert f'--extra-index-url "{index}"' in dry_install(tmp_path, f"CPU_TORCH_INDEX={index}")
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        (fake / "nvidia-smi").write_text("#!/bin/sh\n")
+        (fake / "nvidia-smi").chmod(0o755)
+        with_gpu = dry_install(tmp_path, f"CPU_TORCH_INDEX={index}",
+                               path=f"{fake}{os.pathsep}{os.environ['PATH']}")
+        assert "--extra-index-url" not in with_gpu
+    # The same index, no longer answering: pip is not sent to retry it for every package.
+    assert "--extra-index-url" not in dry_install(tmp_path, f"CPU_TORCH_INDEX={index}")
 
 
 def test_policy_version(cli) -> None:

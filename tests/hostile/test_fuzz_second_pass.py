@@ -1,8 +1,8 @@
 """Hypothesis fuzzing of the surfaces of the second hostile pass: GGUF files, chat
 templates, conformance snapshots, evidence records, config.json numbers and ``LLM(...)``.
 
-The invariants of ``test_fuzz.py``, each case run in a forked child under ``resource``
-limits (address space and CPU time): only documented errors (an ``InterlockError`` whose
+The invariants of ``test_fuzz.py``, each case run in a spawned child under CPU, memory and
+wall-time limits (``bounded.py``): only documented errors (an ``InterlockError`` whose
 kind has an exit code; never a traceback), a bounded time, bounded memory, and ``--json``
 output that parses. ``INTERLOCK_FUZZ_EXAMPLES`` sets the examples per test (default 30 as
 in ``test_fuzz.py``; a few of these run fewer: each builds a model).
@@ -12,24 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import resource
-import signal
 import struct
-import sys
-import traceback
-from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from interlock.core.errors import EXIT_CODES, error_kind
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from hostile import fuzz_cases
+from hostile.bounded import bounded
 
 EXAMPLES = int(os.environ.get("INTERLOCK_FUZZ_EXAMPLES", "30"))
 FUZZ = settings(
@@ -39,81 +31,6 @@ FUZZ = settings(
     derandomize=not os.environ.get("INTERLOCK_FUZZ_RANDOM"),
 )
 FEW = settings(FUZZ, max_examples=max(3, EXAMPLES // 5))
-#: Per case: CPU seconds, and address space beyond what the process maps already.
-CPU_SECONDS = 30
-WALL_SECONDS = 90
-MEMORY_HEADROOM = 3 << 30
-
-
-def _mapped_bytes() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def bounded(case: Callable[[], Any]) -> tuple[str, Any]:
-    """Run ``case`` in a forked child under CPU and memory limits: ``("ok", result)``,
-    ``("error", kind)`` for a documented error, and a failed test for anything else (a
-    traceback, a signal, the limits)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the per-case limits need fork and /proc")
-    read, write = os.pipe()
-    limit = _mapped_bytes() + MEMORY_HEADROOM
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        os.close(read)
-        try:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            resource.setrlimit(resource.RLIMIT_CPU, (CPU_SECONDS, CPU_SECONDS))
-            signal.alarm(WALL_SECONDS)  # a case that waits (not computes) ends too
-            try:
-                outcome: tuple[str, Any] = ("ok", case())
-            except BaseException as exc:  # noqa: BLE001 - classified here
-                kind = error_kind(exc)
-                outcome = ("error", kind) if kind else ("bug", traceback.format_exc())
-            data = pickle.dumps(outcome)
-        except BaseException:  # noqa: BLE001 - the result could not be pickled
-            data = pickle.dumps(("bug", traceback.format_exc()))
-        with os.fdopen(write, "wb") as fh:
-            fh.write(data)
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as fh:
-        data = fh.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
-        pytest.fail(f"the case was killed by {name} (limits: {CPU_SECONDS} s of CPU, "
-                    f"{WALL_SECONDS} s in all; or a crash)")
-    outcome = pickle.loads(data)
-    assert outcome[0] != "bug", outcome[1]
-    if outcome[0] == "error":
-        assert outcome[1] in EXIT_CODES
-    return outcome  # type: ignore[no-any-return]
-
-
-def _cli_json(argv: list[str]) -> Callable[[], Any]:
-    """A case running ``policy ARGV --json`` in the child: its exit code is documented and
-    its stdout parses."""
-
-    def case() -> int:
-        import contextlib
-        import io
-
-        from interlock.cli import main
-
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main([*argv, "--json"])
-        assert code in EXIT_CODES.values() and code != EXIT_CODES["internal"], err.getvalue()
-        json.loads(out.getvalue())
-        return code
-
-    return case
-
-
 # -- GGUF files -----------------------------------------------------------------------------
 
 
@@ -178,7 +95,7 @@ def test_gguf_mutations(tmp_path_factory, valid_gguf: bytes, numbers, splices, c
     path.write_bytes(bytes(data))
     os.environ["INTERLOCK_CACHE_DIR"] = str(directory / "cache")
     try:
-        bounded(_cli_json(["explain", "--model", str(path), "--platform", "cpu"]))
+        bounded(fuzz_cases.cli_json, ["explain", "--model", str(path), "--platform", "cpu"])
     finally:
         del os.environ["INTERLOCK_CACHE_DIR"]
 
@@ -233,13 +150,7 @@ def test_chat_template_grammar(source: str) -> None:
     the render bound, under the memory limit."""
     from interlock.app.template_sandbox import MAX_CHARS
 
-    def case() -> int:
-        from interlock.app.tokenizer import ChatTemplate
-
-        template = ChatTemplate(source, {"bos_token": "<s>"}, "tokenizer_config.json")
-        return len(template.render([{"role": "user", "content": "hi"}]))
-
-    outcome = bounded(case)
+    outcome = bounded(fuzz_cases.render_chat_template, source)
     if outcome[0] == "ok":
         assert outcome[1] <= MAX_CHARS
     else:
@@ -271,7 +182,7 @@ def test_snapshots(tmp_path_factory, edits, raw) -> None:  # type: ignore[no-unt
     lines = [json.dumps({"snapshot": {"vllm": "0"}})]
     lines += [json.dumps({**ROW, **edit}, allow_nan=True) for edit in edits]
     path.write_bytes("\n".join(lines).encode() + (raw or b""))
-    code = bounded(_cli_json(["conformance", str(path)]))
+    code = bounded(fuzz_cases.cli_json, ["conformance", str(path)])
     assert code[0] == "ok"
 
 
@@ -326,7 +237,8 @@ def test_evidence_records(tmp_path_factory, bench_record, edits, as_bytes) -> No
     text = json.dumps(record, allow_nan=True).encode()
     (directory / "r.json").write_bytes(text[: len(text) // 2] if as_bytes else text)
     (directory / "policy.yaml").write_text(EVIDENCE_POLICY)
-    assert bounded(_cli_json(["check", "--policy", str(directory / "policy.yaml")]))[0] == "ok"
+    argv = ["check", "--policy", str(directory / "policy.yaml")]
+    assert bounded(fuzz_cases.cli_json, argv)[0] == "ok"
 
 
 # -- config.json numbers over the ranges ------------------------------------------------------
@@ -360,18 +272,7 @@ def test_config_numbers_over_their_ranges(tmp_path_factory, numbers, rope, arch)
     if rope is not None:
         kind, params = rope
         config["rope_scaling"] = {"rope_type": kind, "factor": 2.0, **params}
-
-    def case() -> int:
-        from interlock.runners.dispatch import build_kernel_table
-        from interlock.runners.model.checkpoint import build_model
-        from interlock.runners.model.config import parse_config
-
-        parsed = parse_config(config)
-        model = build_model(parsed, build_kernel_table("cpu", "float32"), "float32", "meta",
-                            min(parsed.max_position_embeddings, 64))
-        return sum(1 for _ in model.parameters())
-
-    bounded(case)
+    bounded(fuzz_cases.build_meta_model, config)
 
 
 # -- LLM(...) arguments -----------------------------------------------------------------------
@@ -398,13 +299,4 @@ def test_llm_arguments(arguments: dict[str, Any]) -> None:
     arguments.setdefault("load_format", "dummy")
     if arguments.get("tensor_parallel_size", 1) > 1:
         arguments["tensor_parallel_size"] = 1  # starting ranks is the TP tests' job
-
-    def case() -> str:
-        from interlock.llm import LLM
-        from interlock.runners.engine.sampling import SamplingParams
-
-        llm = LLM("demo", **arguments)
-        llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=1))
-        return "ran"
-
-    bounded(case)
+    bounded(fuzz_cases.generate_with_llm, arguments)

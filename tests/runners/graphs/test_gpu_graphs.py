@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_cases import CAPTURE_SIZES, run_case
+from graph_cases import CAPTURE_SIZES, make_oracle, run_case
 
 from interlock.core.decision import CUDAGRAPH_MODES
 from interlock.runners.contract import Decision
@@ -63,3 +63,31 @@ def test_an_op_cuda_cannot_capture_falls_back_to_eager(llama_oracle, monkeypatch
     assert all("not permitted when stream is capturing" in why for why in reasons), reasons
     # The failed captures leave the device's random generator usable (sampling draws from it).
     assert torch.rand(8, device="cuda").shape == (8,)
+
+
+# The families with latent attention (DeepSeek V2/V3), DSA's top-k indexer (V3.2, GLM-5) and
+# Kimi Linear's recurrent KDA layers: every graph mode captured for real, against transformers.
+FAMILIES = ["deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_linear"]
+FAMILY_MODES = [("piecewise", False), ("full_and_piecewise", False),
+                ("full_and_piecewise", True), ("full", False), ("full_decode_only", False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("mode", "breakable"), FAMILY_MODES,
+                         ids=[f"{m}{'-breakable' if b else ''}" for m, b in FAMILY_MODES])
+@pytest.mark.parametrize("runner", list(RUNNERS))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_new_family_captures_every_mode_and_keeps_transformers_tokens(
+    name, runner, mode, breakable, graph_models
+):
+    oracle = make_oracle(graph_models, name)
+    eager, _, _ = run_case(oracle.path, RUNNERS[runner](), Decision(runner, "none"), **ON_GPU)
+    decision = Decision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
+    tokens, _, report = run_case(oracle.path, RUNNERS[runner](), decision, **ON_GPU)
+
+    assert tokens == eager
+    assert tokens == oracle.tokens
+    graphs = report.graphs
+    assert graphs.backend == "cuda"
+    assert not graphs.failed, graphs.failed
+    assert graphs.replays and set(graphs.captured_sizes) <= set(CAPTURE_SIZES)
