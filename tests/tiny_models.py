@@ -32,8 +32,8 @@ MLA: dict[str, Any] = {
 # The indexer of every DSA config below, on DeepSeek's MLA sizes.
 # No padding_idx: transformers zeroes the pad token's embedding row, and a zero hidden state
 # gives the indexer a zero query, so every position of that step scores exactly 0; which of
-# equal scores torch.topk keeps is an accident of its implementation (and of the row's
-# padded length), where the op keeps the lowest positions.
+# equal scores torch.topk keeps depends on the row's length, and the batched oracle's rows
+# are padded where the runner's are not.
 DSA: dict[str, Any] = {**MLA, "index_topk": 4, "index_n_heads": 8, "index_head_dim": 16,
                        "pad_token_id": None}
 
@@ -91,8 +91,9 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 32},
     }),
     # DeepSeek sparse attention: a top-4 of prompts up to 19 tokens, so the selection
-    # matters; 8 indexer heads, so scores rarely tie at 0 (where transformers' top-k and
-    # ours may pick different positions). GLM-5's third layer reuses the second's selection.
+    # matters; 8 indexer heads, so scores rarely tie at 0 (where the padded rows of the
+    # batched oracle may keep other positions; TIE_CONFIGS below are the tied case).
+    # GLM-5's third layer reuses the second's selection.
     "deepseek_v32": ("deepseek_v32", "DeepseekV32ForCausalLM", {
         **DSA, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
     }),
