@@ -209,8 +209,7 @@ def test_two_ranks_give_transformers_tokens(name, runner, mode, tiny_models):
     assert tokens == replayed(tiny_models.hf(name), PROMPTS, steps)
 
 
-# slow: a checkpoint built and loaded per example (about 2 s each).
-@pytest.mark.slow
+# A checkpoint built and loaded per example: about half a second each.
 @settings(max_examples=8, deadline=None)
 @given(name=st.sampled_from(MODELS), top_k=st.integers(1, 6), heads=st.integers(1, 4),
        context=st.integers(2, 20), budget=st.sampled_from([3, 7, 64]),
