@@ -680,20 +680,40 @@ def dsa_index_topk(
 
     in float32, over the positions t may see (p <= its own). Returns [T, top_k] int32: the
     top_k best positions in ascending order, then -1 where fewer than top_k are visible (a
-    token that sees at most top_k positions takes them all). Equal scores go to the lower
-    position; -0.0 and 0.0 are equal.
+    token that sees at most top_k positions takes them all).
+
+    Equal scores at the cut (common: relu makes exact zeros) go as ``torch.topk`` sends them
+    on this device, over the row transformers builds: on the CPU each token's row is its
+    sequence's ``seq_lens`` positions, -inf past its own, and k = min(top_k, that length),
+    so the selection is transformers' own (``torch.topk`` there is an ``nth_element``
+    whose ties depend on the whole row); elsewhere the row is the block table's width, no
+    host sync, where CUDA's ``torch.topk`` keeps the lowest of equal positions.
     """
     out = torch.full((q.shape[0], top_k), -1, dtype=torch.int32, device=q.device)
     scores = index_scores(q, weights, index_cache, block_tables, seq_lens, query_start_loc, scale)
-    visible = scores > float("-inf")
-    # A stable descending sort keeps equal scores in position order: the lower one first.
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    # Invisible positions sort last and come in only when fewer than top_k are visible.
-    beyond = scores.shape[1]
-    chosen = torch.where(visible.gather(1, order), order, beyond).sort(dim=-1).values
-    chosen = torch.where(chosen == beyond, -1, chosen).to(torch.int32)
-    out[:, : chosen.shape[1]] = chosen
+    if q.device.type != "cpu":
+        _select_top_k(scores, top_k, out)
+        return out
+    starts, lengths = query_start_loc.tolist(), seq_lens.tolist()
+    for b, length in enumerate(lengths):
+        lo, hi = starts[b], starts[b + 1]
+        if hi > lo:
+            _select_top_k(scores[lo:hi, :length], top_k, out[lo:hi])
     return out
+
+
+def _select_top_k(scores: torch.Tensor, top_k: int, out: torch.Tensor) -> None:
+    """Write into ``out`` [T, top_k] the visible positions of ``torch.topk`` over each row of
+    ``scores`` [T, S] (k = min(top_k, S), as transformers asks), ascending, then -1."""
+    k = min(top_k, scores.shape[1])
+    if k == 0:
+        return
+    picked = torch.topk(scores, k, dim=-1).indices
+    # A row with fewer than k visible positions picks hidden ones too: they sort last.
+    beyond = scores.shape[1]
+    visible = scores.gather(1, picked) > float("-inf")
+    chosen = torch.where(visible, picked, beyond).sort(dim=-1).values
+    out[:, :k] = torch.where(chosen == beyond, -1, chosen).to(torch.int32)
 
 
 @torch_op("sparse_mla_attention")

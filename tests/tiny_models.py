@@ -32,8 +32,8 @@ MLA: dict[str, Any] = {
 # The indexer of every DSA config below, on DeepSeek's MLA sizes.
 # No padding_idx: transformers zeroes the pad token's embedding row, and a zero hidden state
 # gives the indexer a zero query, so every position of that step scores exactly 0; which of
-# equal scores torch.topk keeps is an accident of its implementation (and of the row's
-# padded length), where the op keeps the lowest positions.
+# equal scores torch.topk keeps depends on the row's length, and the batched oracle's rows
+# are padded where the runner's are not.
 DSA: dict[str, Any] = {**MLA, "index_topk": 4, "index_n_heads": 8, "index_head_dim": 16,
                        "pad_token_id": None}
 
@@ -91,8 +91,9 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 32},
     }),
     # DeepSeek sparse attention: a top-4 of prompts up to 19 tokens, so the selection
-    # matters; 8 indexer heads, so scores rarely tie at 0 (where transformers' top-k and
-    # ours may pick different positions). GLM-5's third layer reuses the second's selection.
+    # matters; 8 indexer heads, so scores rarely tie at 0 (where the padded rows of the
+    # batched oracle may keep other positions; TIE_CONFIGS below are the tied case).
+    # GLM-5's third layer reuses the second's selection.
     "deepseek_v32": ("deepseek_v32", "DeepseekV32ForCausalLM", {
         **DSA, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
     }),
@@ -113,6 +114,24 @@ TINY_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
                                "kda_layers": [1, 2, 3], "full_attn_layers": [4]},
     }),
 }
+
+# DSA as issue 36 found it diverging from transformers: 2 indexer heads of 16, so a score
+# of exactly 0 (every head's dot negative, relu) is common and ties at the top-4 cut are
+# too; 3 layers, the first dense; GLM-5's third reuses the second's selection. Not in
+# TINY_CONFIGS: which of equal scores torch.topk keeps depends on the row's length, so
+# their oracle is transformers fed as the runner was (hf_oracle.transformers_replay), not
+# the batched, left-padded generate of Oracle.
+DSA_TIES: dict[str, Any] = {**DSA, "index_n_heads": 2, "num_hidden_layers": 3,
+                            "first_k_dense_replace": 1}
+TIE_CONFIGS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "deepseek_v32_ties": ("deepseek_v32", "DeepseekV32ForCausalLM", {
+        **DSA_TIES, "n_group": 2, "topk_group": 1,
+    }),
+    "glm_moe_dsa_ties": ("glm_moe_dsa", "GlmMoeDsaForCausalLM", {
+        **DSA_TIES, "index_topk_freq": 2,
+    }),
+}
+ALL_CONFIGS = {**TINY_CONFIGS, **TIE_CONFIGS}
 
 #: TINY_LLAMA's sizes and its initializer_range (larger than the usual 0.02 so logits are
 #: peaked: no near-ties for float noise to flip), with room for longer runs.
@@ -155,19 +174,7 @@ class TinyModels:
 
     def hf(self, name: str) -> Any:
         if name not in self._models:
-            from transformers import AutoConfig, AutoModelForCausalLM
-
-            model_type, architecture, extra = TINY_CONFIGS[name]
-            config = AutoConfig.for_model(model_type, **{**BASE_CONFIG, **extra})
-            config.architectures = [architecture]
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config).eval()
-            for buffer_name, buffer in model.named_buffers():
-                # Initialised to zero: random, so that choosing with it differs from without.
-                if buffer_name.endswith("e_score_correction_bias"):
-                    buffer.uniform_(-0.2, 0.2)
-            model.save_pretrained(self.root / name)
-            self._models[name] = model
+            self._models[name] = make_checkpoint(self.root / name, *ALL_CONFIGS[name])
         return self._models[name]
 
     def oracle(self, name: str) -> Oracle:
@@ -183,6 +190,24 @@ class TinyModels:
                 )
             self._oracles[name] = Oracle(out.sequences[:, width:].tolist(), list(out.logits))
         return self._oracles[name]
+
+
+def make_checkpoint(directory: Path, model_type: str, architecture: str,
+                    extra: dict[str, Any], seed: int = 0) -> Any:
+    """A random transformers model of BASE_CONFIG with ``extra``, seeded, saved to
+    ``directory``; returns the model (eval mode)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**BASE_CONFIG, **extra})
+    config.architectures = [architecture]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    for buffer_name, buffer in model.named_buffers():
+        # Initialised to zero: random, so that choosing with it differs from without.
+        if buffer_name.endswith("e_score_correction_bias"):
+            buffer.uniform_(-0.2, 0.2)
+    model.save_pretrained(directory)
+    return model
 
 
 class RecordingRunner(MRV1Runner):

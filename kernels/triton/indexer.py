@@ -12,6 +12,8 @@ decode step captures in a CUDA graph with a fixed k:
    unsigned 32-bit keys; four passes of 8-bit histograms fix the k-th
    largest key digit by digit, then one pass writes the positions above it, and the first
    of those equal to it, in ascending position order. Five reads of the row, whatever k.
+   The lower of equal scores wins, as in CUDA's ``torch.topk`` (the reference's rule on a
+   GPU; on the CPU, the interpreter included, the reference follows the CPU's instead).
 
 The scores buffer is [T, positions in the block table]: what one batch's tokens can see.
 """

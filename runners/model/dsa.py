@@ -10,7 +10,8 @@ At the split point, ``DSAttention.attend`` runs what depends on the data:
 
 1. ``dsa_index_topk``: every visible position's score, sum over indexer heads of
    weight * relu(q . k / sqrt(index_head_dim)) / sqrt(index_n_heads), and the ``index_topk``
-   best positions per token (all of them while a token sees fewer);
+   best positions per token (all of them while a token sees fewer), equal scores going as
+   ``torch.topk`` sends them over transformers' rows (the op's docstring);
 2. ``sparse_mla_attention``: MLA in the absorbed form over the latent rows of those
    positions only, for prefill and decode alike.
 

@@ -11,6 +11,7 @@ from kernel_checks import (
     ACCUMULATING_TOLERANCES,
     DEVICE,
     DTYPES,
+    INTERPRETED,
     assert_close,
     randn,
     torch_op,
@@ -81,9 +82,21 @@ def test_dsa_index_topk(
     assert torch.all(actual[sum(new):] == -1), "padding tokens must choose nothing"
 
 
-def test_dsa_index_topk_breaks_ties_towards_the_lower_position() -> None:
+def lowest_of_equals(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """What torch.topk keeps on CUDA (seen on an H200, torch 2.11): the top_k best visible
+    positions, the lower of equal scores first, ascending, -1 padded."""
+    order = torch.sort(scores.cpu(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    visible = scores.cpu().gather(1, order) > float("-inf")
+    chosen = [sorted(p for p, v in zip(row, seen, strict=True) if v)
+              for row, seen in zip(order.tolist(), visible.tolist(), strict=True)]
+    return torch.tensor([c + [-1] * (top_k - len(c)) for c in chosen], dtype=torch.int32)
+
+
+def test_dsa_index_topk_breaks_ties_as_torch_topk_does_on_cuda() -> None:
     """All scores equal (zero queries; -0.0 from negative weights counts as 0.0): the
-    first top_k positions, exactly as the reference."""
+    first top_k positions, as CUDA's torch.topk keeps them. The reference selects with
+    torch.topk on its device: on a GPU the same, on the CPU (the interpreter) whatever
+    the CPU's nth_element keeps of transformers' rows (tests/runners/test_dsa_ties.py)."""
     gen = torch.Generator().manual_seed(0)
     tables, seq_lens, starts, tokens = _batch(gen, [30, 0], [3, 20], 0)
     cache = randn(gen, 2 * TABLE_WIDTH + 2, BLOCK_SIZE, 32)
@@ -92,10 +105,11 @@ def test_dsa_index_topk_breaks_ties_towards_the_lower_position() -> None:
     args = (q, weights, cache, tables, seq_lens, starts, 0.1, 5)
     with mock.patch.object(indexer, "SELECT_TILE", 16):
         actual = triton_op("dsa_index_topk")(*args)
-    expected = torch_op("dsa_index_topk")(*args)
-    assert torch.equal(actual, expected)
+    assert torch.equal(actual.cpu(), lowest_of_equals(index_scores(*args[:-1]), 5))
     assert actual[0].tolist() == [0, 1, 2, 3, 4]
     assert actual[3].tolist() == [0, -1, -1, -1, -1]  # the second sequence's first token
+    if not INTERPRETED:
+        assert torch.equal(actual, torch_op("dsa_index_topk")(*args))
 
 
 def test_dsa_index_topk_matches_the_reference_exactly_without_near_ties() -> None:
@@ -169,3 +183,35 @@ def test_sparse_attention_over_every_visible_position_is_mla_decode() -> None:
     torch.testing.assert_close(torch_op("sparse_mla_attention")(*args), dense)
     assert_close(triton_op("sparse_mla_attention")(*args), dense, torch.float32,
                  ACCUMULATING_TOLERANCES)
+
+
+def test_the_reference_selects_on_the_cpu_as_transformers_over_its_own_rows() -> None:
+    """On the CPU each token's row is its sequence's seq_lens positions, -inf past its
+    own, and k = min(top_k, that length): transformers' row, whose ties torch.topk breaks
+    by the whole row. So a sequence selects alike alone or beside a longer one (whose
+    length widens the block table's used width)."""
+    gen = torch.Generator().manual_seed(3)
+    cached, new = [9, 30, 0], [1, 2, 7]
+    tables, seq_lens, starts, tokens = _batch(gen, cached, new, 0)
+    tables, seq_lens, starts = tables.cpu(), seq_lens.cpu(), starts.cpu()
+    # Keys and queries of a few levels and one head: many exactly equal scores.
+    cache = torch.randint(-1, 2, (3 * TABLE_WIDTH + 2, BLOCK_SIZE, 16), generator=gen).float()
+    q = torch.randint(-1, 2, (tokens, 1, 16), generator=gen).float()
+    weights = torch.ones(tokens, 1)
+    args = (q, weights, cache, tables, seq_lens, starts, 0.25)
+    top_k = 4
+    chosen = torch_op("dsa_index_topk")(*args, top_k)
+    scores = index_scores(*args)
+    for b, (lo, hi) in enumerate(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)):
+        length = int(seq_lens[b])
+        for t in range(lo, hi):
+            picked = torch.topk(scores[t, :length], min(top_k, length)).indices.tolist()
+            want = sorted(p for p in picked if scores[t, p] > float("-inf"))
+            assert chosen[t].tolist() == want + [-1] * (top_k - len(want)), (b, t)
+        alone = torch_op("dsa_index_topk")(
+            q[lo:hi], weights[lo:hi], cache, tables[b:b + 1], seq_lens[b:b + 1],
+            torch.tensor([0, hi - lo], dtype=torch.int32), 0.25, top_k)
+        assert torch.equal(alone, chosen[lo:hi]), b
+    ordered = scores.sort(dim=-1, descending=True).values
+    cut = ordered[:, top_k]
+    assert bool(((ordered[:, top_k - 1] == cut) & (cut > float("-inf"))).any()), "no tie at a cut"

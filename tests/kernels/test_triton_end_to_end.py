@@ -48,12 +48,14 @@ MODELS: dict[str, dict[str, Any]] = {
         "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
     },
     # DSA over MLA with DeepSeek routing: the indexer's top-4 of prompts up to 37 tokens,
-    # and a layer that reuses the first one's selection.
+    # and a layer that reuses the first one's selection. 16 indexer heads, so hardly a
+    # score is exactly 0: equal scores at the cut go by CUDA's rule in the Triton kernel
+    # and by the CPU's torch.topk in the reference under the interpreter.
     "glm_moe_dsa": {
         "architectures": ["GlmMoeDsaForCausalLM"], "q_lora_rank": 32, "kv_lora_rank": 32,
         "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
         "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-        "first_k_dense_replace": 1, "index_topk": 4, "index_n_heads": 4,
+        "first_k_dense_replace": 1, "index_topk": 4, "index_n_heads": 16,
         "index_head_dim": 32, "indexer_types": ["full", "shared"],
     },
 }
