@@ -173,21 +173,25 @@ def contradiction_text(record: dict[str, Any], path: Path, *, kept: bool) -> str
         return ""
     by_id = {c["id"]: c for c in record["configurations"]}
     pick = record["pick"]
-    batch, compared = lost[0]
-    alternative = compared["alternative"]
-    levels = by_id[alternative]["levels"]
-    changed = [k for k, v in levels.items() if pick["decision"].get(k) != v]
-    batches = ", ".join(b for b, _ in lost)
-    lines = [
-        "",
-        f"the policy's pick {pick['config']} loses to {alternative} at batch size(s) {batches}",
-        f"  decided by: {decided_by_text(record, changed)}",
-    ]
-    entry, policy_file = evidence_entry(record, alternative, path)
-    where = (f"relative to {policy_file}, as `policy check` reads it" if policy_file
-             else "as written")
-    lines.append(f"  the evidence a reviewer attaches to a rule that changes it ({where}):")
-    lines += [f"    {line}" for line in entry]
+    # The alternative that beats the pick can differ between batch sizes: one entry each.
+    by_alternative: dict[str, list[str]] = {}
+    for batch, compared in lost:
+        by_alternative.setdefault(compared["alternative"], []).append(batch)
+    lines = []
+    for alternative, batches in by_alternative.items():
+        levels = by_id[alternative]["levels"]
+        changed = [k for k, v in levels.items() if pick["decision"].get(k) != v]
+        lines += [
+            "",
+            f"the policy's pick {pick['config']} loses to {alternative} at batch size(s) "
+            f"{', '.join(batches)}",
+            f"  decided by: {decided_by_text(record, changed)}",
+        ]
+        entry, policy_file = evidence_entry(record, alternative, path)
+        where = (f"relative to {policy_file}, as `policy check` reads it" if policy_file
+                 else "as written")
+        lines.append(f"  the evidence a reviewer attaches to a rule that changes it ({where}):")
+        lines += [f"    {line}" for line in entry]
     if not kept:
         lines.append("  (the record is under the cache directory: measure with --record "
                      "evidence/NAME.json to keep it with the policy)")

@@ -93,3 +93,71 @@ def test_a_pick_that_wins_is_marked_and_passes_the_gate(cli, shared_tiny_model, 
     assert "loses to" not in res.out
     compared = json.loads((tmp_path / "r.json").read_text())["analysis"]["batch_sizes"]["1"]
     assert compared["pick"]["beaten"] is False and compared["pick"]["margin"]["high"] < 0
+
+
+def _samples(tpot: dict[str, list[float]], batch_size: int = 1) -> list[dict[str, object]]:
+    return [
+        {"config": cid, "batch_size": batch_size, "block": block, "warmup": False,
+         "tpot_ms": value, "ttft_ms": value, "throughput_tok_s": 1000 / value}
+        for cid, values in tpot.items() for block, value in enumerate(values)
+    ]
+
+
+def test_the_pick_is_compared_on_the_benchs_own_test() -> None:
+    from interlock.bench.analysis import analyse
+
+    noise = [0.0, 0.3, -0.2, 0.1, -0.1]
+    tpot = {"c0": [10 + n for n in noise], "c1": [40 + n for n in noise],
+            "c2": [25 + n for n in noise]}
+    factors = {"runner": ["a", "b", "c"]}
+    entry = analyse(_samples(tpot), list(tpot), factors, [1], complete=True, seed=0,
+                    pick="c1")["batch_sizes"]["1"]
+    # Both others beat it significantly: the fastest of them is named.
+    assert entry["pick"]["alternative"] == "c0" and entry["pick"]["beaten"] is True
+    assert entry["pick"]["margin"]["value"] == 30.0
+    winner = analyse(_samples(tpot), list(tpot), factors, [1], complete=True, seed=0,
+                     pick="c0")["batch_sizes"]["1"]["pick"]
+    assert winner["alternative"] == "c2" and winner["beaten"] is False
+    assert winner["margin"]["high"] < 0
+    # From fewer than MIN_TRIALS trials no claim is made, however large the gap.
+    few = {cid: values[: MIN_TRIALS - 1] for cid, values in tpot.items()}
+    entry = analyse(_samples(few), list(few), factors, [1], complete=True, seed=0,
+                    pick="c1")["batch_sizes"]["1"]
+    assert entry["pick"]["beaten"] is False and entry["pick"]["margin"]["low"] > 0
+
+
+def test_each_alternative_that_beats_the_pick_gets_its_entry(tmp_path: Path) -> None:
+    from interlock.bench.render import contradiction_text
+
+    def compared(alternative: str) -> dict[str, object]:
+        return {"config": "c1", "alternative": alternative, "metric": "tpot_ms",
+                "margin": {"value": 3.0, "low": 2.0, "high": 4.0, "significant": True},
+                "beaten": True}
+
+    record = {
+        "context": {"architecture": "X", "platform": "cpu", "device_arch": ""},
+        "pick": {"config": "c1", "decision": {"runner": "b", "breakable": False},
+                 "decided_by": {"runner": {"by": "override", "file": None, "line": None},
+                                "breakable": {"by": "defaults", "file": None, "line": None}}},
+        "configurations": [
+            {"id": "c0", "levels": {"runner": "a", "breakable": False}},
+            {"id": "c1", "levels": {"runner": "b", "breakable": False}},
+            {"id": "c2", "levels": {"runner": "b", "breakable": True}},
+        ],
+        "analysis": {"batch_sizes": {"1": {"pick": compared("c0")},
+                                     "8": {"pick": compared("c2")}}},
+    }
+    text = contradiction_text(record, tmp_path / "r.json", kept=False)
+    assert "the policy's pick c1 loses to c0 at batch size(s) 1\n" in text
+    assert "  decided by: runner=b by override\n" in text
+    assert "    set: {runner: a}\n" in text
+    assert "the policy's pick c1 loses to c2 at batch size(s) 8\n" in text
+    assert "  decided by: breakable=false by defaults\n" in text
+    assert "    set: {breakable: true}\n" in text
+    # No policy file decided it: the record's path as written; kept under the cache: said.
+    assert "(as written):\n    when: {platform: cpu, architecture: X}" in text
+    assert f"    evidence: [{tmp_path / 'r.json'}]" in text
+    assert "measure with --record evidence/NAME.json" in text
+    record["analysis"]["batch_sizes"]["1"]["pick"]["beaten"] = False
+    record["analysis"]["batch_sizes"]["8"]["pick"]["beaten"] = False
+    assert contradiction_text(record, tmp_path / "r.json", kept=True) == ""
