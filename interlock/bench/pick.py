@@ -41,7 +41,9 @@ def policy_pick(
             }
     return {
         "config": config,
-        "decision": {name: decision[name] for name in factors if name in decision},
+        # As the record's levels are written (JSON lists), so that the two compare.
+        "decision": {name: list(v) if isinstance(v := decision[name], tuple) else v
+                     for name in factors if name in decision},
         "decided_by": decided_by,
     }
 
@@ -57,7 +59,8 @@ def beaten(record: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def decided_by_text(record: Mapping[str, Any], fields: Sequence[str] | None = None) -> str:
-    """``runner by defaults (policies.yaml:83)``; for ``fields`` (default: every varied)."""
+    """``runner=mrv2 by defaults (policies.yaml:79)``, for ``fields`` (default: every varied
+    field)."""
     pick = record.get("pick") or {}
     parts = []
     for name, who in pick.get("decided_by", {}).items():
