@@ -327,11 +327,16 @@ def _bindings_text(states: list[EnvState], domain: Domain, *, set_verb: bool = T
 
 
 def render_text(diff: PolicyDiff) -> str:
-    """The human report; empty when the policies decide alike. When the domain enumerates
-    config, model or engine states, the report says so first."""
+    """The human report; when the policies decide alike, one line saying so and over how many
+    contexts. When the domain enumerates config, model or engine states, the report says so
+    first."""
+    if diff.equal:
+        every = tuple(diff.fields) == tuple(DECISION_FIELDS)
+        fields = "" if every else f" (fields {', '.join(diff.fields)})"
+        return f"no decision differs over {diff.domain.size()} contexts{fields}\n"
     lines: list[str] = []
     enumerated = diff.domain.describe_enumeration()
-    if enumerated and not diff.equal:
+    if enumerated:
         lines += [f"compared over {line}" for line in enumerated] + [""]
     for group in diff.groups():
         lines.append(f"{group.field}: {group.old} → {group.new}")

@@ -37,10 +37,22 @@ class FastestModel(_Model):
     lead: EstimateModel | None = None
 
 
+class PickComparisonModel(_Model):
+    """The policy's pick against the fastest alternative that beats it significantly, else
+    the fastest alternative: the pick's metric minus the alternative's."""
+
+    config: _Name
+    alternative: _Name
+    metric: _Name
+    margin: EstimateModel
+    beaten: bool
+
+
 class BatchAnalysisModel(_Model):
     configurations: dict[_Name, dict[_Name, EstimateModel]]
     effects: dict[_Name, list[EffectModel]] | None = None
     fastest: FastestModel | None = None
+    pick: PickComparisonModel | None = None
 
 
 class AnalysisModel(_Model):
@@ -80,6 +92,22 @@ class ConfigurationModel(BaseModel):
     decision: dict[_Name, Any]
 
 
+class DeciderModel(_Model):
+    #: ``rule rocm-dsa``, ``defaults``, ``env VAR=1``, ``override``.
+    by: _Name
+    file: str | None
+    line: Annotated[int, Field(ge=1)] | None
+
+
+class PickModel(_Model):
+    """The configuration the policy decides here with no level forced (None: not measured),
+    its values of the varied fields, and what decided each."""
+
+    config: str | None
+    decision: dict[_Name, Any]
+    decided_by: dict[_Name, DeciderModel]
+
+
 class EvidenceRecordModel(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     schema_: Literal[RECORD_SCHEMA] = Field(alias="schema")  # type: ignore[valid-type]
@@ -91,6 +119,8 @@ class EvidenceRecordModel(BaseModel):
     context: ContextModel
     workload: dict[_Name, Any]
     factors: dict[_Name, Annotated[list[Any], Field(min_length=2)]]
+    #: Absent in records written before the pick was recorded, and in `policy diff`'s.
+    pick: PickModel | None = None
     configurations: list[ConfigurationModel]
     skipped: list[dict[_Name, Any]]
     samples: Annotated[list[dict[_Name, Any]], Field(min_length=1)]

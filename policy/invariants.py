@@ -6,6 +6,11 @@ arch x feature, config, model, engine and env state it mentions) stands for
 every context. An invariant is checked on each context of the domain its
 ``forall`` selects; each context that violates it is a :class:`Counterexample`
 with its decision and the rule (file:line) that decided the fields concerned.
+
+Counterexamples are ordered simplest witness first (:func:`simplest_first`): one per
+distinct violation (what decided the fields concerned, on which architecture) with
+no env override and the fewest facts set, then the variants; a text report shows the
+first :data:`SHOWN` and says how many there are.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ from interlock.core.errors import PolicyError
 from interlock.policy.conditions import build_when
 from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
-from interlock.policy.domain import Domain
+from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain
 from interlock.policy.model import Policy
 from interlock.policy.resolution import CapabilityCheck, Resolution, context_facts, resolve
 from interlock.policy.testfile import LoadedInvariant
 
 #: Counterexamples a text report shows per invariant (all are counted).
 SHOWN = 10
+#: The `policy test` flag that shows every counterexample.
+ALL_FLAG = "--all-counterexamples"
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,24 @@ class Counterexample:
         decision = " ".join(f"{k}={show_value(v)}" for k, v in self.decision.items())
         who = "; ".join(f"{k} by {d}" for k, d in self.deciders.items())
         return f"{head}: decision {decision}; {who}"
+
+    def violation(self) -> tuple[str, tuple[tuple[str, str], ...], str | None]:
+        """What tells violations apart: the architecture and what decided the fields
+        concerned (or the resolution error)."""
+        return self.context.architecture, tuple(self.deciders.items()), self.error
+
+    def complexity(self) -> tuple[int, int]:
+        """(env overrides, other facts set): a named device arch, features, a model
+        config, model names and engine versions each count one."""
+        ctx = self.context
+        facts = (
+            (ctx.device_arch != UNNAMED_DEVICE_ARCH)
+            + len(ctx.features)
+            + (ctx.config is not None)
+            + len(ctx.identity)
+            + len(ctx.engine)
+        )
+        return len(ctx.env), facts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,7 +115,9 @@ class InvariantResult:
         return (f"{scope}: {_fields_text(_set(inv.implies.if_))} implies "
                 f"{_fields_text(_set(inv.implies.then))}")
 
-    def render(self) -> list[str]:
+    def render(self, *, limit: int | None = SHOWN) -> list[str]:
+        """The report's lines: every counterexample when ``limit`` is None, else the first
+        ``limit`` and a line saying how many there are."""
         where = self.invariant.at()
         verdict = "PASS" if self.passed else "FAIL"
         head = f"{verdict}  invariant: {self.invariant.name}"
@@ -101,9 +128,14 @@ class InvariantResult:
             f"      {self.claim()}: {len(self.counterexamples)} counterexample(s) in "
             f"{self.checked} contexts",
         ]
-        lines += [f"      counterexample: {c.describe()}" for c in self.counterexamples[:SHOWN]]
-        if len(self.counterexamples) > SHOWN:
-            lines.append(f"      … and {len(self.counterexamples) - SHOWN} more")
+        total = len(self.counterexamples)
+        if limit is not None and total > limit:
+            lines.append(
+                f"      showing {limit} of {total} counterexamples, the simplest witness of each "
+                f"distinct violation first ({ALL_FLAG} shows all {total})"
+            )
+        shown = self.counterexamples if limit is None else self.counterexamples[:limit]
+        lines += [f"      counterexample: {c.describe()}" for c in shown]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,7 +185,21 @@ def check_invariants(
             example = _violation(result.invariant, context, resolution, error)
             if example is not None:
                 result.counterexamples.append(example)
+    for result in results:
+        result.counterexamples = simplest_first(result.counterexamples)
     return results
+
+
+def simplest_first(examples: Sequence[Counterexample]) -> list[Counterexample]:
+    """The simplest witness of each distinct violation (fewest env overrides, then fewest
+    facts set; domain order breaks ties), in that order, then every other counterexample
+    in the same order: the plain case an edit changed is not buried under env variants."""
+    ranked = sorted(examples, key=Counterexample.complexity)  # stable: domain order on ties
+    first: dict[Any, Counterexample] = {}
+    for example in ranked:
+        first.setdefault(example.violation(), example)
+    heads = {id(e) for e in first.values()}
+    return [*first.values(), *(e for e in ranked if id(e) not in heads)]
 
 
 def _violation(

@@ -392,7 +392,7 @@ def unreachable_config(subject: Subject) -> Iterator[Finding]:
 def invariants(subject: Subject) -> Iterator[Finding]:
     """Errors: an invariant of the tests file beside the policy that a context of the domain
     violates (policy stages only; `policy test` adds the runners' capabilities)."""
-    from interlock.policy.invariants import check_invariants
+    from interlock.policy.invariants import ALL_FLAG, check_invariants
 
     if subject.tests is None:
         return
@@ -401,7 +401,8 @@ def invariants(subject: Subject) -> Iterator[Finding]:
             continue
         examples = result.counterexamples
         text = "; ".join(f"counterexample: {c.describe()}" for c in examples[:3])
-        more = f"; … and {len(examples) - 3} more (policy test)" if len(examples) > 3 else ""
+        more = (f"; … and {len(examples) - 3} more (policy test {ALL_FLAG})"
+                if len(examples) > 3 else "")
         yield subject.finding(
             result.invariant.at(),
             ERROR,

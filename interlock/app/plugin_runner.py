@@ -11,9 +11,9 @@ built-in runners are not wrapped: a failure there is interlock's.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from interlock.core.errors import InterlockError
@@ -29,20 +29,28 @@ from interlock.runners.contract import (
 )
 
 T = TypeVar("T")
-#: interlock's own source folders: a frame outside them is the plugin's (or a library's).
-_OURS = tuple(
-    str(Path(p).resolve()) + os.sep
-    for p in {str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])}
-)
+
+
+def _own_files() -> frozenset[str]:
+    """The files of interlock's own modules imported so far (``interlock`` and its
+    subpackages, wherever the package-dir mapping or a wheel put them). Not a folder prefix:
+    a checkout's root also holds its ``.venv`` and any plugin project developed beside it."""
+    return frozenset(
+        os.path.realpath(file)
+        for name, module in list(sys.modules.items())
+        if (name == "interlock" or name.startswith("interlock."))
+        and isinstance(file := getattr(module, "__file__", None), str)
+    )
 
 
 def plugin_line(exc: BaseException) -> str | None:
     """``file:line`` of the innermost frame of ``exc`` outside interlock's own code (the
     plugin's line; a library it called is below it, so the last frame outside interlock
     that is not in site-packages wins when there is one)."""
+    ours = _own_files()
     frames = [
         f for f in traceback.extract_tb(exc.__traceback__)
-        if not str(Path(f.filename).resolve()).startswith(_OURS) and not f.filename.startswith("<")
+        if not f.filename.startswith("<") and os.path.realpath(f.filename) not in ours
     ]
     own = [f for f in frames if "site-packages" not in f.filename] or frames
     return f"{own[-1].filename}:{own[-1].lineno}" if own else None

@@ -50,6 +50,7 @@ def run(
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
     from interlock.bench.harness import resolve_design
+    from interlock.bench.pick import policy_pick
     from interlock.core.decision import check_field
     from interlock.core.errors import PolicyError
     from interlock.model_run import check_runs_here, process_env
@@ -92,6 +93,7 @@ def run(
     return measure(
         model, base, configs, skipped, factors, workload, policy=loaded_policy.stamp(),
         dtype=dtype, load_format=load_format, progress=progress, command=command,
+        pick=policy_pick(base, [(c.id, c.resolution) for c in configs], list(factors)),
     )
 
 
@@ -140,8 +142,11 @@ def measure(
     load_format: str,
     progress: Progress | None,
     command: str | None,
+    pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Load ``configs`` (resolutions of ``model``), run the trials and build the record."""
+    """Load ``configs`` (resolutions of ``model``), run the trials and build the record;
+    ``pick``: the policy's pick (:func:`interlock.bench.pick.policy_pick`), None when the
+    configurations are not the policy's alternatives (``policy diff --measure``)."""
     from interlock.bench.analysis import analyse
     from interlock.bench.harness import config_hash, load_configs, prompt_token_ids, run_trials
     from interlock.model_run import model_target
@@ -201,6 +206,7 @@ def measure(
         "workload": {**workload.to_dict(), "prompt_token_ids": prompt},
         "factors": {name: _jsonable(levels) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),
+        **({"pick": pick} if pick is not None else {}),
         "configurations": [
             {
                 "id": c.config.id,
@@ -233,7 +239,7 @@ def measure(
         },
         "analysis": analyse(
             samples, ids, factors, workload.batch_sizes, complete=not skipped,
-            seed=workload.seed,
+            seed=workload.seed, pick=None if pick is None else pick["config"],
         ),
     }
 

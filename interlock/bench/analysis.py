@@ -1,5 +1,6 @@
 """The analysis of a bench record's samples: per configuration medians with bootstrap
-intervals, the 2^k effects, the fastest configuration and its lead (all per batch size)."""
+intervals, the 2^k effects, the fastest configuration and its lead, and the policy's pick
+against the fastest alternative (all per batch size)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def analyse(
     *,
     complete: bool,
     seed: int,
+    pick: str | None = None,
 ) -> dict[str, Any]:
     """The ``analysis`` of a record. ``complete``: every combination of the factors ran, so
-    with two levels each the effects are defined."""
+    with two levels each the effects are defined. ``pick``: the configuration the policy
+    decides here (see :mod:`interlock.bench.pick`), compared with the alternatives."""
     two_level = bool(factors) and all(len(levels) == 2 for levels in factors.values())
     effects_note = None
     if not factors:
@@ -83,6 +86,11 @@ def analyse(
             }
         elif config_ids:
             entry["fastest"] = {"config": config_ids[0], "runner_up": None, "metric": SPEED_METRIC}
+        if pick is not None and len(config_ids) > 1:
+            entry["pick"] = _pick(
+                config_ids, config_ids.index(pick), medians[SPEED_METRIC], draws[SPEED_METRIC],
+                trials,
+            )
         per_batch[str(batch_size)] = entry
     return {
         "method": "median per configuration; percentile bootstrap over whole blocks "
@@ -95,6 +103,28 @@ def analyse(
         "min_trials": MIN_TRIALS,
         "claims": trials >= MIN_TRIALS,
         "batch_sizes": per_batch,
+    }
+
+
+def _pick(
+    config_ids: Sequence[str], pick: int, medians: np.ndarray, draws: np.ndarray, trials: int
+) -> dict[str, Any]:
+    """The pick against the fastest alternative that beats it significantly (its TPOT minus
+    the alternative's, on the same bootstrap draws as every other interval), else against
+    the fastest alternative."""
+    margins = {
+        j: interval(draws[:, pick] - draws[:, j], float(medians[pick] - medians[j]),
+                    trials=trials)
+        for j in range(len(config_ids)) if j != pick
+    }
+    faster = [j for j, m in margins.items() if m.significant and m.low > 0]
+    alternative = min(faster or margins, key=lambda j: (medians[j], j))
+    return {
+        "config": config_ids[pick],
+        "alternative": config_ids[alternative],
+        "metric": SPEED_METRIC,
+        "margin": margins[alternative].to_dict(),
+        "beaten": bool(faster),
     }
 
 

@@ -349,8 +349,10 @@ def measure_engine(
     decision_log: str | None,
     progress: Progress | None,
     command: str | None,
+    pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the design on ``vllm serve`` and build the evidence record."""
+    """Run the design on ``vllm serve`` and build the evidence record; ``pick`` as
+    :func:`interlock.bench.measure` takes it."""
     from interlock import decision_log as records
     from interlock.bench.analysis import analyse
     from interlock.bench.design import block_order
@@ -463,6 +465,7 @@ def measure_engine(
         "workload": workload.to_dict(),
         "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),
+        **({"pick": pick} if pick is not None else {}),
         "configurations": [
             {
                 "id": c.id, "label": c.label, "levels": _jsonable(c.levels),
@@ -484,7 +487,8 @@ def measure_engine(
         },
         "samples": samples,
         "analysis": analyse(samples, ids, factors, [workload.concurrency],
-                            complete=not skipped, seed=workload.seed),
+                            complete=not skipped, seed=workload.seed,
+                            pick=None if pick is None else pick["config"]),
         "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),
     }
 

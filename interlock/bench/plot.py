@@ -1,12 +1,14 @@
-"""``policy bench --plot FILE.svg|png``: TPOT per configuration with its interval, and the
-effects as bars with theirs (matplotlib, from the optional extra ``interlock[bench]``)."""
+"""``policy bench --plot FILE.svg|png``: TPOT per configuration with its interval (the
+policy's pick marked, and whether an alternative beats it), and the effects as bars with
+theirs (matplotlib, from the optional extra ``interlock[bench]``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from interlock.bench.render import effect_text
+from interlock.bench.pick import beaten
+from interlock.bench.render import PICK_MARK, effect_text
 from interlock.core.errors import InputError
 
 FORMATS = (".svg", ".png")
@@ -33,6 +35,12 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
     # An engine record's accuracy gate: a flagged cell says so beside its bar.
     for cid in (record.get("accuracy") or {}).get("flagged", []):
         labels[cid] += " [outputs diverge]"
+    pick = (record.get("pick") or {}).get("config")
+    if pick is not None:
+        lost = [batch for batch, _ in beaten(record)]
+        labels[pick] += f"  {PICK_MARK}" + (
+            f" (beaten, batch {', '.join(lost)})" if lost else ""
+        )
     first = next(iter(batches.values()))
     effects = (first.get("effects") or {}).get("tpot_ms") or []
     panels = 2 if effects else 1
@@ -54,6 +62,9 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
         )
     ax.set_yticks([i + height * (len(batches) - 1) / 2 for i in range(len(labels))])
     ax.set_yticklabels([f"{cid}: {label}" for cid, label in labels.items()], fontsize=8)
+    for tick, cid in zip(ax.get_yticklabels(), labels, strict=True):
+        if cid == pick:
+            tick.set_fontweight("bold")
     ax.set_xlabel("TPOT, ms/token (median, 95% CI)")
     ax.legend(fontsize=8)
     if effects:

@@ -1,12 +1,17 @@
-"""A bench record as text: the configurations table, the effects, the fastest, what was
-skipped, and the harness's overhead."""
+"""A bench record as text: the configurations table (the policy's pick marked), the
+effects, the fastest, the pick against the alternatives, what was skipped, and the
+harness's overhead."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from interlock.bench.stats import MIN_TRIALS
 from interlock.core.fields import show_scalar
+
+#: Beside the policy's pick in the table (and the plot's labels).
+PICK_MARK = "← policy's pick"
 
 
 def render_text(record: dict[str, Any]) -> str:
@@ -24,6 +29,7 @@ def render_text(record: dict[str, Any]) -> str:
     columns = factors or ["runner", "cudagraph", "breakable"]
     by_id = {c["id"]: c for c in configs}
     claims = record["analysis"].get("claims") is not False
+    pick = (record.get("pick") or {}).get("config")
     for batch, entry in record["analysis"]["batch_sizes"].items():
         lines += ["", f"batch {batch}"]
         header = ["config", *columns, "TPOT ms [95% CI]", "TTFT ms [95% CI]", "tokens/s"]
@@ -40,8 +46,10 @@ def render_text(record: dict[str, Any]) -> str:
                     _interval(metrics["tpot_ms"]),
                     _interval(metrics["ttft_ms"]),
                     f"{metrics['throughput_tok_s']['value']:.1f}",
+                    PICK_MARK if cid == pick else "",
                 ]
             )
+        header.append("")
         lines += _table(header, rows)
         effects = (entry.get("effects") or {}).get("tpot_ms")
         if effects:
@@ -50,6 +58,8 @@ def render_text(record: dict[str, Any]) -> str:
         fastest = entry.get("fastest")
         if fastest:
             lines.append(f"  fastest: {_fastest(fastest, by_id, claims)}")
+        if "pick" in record:
+            lines.append(f"  policy's pick: {_pick(record, entry.get('pick'), by_id, claims)}")
     if not claims:
         lines += ["", f"significance: not claimed, {work['trials']} trials per configuration "
                   f"is fewer than {MIN_TRIALS} (rerun with --trials {MIN_TRIALS} or more)"]
@@ -129,6 +139,63 @@ def _fastest(fastest: dict[str, Any], by_id: dict[str, Any], claims: bool = True
         f"{best}, ahead of {fastest['runner_up']} by {lead['value']:.2f} ms/token "
         f"[{lead['low']:.2f}, {lead['high']:.2f}]: {verdict(lead, claims)}"
     )
+
+
+def _pick(
+    record: dict[str, Any], compared: dict[str, Any] | None, by_id: dict[str, Any], claims: bool
+) -> str:
+    """The pick against the fastest alternative (or the one that beats it), at one batch."""
+    pick = record["pick"]
+    if pick["config"] is None:
+        shown = " ".join(f"{k}={show_scalar(_value(v))}" for k, v in pick["decision"].items())
+        return f"{shown or 'its decision'}, not among the measured configurations"
+    best = f"{pick['config']} ({by_id[pick['config']]['label']})"
+    if compared is None:
+        return f"{best}, the only configuration"
+    other = f"{compared['alternative']} ({by_id[compared['alternative']]['label']})"
+    margin = compared["margin"]
+    interval = f"[{margin['low']:+.2f}, {margin['high']:+.2f}]"
+    if compared["beaten"]:
+        return (f"{best}, slower than {other} by {margin['value']:.2f} ms/token {interval}: "
+                "significant, the measurement contradicts the policy")
+    return (f"{best}; the fastest alternative {other} differs by {margin['value']:+.2f} "
+            f"ms/token {interval}: {verdict(margin, claims)}")
+
+
+def contradiction_text(record: dict[str, Any], path: Path, *, kept: bool) -> str:
+    """When an alternative beats the policy's pick significantly: which rule decided the
+    pick (file:line) and the evidence entry of a rule that changes it, citing the record
+    at ``path`` (``kept``: written where --record said, not under the cache directory)."""
+    from interlock.bench.pick import beaten, decided_by_text, evidence_entry
+
+    lost = beaten(record)
+    if not lost:
+        return ""
+    by_id = {c["id"]: c for c in record["configurations"]}
+    pick = record["pick"]
+    # The alternative that beats the pick can differ between batch sizes: one entry each.
+    by_alternative: dict[str, list[str]] = {}
+    for batch, compared in lost:
+        by_alternative.setdefault(compared["alternative"], []).append(batch)
+    lines = []
+    for alternative, batches in by_alternative.items():
+        levels = by_id[alternative]["levels"]
+        changed = [k for k, v in levels.items() if pick["decision"].get(k) != v]
+        lines += [
+            "",
+            f"the policy's pick {pick['config']} loses to {alternative} at batch size(s) "
+            f"{', '.join(batches)}",
+            f"  decided by: {decided_by_text(record, changed)}",
+        ]
+        entry, policy_file = evidence_entry(record, alternative, path)
+        where = (f"relative to {policy_file}, as `policy check` reads it" if policy_file
+                 else "as written")
+        lines.append(f"  the evidence a reviewer attaches to a rule that changes it ({where}):")
+        lines += [f"    {line}" for line in entry]
+    if not kept:
+        lines.append("  (the record is under the cache directory: measure with --record "
+                     "evidence/NAME.json to keep it with the policy)")
+    return "\n".join(lines) + "\n"
 
 
 def _interval(estimate: dict[str, Any]) -> str:

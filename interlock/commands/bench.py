@@ -38,8 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run MODEL through the runner plugins under every combination of the "
         "--vary levels (the other fields as the policy decides here), interleaving trials in "
         "blocks, and report per-configuration medians with bootstrap 95 % intervals, the 2^k "
-        "main effects and interactions, and the fastest configuration. Exit 0 ok, 1 policy, "
-        "model or input error, 2 usage error.",
+        "main effects and interactions, and the fastest configuration. The configuration the "
+        "policy picks here is marked; when a measured alternative beats it significantly, the "
+        "report says so, names the rule that decided it and prints the evidence entry for a "
+        "rule that changes it. Exit 0 ok, 1 policy, model or input error (or, with "
+        "--fail-if-pick-loses, a pick that loses), 2 usage error.",
     )
     parser.add_argument("model", metavar="MODEL", help="model directory, or `demo`")
     parser.add_argument(
@@ -54,6 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--record", metavar="FILE", help="write the record here (default: under the cache dir)"
     )
     parser.add_argument("--plot", metavar="FILE", help="draw TPOT and the effects (.svg/.png)")
+    parser.add_argument(
+        "--fail-if-pick-loses", action="store_true",
+        help="exit 1 when a measured alternative beats the policy's pick significantly "
+        "(TPOT, the bench's own test), for CI",
+    )
     add_engine_args(parser)
     parser.set_defaults(run=run)
 
@@ -259,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
     """Write the record (and the plot), print it; for an engine record, the accuracy gate's
     exit status."""
-    from interlock.bench.render import render_text
+    from interlock.bench.pick import beaten
+    from interlock.bench.render import contradiction_text, render_text
 
     path = write_record(record, args.record)
     if args.plot:
@@ -273,17 +282,23 @@ def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
         write_json(record)
     else:
         sys.stdout.write(render_text(record))
+        sys.stdout.write(contradiction_text(record, path, kept=args.record is not None))
         if args.plot:
             print(f"plot: {args.plot}")
     sys.stdout.flush()
     print(f"record: {path}", file=sys.stderr)
     flagged = (record.get("accuracy") or {}).get("flagged") or []
-    return 1 if flagged and args.fail_on_divergence else 0
+    loses = bool(beaten(record)) and args.fail_if_pick_loses
+    if loses:
+        print("policy: error: a measured alternative beats the policy's pick significantly, "
+              "and --fail-if-pick-loses fails it", file=sys.stderr)
+    return 1 if (flagged and args.fail_on_divergence) or loses else 0
 
 
 def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     """``--engine vllm``: the cells on `vllm serve` (interlock.bench.engine)."""
     from interlock.bench.engine import resolve_cells
+    from interlock.bench.pick import policy_pick
     from interlock.core.errors import PolicyError
 
     policy = load(args)
@@ -296,6 +311,7 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     record = measure_on_engine(
         args, setup, base, cells, skipped, vary, policy.stamp(),
         command_line(("bench", "--engine", "vllm", args.model), args),
+        pick=policy_pick(base, [(c.id, c.resolution) for c in cells], list(vary)),
     )
     return _finish(args, record)
 
@@ -368,9 +384,10 @@ def engine_setup(
 def measure_on_engine(
     args: argparse.Namespace, setup: EngineSetup, base: Any, cells: list[Any],
     skipped: list[dict[str, Any]], factors: dict[str, list[Any]], policy: dict[str, Any],
-    command: str,
+    command: str, pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the cells on `vllm serve` with a progress bar; the record."""
+    """Run the cells on `vllm serve` with a progress bar; the record (``pick``: the
+    policy's pick among the cells, None for ``policy diff``'s old and new)."""
     from interlock import decision_log
     from interlock.bench.engine import measure_engine
 
@@ -381,7 +398,7 @@ def measure_on_engine(
             accuracy_prompts=setup.prompts, accuracy_answers=setup.answers,
             startup_timeout=args.startup_timeout, vllm_version=setup.version,
             port=args.port, decision_log=decision_log.log_path(args.decision_log),
-            progress=bar, command=command,
+            progress=bar, command=command, pick=pick,
         )
     finally:
         if bar is not None:

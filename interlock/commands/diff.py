@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Resolve both policies on every context of their common finite domain "
         "(catalog architectures x platforms x device archs they mention, plus one unnamed per "
         "platform, x feature values x env states) and print the decisions that differ, grouped "
-        "by change, with the rule that decided each side. Prints nothing when they agree.",
+        "by change, with the rule that decided each side. When they agree, prints 'no decision "
+        "differs over N contexts' and exits 0.",
     )
     for side in ("old", "new"):
         parser.add_argument(

@@ -11,6 +11,8 @@ from interlock.commands.common import add_policy_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from interlock.policy.invariants import ALL_FLAG, SHOWN
+
     parser = subparsers.add_parser(
         "test",
         help="run policy test cases (policies.tests.yaml)",
@@ -20,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the policy: X.tests.yaml for X.yaml. Prints each case, 'N passed, M failed' and rule "
         "coverage; a case whose architecture is not in the catalog gets a warning. Invariants "
         "are checked over the policy's whole finite domain, a violation shown as a "
-        "counterexample: the context, its decision and the rule that decided it. Exit 1 "
+        "counterexample: the context, its decision and the rule that decided it; the text "
+        "report shows the simplest witness of each distinct violation first and at most "
+        f"{SHOWN} per invariant, saying how many there are ({ALL_FLAG}: all). Exit 1 "
         "when a case or an invariant fails (or a case warns, under --strict) or coverage is "
         "below --min-coverage.",
     )
@@ -34,6 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="fail when fewer than PCT %% of the rules decided a field in some case",
     )
     parser.add_argument("--strict", action="store_true", help="fail a case that warns")
+    parser.add_argument(
+        ALL_FLAG,
+        action="store_true",
+        help=f"show every counterexample of a failing invariant, not the first {SHOWN} "
+        "(--json always lists all)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(run=run)
 
@@ -53,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from interlock.core.errors import PolicyError
     from interlock.core.terminal import use_color
     from interlock.plugins.capabilities import capability_stage
-    from interlock.policy.invariants import check_invariants
+    from interlock.policy.invariants import SHOWN, check_invariants
     from interlock.policy.loader import load_policy_sources, policy_paths, read_source
     from interlock.policy.policytest import (
         TestRun,
@@ -105,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"policy {' + '.join(f.path for f in run.policy.files)}:")
             for result in run.results:
                 print("\n".join(render_result(result, color=color)))
+            limit = None if args.all_counterexamples else SHOWN
             for invariant in results:
-                print("\n".join(invariant.render()))
+                print("\n".join(invariant.render(limit=limit)))
             print("\n".join(render_summary(run, results)))
         if warned and args.strict:
             print(f"policy: error: {warned} case(s) warn, and --strict fails them",

@@ -33,6 +33,7 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """install(dist, entry_points, modules): an installed-looking distribution on sys.path for
     one test; the plugin registry is rediscovered (and not cached) before and after."""
     import sys
+    import textwrap
 
     from plugin_builders import make_dist
 
@@ -44,12 +45,24 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     path = list(sys.path)
     site = tmp_path / "site"
 
-    def _install(dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
-        make_dist(site, dist, "1.0", entry_points, modules)
-        if str(site) not in sys.path:
-            sys.path.insert(0, str(site))
+    def _install(
+        dist: str, entry_points: dict[str, str], modules: dict[str, str], *,
+        at: Path | None = None, code_at: Path | None = None,
+    ) -> Path:
+        """``at``: the site folder (default: one under tmp_path); ``code_at``: where the
+        modules live instead, as an editable install keeps them in the project. Returns the
+        folder of the modules."""
+        root = site if at is None else at
+        make_dist(root, dist, "1.0", entry_points, {} if code_at else modules)
+        if code_at is not None:
+            code_at.mkdir(parents=True, exist_ok=True)
+            for module, source in modules.items():
+                (code_at / f"{module}.py").write_text(textwrap.dedent(source))
+        for folder in (root, code_at):
+            if folder is not None and str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
         plugins.reset()
-        return site
+        return root if code_at is None else code_at
 
     yield _install
     sys.path[:] = path

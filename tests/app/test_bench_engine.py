@@ -92,6 +92,15 @@ def test_the_bench_recovers_each_effect_and_no_interaction(bench: Bench) -> None
     assert record["accuracy"]["flagged"] == []
     assert all(s["itl_ms"] > 0 for s in record["samples"])
     assert "runner mrv1→mrv2" in proc.stdout and "accuracy: 50 prompts" in proc.stdout
+    # The shipped policy picks MRV2 without breakable graphs here, 3 ms/token slower than
+    # MRV1 on this fake: the report marks the pick and says the measurement contradicts it.
+    labels = {c["id"]: c["label"] for c in configs}
+    pick = record["pick"]["config"]
+    assert labels[pick] == "runner=mrv2 breakable=false"
+    compared = record["analysis"]["batch_sizes"]["2"]["pick"]
+    assert compared["beaten"] and labels[compared["alternative"]] == "runner=mrv1 breakable=false"
+    assert f"the policy's pick {pick} loses to {compared['alternative']}" in proc.stdout
+    assert "decided by: runner=mrv2 by defaults (policies.yaml:" in proc.stdout
 
 
 def test_the_accuracy_gate_flags_exactly_the_diverging_cell(bench: Bench, tmp_path: Path) -> None:

@@ -289,3 +289,27 @@ def test_unknown_architecture_is_explained_not_refused(cli) -> None:
     assert "not in the catalog: its traits are unknown" in out
     assert "did you mean 'GlmMoeDsaForCausalLM'?" in out
     assert "attention: wanted dsa, observed unknown" in out
+
+
+def test_diff_of_policies_that_decide_alike_says_so(cli, tmp_path: Path) -> None:
+    """Issue 43 item 3: not silence, a line saying over how many contexts nothing differs."""
+    from interlock.policy import load_policy
+    from interlock.policy.domain import Domain
+
+    # A reordered copy of the shipped policy decides alike: a real no-op edit.
+    site = tmp_path / "noop.yaml"
+    site.write_text(
+        "schema_version: 1\nversion: noop\nrules:\n"
+        "  - id: rocm-glm-mrv2\n"
+        "    when: {platform: rocm, architecture: GlmMoeDsaForCausalLM}\n"
+        "    set: {runner: mrv2}\n"
+        "    reason: GLM-5.2 runs MRV2 on ROCm, as the defaults already say\n"
+    )
+    stack = f"@shipped{os.pathsep}{site}"
+    contexts = Domain.of(load_policy(), load_policy([Path("@shipped"), site])).size()
+    res = cli("diff", "@shipped", stack)
+    assert (res.code, res.err) == (0, "")
+    assert res.out == f"no decision differs over {contexts} contexts\n"
+    assert cli("diff", "@shipped", stack, "--exit-code").code == 0
+    doc = cli("diff", "@shipped", stack, "--json").json()  # JSON stays one document
+    assert doc["equal"] is True and doc["changes"] == []

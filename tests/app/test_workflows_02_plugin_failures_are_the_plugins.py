@@ -4,7 +4,14 @@ distribution and the plugin's own file:line, not "a bug in interlock" (exit 70).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 SPECS = """
 from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
@@ -61,3 +68,38 @@ def test_a_working_plugin_runner_still_runs(cli, install) -> None:
     res = cli("run", "--model", "demo", "--set", "runner=flaky", "--max-tokens", "2",
               "--prompt-token-ids", "1,2,3", "--json")
     assert res.code == 0, res.err
+
+
+@pytest.fixture
+def in_checkout() -> Iterator[Path]:
+    """A folder inside this checkout, removed afterwards: where `make install` puts a
+    plugin (the checkout's .venv), or where a plugin project is developed beside it."""
+    folder = Path(tempfile.mkdtemp(dir=REPO, prefix=".test-plugin-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("layout", ["checkout .venv", "editable in the checkout",
+                                    "editable outside the checkout"])
+def test_the_plugin_line_is_found_wherever_the_plugin_is_installed(
+    cli, install, in_checkout: Path, tmp_path: Path, layout: str
+) -> None:
+    """Issue 43 item 2: interlock's own code is its package's files, not every file under
+    the checkout root (which holds the .venv the plugin is installed into)."""
+    modules = {"wf_flaky": SPECS, "wf_flaky_runner": RUNNER.format(what="load")}
+    venv_site = in_checkout / ".venv" / "lib" / "python3" / "site-packages"
+    if layout == "checkout .venv":
+        code = install("flaky-runners", {"flaky": "wf_flaky"}, modules, at=venv_site)
+    elif layout == "editable in the checkout":  # the metadata in .venv, the code in a project
+        code = install("flaky-runners", {"flaky": "wf_flaky"}, modules, at=venv_site,
+                       code_at=in_checkout / "flaky-runners" / "src")
+    else:
+        code = install("flaky-runners", {"flaky": "wf_flaky"}, modules,
+                       code_at=tmp_path / "flaky-runners" / "src")
+    assert code.is_relative_to(REPO) == (layout != "editable outside the checkout")
+    res = cli("run", "--model", "demo", "--set", "runner=flaky", "--max-tokens", "2",
+              "--prompt-token-ids", "1,2,3")
+    assert res.code == 3, res.err
+    assert f"(at {code / 'wf_flaky_runner.py'}:{LINES['load']})" in res.err

@@ -127,10 +127,16 @@ def test_text_report_names_the_change_the_place_and_both_deciders() -> None:
     assert lines[3] == f"    on rocm/* for GlmMoeDsaForCausalLM, unless {RUNNER_ENV} is set"
 
 
-def test_a_policy_against_itself_is_empty(shipped) -> None:
+def test_a_policy_against_itself_says_no_decision_differs(shipped) -> None:
     diff = diff_policies(shipped, load(SHIPPED))
     assert diff.equal
-    assert render_text(diff) == ""
+    contexts = diff.domain.size()
+    assert contexts > 0
+    assert render_text(diff) == f"no decision differs over {contexts} contexts\n"
+    runner_only = diff_policies(shipped, load(SHIPPED), ["runner"])
+    assert render_text(runner_only) == (
+        f"no decision differs over {contexts} contexts (fields runner)\n"
+    )
 
 
 def test_reordering_independent_rules_is_no_change() -> None:
@@ -251,7 +257,7 @@ def test_diff_command_exit_codes(capsys) -> None:
     from interlock.cli import main
 
     assert main(["diff", str(SHIPPED), str(SHIPPED), "--exit-code"]) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out.startswith("no decision differs over ")
     assert main(["diff", str(BEFORE_51653), str(BEFORE_53155)]) == 0
     assert capsys.readouterr().out.startswith("runner: mrv1 → mrv2\n")
     assert main(["diff", str(BEFORE_51653), str(BEFORE_53155), "--exit-code"]) == 1

@@ -157,3 +157,52 @@ def test_lint_flags_a_config_condition_nothing_reaches() -> None:
     flagged = [f for f in findings if f.code == "unreachable-config"]
     assert len(flagged) == 1 and "rule unreachable:" in flagged[0].message
     assert "`num_hidden_layers > 70`" in flagged[0].message
+
+
+def test_the_simplest_witness_of_each_violation_comes_first() -> None:
+    """Domain order puts DsaModel's env variant ahead of the plain case a rule on
+    DenseModel breaks; the plain case comes first, then one witness per other violation."""
+    policy = load_policy_text(
+        with_rules("""\
+  - id: dense-rocm-mrv1
+    when: {architecture: DenseModel, platform: rocm}
+    set: {runner: mrv1}
+    reason: a deliberately broken rule for this test
+""", base=MINIMAL_BASE),
+        "p.yaml",
+    )
+    (result,) = check_invariants(policy, _invariants("""\
+  - name: rocm runs mrv2
+    forall: {platform: rocm}
+    expect: {runner: mrv2}
+"""))
+    seen = [(e.context.architecture, dict(e.context.env), e.deciders["runner"])
+            for e in result.counterexamples]
+    assert seen == [
+        ("DenseModel", {}, "rule dense-rocm-mrv1 (p.yaml:12)"),
+        ("DsaModel", {"USE_V2": "0"}, "env USE_V2=0 (given) (p.yaml:8)"),
+        ("DenseModel", {"USE_V2": "0"}, "env USE_V2=0 (given) (p.yaml:8)"),
+    ]
+
+
+def test_simplest_first_orders_heads_by_env_then_facts_then_variants() -> None:
+    from interlock.policy.context import Context
+    from interlock.policy.invariants import Counterexample, simplest_first
+
+    def example(arch: str, rule: str, device_arch: str = "", **env: str) -> Counterexample:
+        context = Context(arch, "rocm", device_arch, env=env)
+        return Counterexample(context, {"runner": "mrv1"}, {"runner": rule})
+
+    by_env = example("A", "env X=0 (given) (p.yaml:8)", X="0")
+    by_env_named = example("A", "env X=0 (given) (p.yaml:8)", "gfx950", X="0")
+    b_env = example("B", "env X=0 (given) (p.yaml:8)", X="0")
+    rule_named = example("B", "rule r (p.yaml:20)", "gfx950")
+    rule_named_env = example("B", "rule r (p.yaml:20)", "gfx950", Y="1")
+    domain_order = [by_env_named, by_env, rule_named_env, b_env, rule_named]
+    assert simplest_first(domain_order) == [
+        rule_named,  # no env override: first, though a named device arch is one fact
+        by_env,  # one env override, no other fact
+        b_env,  # a distinct model with the same decider is a distinct violation
+        by_env_named,  # variants: fewest env overrides and facts first
+        rule_named_env,
+    ]

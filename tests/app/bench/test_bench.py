@@ -183,6 +183,9 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_ti
     assert result.code == 0, result.err
     assert "effects on TPOT:" in result.out and "runner fast→slow: +" in result.out
     assert "fastest: c0 (runner=fast)" in result.out
+    # The shipped policy picks mrv2 here: neither measured runner, and the report says so.
+    assert "policy's pick: runner=mrv2, not among the measured configurations" in result.out
+    assert "← policy's pick" not in result.out
     assert "harness overhead:" in result.out
     assert result.err.strip().splitlines()[-1] == f"record: {target}"
     record = json.loads(target.read_text())
@@ -191,6 +194,9 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_ti
         "--max-tokens 3 --trials 2 --warmup 0 --seed 0 --dtype auto --load-format dummy"
     )
     assert record["factors"] == {"runner": ["fast", "slow"]}
+    assert record["pick"]["config"] is None and record["pick"]["decision"] == {"runner": "mrv2"}
+    assert record["pick"]["decided_by"]["runner"]["by"] == "defaults"
+    assert "pick" not in record["analysis"]["batch_sizes"]["1"]
     text = plot.read_text()
     assert text.startswith("<?xml") and "<svg" in text and text.rstrip().endswith("</svg>")
     assert 5_000 < plot.stat().st_size < 2_000_000
