@@ -70,6 +70,11 @@ def test_an_op_cuda_cannot_capture_falls_back_to_eager(llama_oracle, monkeypatch
 FAMILIES = ["deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_linear"]
 FAMILY_MODES = [("piecewise", False), ("full_and_piecewise", False),
                 ("full_and_piecewise", True), ("full", False), ("full_decode_only", False)]
+# Mixed prefill/decode batches of latent attention (``mla_attention``) and of KDA's chunked
+# prefill have only the torch references, which read each sequence's length on the host: in
+# ``full`` mode a mixed batch cannot be captured whole (the copy to the host is refused during
+# capture, and the report names it), so those batches run eagerly and decode batches replay.
+HOST_DRIVEN_MIXED = {"deepseek_v2", "deepseek_v3", "kimi_linear"}
 
 
 @pytest.mark.gpu
@@ -89,5 +94,10 @@ def test_each_new_family_captures_every_mode_and_keeps_transformers_tokens(
     assert tokens == oracle.tokens
     graphs = report.graphs
     assert graphs.backend == "cuda"
-    assert not graphs.failed, graphs.failed
     assert graphs.replays and set(graphs.captured_sizes) <= set(CAPTURE_SIZES)
+    if mode == "full" and name in HOST_DRIVEN_MIXED:
+        assert graphs.failed and all(key.startswith("full/mixed/") for key in graphs.failed)
+        assert all("Cannot copy between CPU and CUDA tensors during CUDA graph capture" in why
+                   for why in graphs.failed.values()), graphs.failed
+    else:
+        assert not graphs.failed, graphs.failed
