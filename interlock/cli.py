@@ -32,7 +32,7 @@ from interlock.core.terminal import EscapingWriter
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = (
     "explain", "resolve", "table", "check", "test", "diff", "conformance", "schema", "plugins",
-    "run", "bench", "vllm", "log", "impact",
+    "run", "serve", "bench", "vllm", "log", "impact",
 )
 REPORT = (
     "policy: internal error: this is a bug in interlock, not in your input; please report it "

@@ -274,7 +274,9 @@ class LLM:
                         "use n=1 or no on_tokens"
                     )
                 token_ids = self.encode(prompt)
-                groups.append([self.engine.make_request(token_ids, c) for c in _completions(p)])
+                groups.append(
+                    [self.engine.make_request(token_ids, c) for c in completion_params(p)]
+                )
             except InputError as exc:
                 raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
         requests = [r for group in groups for r in group]
@@ -289,7 +291,7 @@ class LLM:
                         continue
                     seen[index] = len(request.output_token_ids)
                     if request.params.stop:
-                        self._check_stop_strings(request)
+                        self.check_stop_strings(request)
                     if on_tokens is not None:
                         reason = request.finish_reason
                         on_tokens(index, tuple(request.output_token_ids),
@@ -302,9 +304,10 @@ class LLM:
             raise
         return self._outputs(batch, groups)
 
-    def _check_stop_strings(self, request: Request) -> None:
+    def check_stop_strings(self, request: Request) -> None:
         """Finish ``request`` if its text now holds one of its stop strings (vLLM's
-        ``stop``); a request that just ended by length ends by the stop string instead."""
+        ``stop``); a request that just ended by length ends by the stop string instead.
+        Called between steps, by whoever steps the engine."""
         found = _first_stop(self.decode(request.output_token_ids), request.params.stop)
         if found is None or request.stop_reason is not None:
             return
@@ -391,7 +394,7 @@ class LLM:
 
     def _request_output(self, prompt: Prompt, group: list[Request]) -> RequestOutput:
         first = group[0]
-        outputs = [self._completion(index, r) for index, r in enumerate(group)]
+        outputs = [self.completion_output(index, r) for index, r in enumerate(group)]
         started = first.first_token_time
         ttft = 0.0 if started is None else started - first.arrival_time
         decode_time = 0.0 if started is None else (first.finish_time or started) - started
@@ -406,7 +409,8 @@ class LLM:
             tpot_s=decode_time / (count - 1) if count > 1 else 0.0,
         )
 
-    def _completion(self, index: int, request: Request) -> CompletionOutput:
+    def completion_output(self, index: int, request: Request) -> CompletionOutput:
+        """A finished ``request`` as completion ``index`` of its prompt (text as vLLM cuts it)."""
         if request.finish_reason is None:  # generate finishes or aborts each of its requests
             raise RuntimeError(f"request {request.request_id} has not finished")
         tokens = tuple(request.output_token_ids)
@@ -453,7 +457,7 @@ class LLM:
         return out
 
 
-def _completions(params: SamplingParams) -> list[SamplingParams]:
+def completion_params(params: SamplingParams) -> list[SamplingParams]:
     """One request's parameters per completion: ``n`` independent samples, completion
     ``i`` seeded ``seed + i`` where a seed is given (else each draws its own)."""
     if params.n == 1:

@@ -1,0 +1,177 @@
+"""``policy serve --model M``: the policy decides how to run M, then an OpenAI-compatible
+HTTP server answers from it (:mod:`interlock.serve`).
+
+The decision is resolved as ``policy run`` resolves it (``interlock.model_run``), and one
+line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
+can be refused is checked before the model loads: the policy, the model's name, and the
+address (a port in use is an input error, exit 1, naming it). torch, Starlette and
+uvicorn are imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+from typing import Any
+
+from interlock.commands.common import (
+    add_context_flags,
+    add_decision_log_args,
+    add_policy_args,
+    context_flags_of,
+    load,
+    overrides_of,
+    record_decision,
+)
+from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
+from interlock.core.errors import InputError
+
+API_KEY_ENV = "INTERLOCK_API_KEY"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API, run the way the policy decides",
+        description="Resolve the decision for the model (as `policy run` does), load it through "
+        "the runner plugin the decision names, and serve /v1/completions, "
+        "/v1/chat/completions, /v1/models, /health and /metrics until SIGTERM or Ctrl-C, "
+        "which drain the requests in flight. Exit 0 after a SIGTERM drain, 1 a policy or "
+        "input error (a port in use too), 2 usage, 4 a model error, 130 Ctrl-C.",
+    )
+    parser.add_argument(
+        "--model", required=True, metavar="PATH|NAME",
+        help="a Hugging Face model directory, a GGUF file or a named model (smollm2); it "
+        "needs a tokenizer.json",
+    )
+    parser.add_argument(
+        "--served-model-name", metavar="NAME",
+        help="the name clients give as `model` (default: the --model argument)",
+    )
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=_port, default=8000, metavar="P",
+                        help="port to listen on (default: 8000; 0: one the system picks)")
+    parser.add_argument(
+        "--api-key", metavar="KEY",
+        help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY_ENV}, else "
+        "none); prefer the variable: a command line is visible to other users",
+    )
+    parser.add_argument("--max-num-seqs", type=_positive, default=16, metavar="N",
+                        help="requests in the running batch at most (default: 16)")
+    parser.add_argument("--max-queue", type=_natural, default=64, metavar="N",
+                        help="requests admitted beyond the running batch; past that a request "
+                        "is answered 503 (default: 64)")
+    parser.add_argument("--max-model-len", type=_positive, metavar="N",
+                        help="prompt plus generated tokens at most (default: the model's)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds SIGTERM waits for requests in flight before aborting "
+                        "them (default: 60)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                        help="model dtype (auto: the checkpoint's)")
+    parser.add_argument("--weights", choices=WEIGHTS, default="auto",
+                        help="a GGUF file's quantized weights, as for `policy run`")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seeds the requests that bring no seed")
+    add_context_flags(parser)
+    add_policy_args(parser)
+    add_decision_log_args(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
+
+    try:
+        from interlock.serve.app import ServeOptions, run_server
+        from interlock.serve.metrics import decision_labels
+    except ImportError as exc:
+        raise InputError(
+            f"policy serve needs the serve extra ({exc.name} is missing): "
+            "pip install 'interlock[serve]'"
+        ) from None
+    policy = load(args)
+    check_runs_here(args.platform)
+    model = model_target(args.model)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    if api_key is not None and not api_key.strip():
+        raise InputError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
+    sock = bind(args.host, args.port)
+    try:
+        flags = context_flags_of(args, policy)
+        overrides = overrides_of(args)
+        resolution = resolve_model_run(policy, model, overrides, **flags)
+        print(f"policy serve: {decided_by(resolution)}", file=sys.stderr, flush=True)
+        record_decision(args, resolution, "policy serve", model=args.model,
+                        overrides=overrides)
+        llm = _load(args, model, resolution)
+        options = ServeOptions(
+            served=[args.served_model_name or args.model], api_key=api_key,
+            max_queue=args.max_queue, drain_timeout=args.drain_timeout,
+            decision=decision_labels(resolution),
+            announce=lambda line: print(f"policy serve: {line}", file=sys.stderr, flush=True),
+        )
+        interrupted = run_server(llm, options, sock)
+    finally:
+        sock.close()
+    llm.close()
+    if interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, before anything slow runs: an address in use or not
+    of this machine is refused at once, naming it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise InputError(f"--host {host}: not an address here: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(
+                f"--port {port}: {host}:{port} is in use (another server?); choose another "
+                "port, or --port 0 for a free one"
+            ) from None
+        raise InputError(f"--host {host} --port {port}: cannot listen there: "
+                         f"{exc.strerror or exc}") from None
+    return sock
+
+
+def _load(args: argparse.Namespace, model: str, resolution: Any) -> Any:
+    from interlock.core.platform import device_for
+    from interlock.llm import LLM
+
+    return LLM(
+        model, dtype=args.dtype, weights=args.weights,
+        device=device_for(resolution.context.platform), seed=args.seed,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+        decision=resolution.decision,
+    )
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535)")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def _natural(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)

@@ -1,0 +1,441 @@
+"""The HTTP side of ``policy serve``: a Starlette app on uvicorn over one :class:`EngineLoop`.
+
+Each request is checked and turned into engine requests on the event loop (a refusal is
+an OpenAI-shaped JSON error, 400 for a bad request), submitted to the engine thread, and
+answered from the token updates that thread sends back: as server-sent events while they
+arrive (``stream``), or in one JSON document at the end. A client that goes away has its
+requests aborted, which frees their KV-cache blocks. SIGTERM (or Ctrl-C) stops taking
+connections, lets the requests in flight finish (``drain_timeout``), then stops the
+engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from interlock.core.errors import InputError, ModelError
+from interlock.llm import LLM, completion_params
+from interlock.runners.engine.request import FinishReason, Request
+from interlock.serve.engine_loop import Closed, EngineLoop, Overloaded, Update
+from interlock.serve.metrics import ServerMetrics
+from interlock.serve.protocol import (
+    Parsed,
+    RequestError,
+    chat_logprobs,
+    completion_logprobs,
+    new_id,
+    now,
+    parse_chat,
+    parse_completion,
+    usage,
+)
+
+LOG = logging.getLogger("interlock.serve")
+#: A request body larger than this is refused (413) before it is parsed.
+MAX_BODY_BYTES = 16 * 2**20
+
+
+@dataclass
+class ServeOptions:
+    served: Sequence[str]  # the names clients give as ``model``
+    api_key: str | None
+    max_queue: int  # admitted requests beyond the running batch
+    drain_timeout: float
+    decision: dict[str, str]  # the info metric's labels
+    announce: Callable[[str], None] = field(default=lambda line: None)
+
+
+class _Choice:
+    """One completion as it streams: the text and tokens already sent. While it runs, the
+    text is held back by one character less than the longest stop string (a stop string
+    is cut from the answer) and by an unfinished UTF-8 sequence."""
+
+    def __init__(self, llm: LLM, request: Request, index: int, completion: int) -> None:
+        self.llm, self.request, self.index, self.completion = llm, request, index, completion
+        self.holdback = max((len(s) for s in request.params.stop), default=1) - 1
+        self.text, self.tokens = "", 0
+        self.started = False
+
+    def advance(self, update: Update) -> tuple[str, list[int]]:
+        """The new text and the new tokens' positions since the last call."""
+        request = self.request
+        if update.finished:
+            text = self.llm.completion_output(self.completion, request).text or ""
+        else:
+            text = self.llm.decode(request.output_token_ids[:update.num_tokens])
+            text = text.rstrip("\ufffd")
+            text = text[: max(len(text) - self.holdback, 0)]
+        delta = ""
+        if text.startswith(self.text):
+            delta, self.text = text[len(self.text):], text
+        positions = list(range(self.tokens, update.num_tokens))
+        self.tokens = update.num_tokens
+        return delta, positions
+
+
+class Generation:
+    """The engine requests of one HTTP request, and their updates as they arrive."""
+
+    def __init__(self, loop: EngineLoop, groups: list[list[Request]]) -> None:
+        self.loop = loop
+        self.groups = groups
+        self.requests = [r for group in groups for r in group]
+        self.pending = set(self.requests)
+        self.queue: asyncio.Queue[Update] = asyncio.Queue()
+        events = asyncio.get_running_loop()
+
+        def deliver(update: Update) -> None:  # on the engine thread
+            with contextlib.suppress(RuntimeError):  # the event loop has closed
+                events.call_soon_threadsafe(self.queue.put_nowait, update)
+
+        loop.submit(self.requests, deliver)
+
+    async def next(self) -> Update:
+        update = await self.queue.get()
+        if update.finished:
+            self.pending.discard(update.request)
+        return update
+
+    def abort(self) -> None:
+        if self.pending:
+            self.loop.abort(list(self.pending))
+
+
+class Server:
+    """The routes over ``llm``'s engine."""
+
+    def __init__(self, llm: LLM, options: ServeOptions) -> None:
+        if llm.tokenizer is None:
+            raise ModelError("policy serve needs the model's tokenizer.json: the OpenAI API "
+                             "answers with text")
+        self.llm, self.options = llm, options
+        self.name = options.served[0]
+        engine = llm.engine
+        self.metrics = ServerMetrics(self.name, options.decision, engine.kv_cache.num_blocks)
+        capacity = engine.model.max_num_seqs + options.max_queue
+        self.loop = EngineLoop(engine, capacity, llm.check_stop_strings, self.metrics)
+        self.created = now()
+        self.app = Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/metrics", self.metrics_text, methods=["GET"]),
+                Route("/v1/models", self._guarded(self.models), methods=["GET"]),
+                Route("/v1/completions", self._guarded(self.completions), methods=["POST"]),
+                Route("/v1/chat/completions", self._guarded(self.chat), methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: self._http_error},
+        )
+
+    # -- plain routes
+
+    async def health(self, _: HTTPRequest) -> Response:
+        if not self.loop.alive():
+            why = self.loop.failure or "shutting down"
+            return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(self, _: HTTPRequest) -> Response:
+        return Response(generate_latest(self.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self, _: HTTPRequest) -> Response:
+        model = self.llm.engine.model
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": self.created, "owned_by": "interlock",
+             "root": model.name, "max_model_len": model.max_model_len}
+            for name in self.options.served
+        ]})
+
+    async def _http_error(self, _: HTTPRequest, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        self.metrics.error(exc.status_code)
+        return _error(RequestError(str(exc.detail), status=exc.status_code, type=kind))
+
+    # -- the OpenAI routes
+
+    def _guarded(
+        self, handler: Callable[[HTTPRequest], Awaitable[Response]]
+    ) -> Callable[[HTTPRequest], Awaitable[Response]]:
+        """``handler`` behind the API key, its refusals as OpenAI errors; a failure of the
+        server's own is a 500 with its one-line cause (and a traceback in the log), never
+        a dead server."""
+
+        async def guarded(http: HTTPRequest) -> Response:
+            try:
+                self._check_key(http)
+                return await handler(http)
+            except RequestError as exc:
+                failure = exc
+            except (Overloaded, Closed) as exc:
+                failure = RequestError(str(exc), status=503, type="server_overloaded",
+                                       code="overloaded")
+            except (InputError, ModelError) as exc:
+                failure = RequestError(str(exc))
+            except Exception as exc:
+                LOG.exception("policy serve: %s %s failed", http.method, http.url.path)
+                failure = RequestError(f"internal error: {type(exc).__name__}: {exc}",
+                                       status=500, type="server_error")
+            self.metrics.error(failure.status)
+            return _error(failure)
+
+        return guarded
+
+    def _check_key(self, http: HTTPRequest) -> None:
+        key = self.options.api_key
+        if key is None:
+            return
+        given = http.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                  key.encode()):
+            raise RequestError("missing or incorrect API key: send Authorization: Bearer KEY",
+                               status=401, type="authentication_error", code="invalid_api_key")
+
+    async def completions(self, http: HTTPRequest) -> Response:
+        parsed = parse_completion(await _body(http), self.options.served)
+        prompts = [self.llm.encode(p) for p in parsed.prompts]  # type: ignore[arg-type]
+        return await self._answer(http, parsed, prompts, chat=False)
+
+    async def chat(self, http: HTTPRequest) -> Response:
+        parsed = parse_chat(await _body(http), self.options.served)
+        prompts = [self.llm.apply_chat_template(m) for m in parsed.prompts]  # type: ignore[misc]
+        return await self._answer(http, parsed, prompts, chat=True)
+
+    async def _answer(self, http: HTTPRequest, parsed: Parsed, prompts: list[list[int]],
+                      chat: bool) -> Response:
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        engine = self.llm.engine
+        groups = []
+        for i, token_ids in enumerate(prompts):
+            try:
+                groups.append([engine.make_request(token_ids, p, request_id=f"{rid}-{i}-{j}")
+                               for j, p in enumerate(completion_params(parsed.params))])
+            except InputError as exc:
+                param = "max_tokens" if "max_tokens" in str(exc) else "prompt"
+                raise RequestError(_plain(str(exc)), param=param) from None
+        generation = Generation(self.loop, groups)
+        reply = _Reply(self, rid, chat, generation, parsed)
+        if parsed.stream:
+            return StreamingResponse(reply.events(), media_type="text/event-stream")
+        return await reply.document(http)
+
+
+class _Reply:
+    """One HTTP request's answer, from its generation's updates."""
+
+    def __init__(self, server: Server, rid: str, chat: bool, generation: Generation,
+                 parsed: Parsed) -> None:
+        self.server, self.llm, self.rid, self.chat = server, server.llm, rid, chat
+        self.generation, self.parsed = generation, parsed
+        self.created = now()
+        self.choices = {
+            request: _Choice(self.llm, request, index, j)
+            for index, (request, j) in enumerate(
+                (r, j) for group in generation.groups for j, r in enumerate(group))
+        }
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.rid, "object": kind, "created": self.created,
+                "model": self.server.name}
+
+    def _usage(self) -> dict[str, int]:
+        groups = self.generation.groups
+        return usage(sum(len(g[0].prompt_token_ids) for g in groups),
+                     sum(len(r.output_token_ids) for r in self.generation.requests))
+
+    def _logprobs(self, choice: _Choice, positions: list[int]) -> dict[str, Any] | None:
+        request = choice.request
+        if request.params.logprobs is None:
+            return None
+        steps = [request.logprobs[p] for p in positions]
+        ids = [request.output_token_ids[p] for p in positions]
+        texts = [self.llm.decode([t]) for t in ids]
+        if self.chat:
+            return chat_logprobs(texts, steps, [
+                [(self.llm.decode([t]), lp) for t, lp in step.top] for step in steps])
+        offset = len(self.llm.decode(request.output_token_ids[: positions[0]])) \
+            if positions else 0
+        return completion_logprobs(texts, steps, [
+            {self.llm.decode([t]): lp for t, lp in step.top} for step in steps], offset)
+
+    def _finish(self, request: Request) -> str | None:
+        reason = request.finish_reason
+        if reason is None:
+            return None
+        return "abort" if reason is FinishReason.ABORTED else reason.value
+
+    async def document(self, http: HTTPRequest) -> Response:
+        """Wait for every completion (aborting them if the client goes away); one JSON."""
+        gone = asyncio.ensure_future(_disconnected(http))
+        try:
+            while self.generation.pending:
+                update = asyncio.ensure_future(self.generation.next())
+                done, _ = await asyncio.wait({update, gone},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if update not in done:
+                    update.cancel()
+                    return Response(status_code=499)  # nobody reads it
+                if update.result().error is not None:
+                    raise RuntimeError(update.result().error)
+        finally:
+            gone.cancel()
+            self.generation.abort()
+        choices = []
+        for choice in self.choices.values():
+            out = self.llm.completion_output(choice.completion, choice.request)
+            entry: dict[str, Any] = {"index": choice.index,
+                                     "logprobs": self._logprobs(choice, list(
+                                         range(len(out.token_ids)))),
+                                     "finish_reason": self._finish(choice.request),
+                                     "stop_reason": out.stop_reason}
+            if self.chat:
+                entry["message"] = {"role": "assistant", "content": out.text}
+            else:
+                entry["text"] = out.text
+            choices.append(entry)
+        kind = "chat.completion" if self.chat else "text_completion"
+        return JSONResponse({**self._head(kind), "choices": choices, "usage": self._usage()})
+
+    async def events(self) -> AsyncIterator[str]:
+        """Server-sent events, one chunk per step per completion, then ``[DONE]``; when the
+        client disconnects, the stream is cancelled here and its requests aborted."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        include_usage = self.parsed.include_usage
+        try:
+            if self.chat:
+                for choice in self.choices.values():
+                    yield _event(self._chunk(kind, choice.index,
+                                             {"role": "assistant", "content": ""}, None, None))
+            while self.generation.pending:
+                update = await self.generation.next()
+                if update.error is not None:
+                    error = RequestError(update.error, status=500, type="server_error")
+                    yield _event(error.body())
+                    break
+                choice = self.choices[update.request]
+                delta, positions = choice.advance(update)
+                if not delta and not update.finished:
+                    continue
+                finish = self._finish(update.request) if update.finished else None
+                body = ({"content": delta} if delta else {}) if self.chat else delta
+                chunk = self._chunk(kind, choice.index, body, finish,
+                                    self._logprobs(choice, positions))
+                if include_usage:
+                    chunk["usage"] = None
+                yield _event(chunk)
+            else:
+                if include_usage:
+                    yield _event({**self._head(kind), "choices": [], "usage": self._usage()})
+            yield "data: [DONE]\n\n"
+        finally:
+            self.generation.abort()
+
+    def _chunk(self, kind: str, index: int, body: Any, finish: str | None,
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
+        choice["delta" if self.chat else "text"] = body
+        return {**self._head(kind), "choices": [choice]}
+
+
+def _event(document: dict[str, Any]) -> str:
+    return f"data: {json.dumps(document, ensure_ascii=False)}\n\n"
+
+
+def _error(exc: RequestError) -> Response:
+    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _plain(message: str) -> str:
+    """An engine refusal without its internal request id (``request cmpl-...-0-0: ``)."""
+    return message.split(": ", 1)[1] if message.startswith("request ") else message
+
+
+async def _body(http: HTTPRequest) -> object:
+    size = 0
+    chunks = []
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError(f"the request body is over {MAX_BODY_BYTES} bytes", status=413)
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _disconnected(http: HTTPRequest) -> None:
+    """Returns when the client closes the connection (the body has been read)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, but a SIGTERM that drained the server ends it with status 0 (uvicorn
+    raises the signal again once it has shut down), and the listening line is ours."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.announce = announce
+        self.signals: list[int] = []
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        self.signals.append(sig)
+        self.handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:
+            self.announce()
+
+
+def run_server(llm: LLM, options: ServeOptions, sock: socket.socket) -> bool:
+    """Serve on ``sock`` (bound) until SIGTERM or Ctrl-C, then drain; True if it ended by
+    Ctrl-C (SIGINT)."""
+    server = Server(llm, options)
+    config = uvicorn.Config(server.app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=options.drain_timeout)
+    host, port = sock.getsockname()[:2]
+
+    def announce() -> None:
+        options.announce(f"serving {', '.join(options.served)} on http://{host}:{port} "
+                         "(OpenAI API under /v1, /health, /metrics)")
+
+    uv = _Uvicorn(config, announce)
+    server.loop.start()
+    try:
+        uv.run(sockets=[sock])
+    finally:
+        server.loop.close()
+    if uv.signals:
+        options.announce("drained: the requests in flight finished; stopped")
+    return signal.SIGINT in uv.signals

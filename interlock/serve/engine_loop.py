@@ -1,0 +1,190 @@
+"""One engine, many HTTP requests: a thread steps the continuous-batching engine while the
+server's event loop adds and aborts requests and receives each one's tokens.
+
+The engine is not thread-safe, so only the loop's thread touches it once it runs: other
+threads hand it requests to add and to abort through :meth:`EngineLoop.submit` and
+:meth:`EngineLoop.abort`, which it applies between steps. After each step every request
+that got a token (or finished) is reported to the callback it was submitted with, from
+the loop's thread. Requests admitted at once are bounded (``capacity``): past it,
+``submit`` raises :class:`Overloaded` rather than queueing without end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlock.core.errors import InterlockError
+from interlock.runners.engine.engine import Engine
+from interlock.runners.engine.request import Request
+
+LOG = logging.getLogger("interlock.serve")
+
+
+class Overloaded(InterlockError):
+    """More requests than the server admits at once (HTTP 503)."""
+
+    kind = "runtime"
+
+
+class Closed(InterlockError):
+    """The server is draining or its engine has stopped (HTTP 503)."""
+
+    kind = "runtime"
+
+
+@dataclass(frozen=True)
+class Update:
+    """A request's progress after a step: how many tokens it has now, and whether it has
+    finished (``error``: the step failed and the request was aborted)."""
+
+    request: Request
+    num_tokens: int
+    finished: bool
+    error: str | None = None
+
+
+Deliver = Callable[[Update], None]
+
+
+class Observer(Protocol):
+    """What the loop tells the metrics, from its thread."""
+
+    def tokens(self, request: Request, before: int, now: float) -> None: ...
+
+    def finished(self, request: Request) -> None: ...
+
+    def stepped(self, engine: Engine) -> None: ...
+
+
+class EngineLoop:
+    """Steps ``engine`` on a thread of its own while requests are unfinished.
+
+    ``stop_strings(request)`` is called between steps for a request with stop strings that
+    got tokens (the engine sees tokens, the caller text: ``LLM.check_stop_strings``)."""
+
+    def __init__(self, engine: Engine, capacity: int, stop_strings: Callable[[Request], None],
+                 observer: Observer) -> None:
+        self.engine, self.capacity = engine, capacity
+        self._stop_strings, self._observer = stop_strings, observer
+        self._cond = threading.Condition()
+        self._adds: list[tuple[Request, Deliver]] = []
+        self._aborts: list[Request] = []
+        self._active: dict[Request, tuple[Deliver, int]] = {}
+        self._admitted = 0  # submitted and not yet finished (guarded by _cond)
+        self._closing = False
+        self.failure: str | None = None  # why the thread died, if it did
+        self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closing
+
+    def submit(self, requests: Sequence[Request], deliver: Deliver) -> None:
+        """Queue ``requests`` (all or none); ``deliver`` gets their updates."""
+        with self._cond:
+            if self._closing or not self._thread.is_alive():
+                raise Closed("the server is shutting down; it takes no new requests")
+            if self._admitted + len(requests) > self.capacity:
+                raise Overloaded(
+                    f"the server has {self._admitted} requests in flight and admits at most "
+                    f"{self.capacity} (--max-num-seqs plus --max-queue); retry later"
+                )
+            self._admitted += len(requests)
+            self._adds.extend((r, deliver) for r in requests)
+            self._cond.notify()
+
+    def abort(self, requests: Sequence[Request]) -> None:
+        """End ``requests`` that have not finished, freeing their KV-cache blocks."""
+        with self._cond:
+            self._aborts.extend(requests)
+            self._cond.notify()
+
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._admitted
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Abort what is still running and stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the thread's death must be visible, never silent
+            self.failure = f"{type(exc).__name__}: {exc}"
+            LOG.error("policy serve: the engine loop stopped: %s", self.failure)
+            with self._cond:
+                self._closing = True
+            raise
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._adds or self._aborts or self._active or self._closing):
+                    self._cond.wait()
+                adds, self._adds = self._adds, []
+                aborts, self._aborts = self._aborts, []
+                closing = self._closing
+            for request, deliver in adds:
+                self.engine.add_request(request)
+                self._active[request] = (deliver, 0)
+            if closing:
+                aborts = list(self._active)
+            self._abort([r for r in aborts if r in self._active])
+            if closing:
+                self._observer.stepped(self.engine)
+                return
+            if self.engine.has_unfinished():
+                self._step()
+            self._observer.stepped(self.engine)
+
+    def _step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception as exc:
+            # A failed step (out of memory, a runner error) fails the requests in it, not
+            # the server: they are aborted, each told why, and the engine is clean again.
+            message = f"the engine step failed: {type(exc).__name__}: {exc}"
+            LOG.error("policy serve: %s", message)
+            self._abort(list(self._active), message)
+            return
+        now = time.perf_counter()
+        for request, (deliver, seen) in list(self._active.items()):
+            count = len(request.output_token_ids)
+            if count == seen and request.finish_reason is None:
+                continue
+            if count != seen:
+                if request.params.stop:
+                    self._stop_strings(request)
+                self._observer.tokens(request, seen, now)
+            self._report(request, deliver, count)
+
+    def _abort(self, requests: list[Request], error: str | None = None) -> None:
+        if not requests:
+            return
+        self.engine.abort(requests)
+        for request in requests:
+            deliver, _ = self._active[request]
+            self._report(request, deliver, len(request.output_token_ids), error)
+
+    def _report(self, request: Request, deliver: Deliver, count: int,
+                error: str | None = None) -> None:
+        finished = request.finish_reason is not None
+        if finished:
+            del self._active[request]
+            self._observer.finished(request)
+            with self._cond:
+                self._admitted -= 1
+        else:
+            self._active[request] = (deliver, count)
+        deliver(Update(request, count, finished, error))
