@@ -3,8 +3,8 @@ HTTP server answers from it (:mod:`interlock.serve`).
 
 The decision is resolved as ``policy run`` resolves it (``interlock.model_run``), and one
 line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
-can be refused is checked before the model loads: the policy, the model's name, and the
-address (a port in use is an input error, exit 1, naming it). torch, Starlette and
+can be refused is checked before the model loads: the policy, the model's name and its
+tokenizer, and the address (a port in use is an input error, exit 1, naming it). torch, Starlette and
 uvicorn are imported only inside ``run``.
 """
 
@@ -15,6 +15,7 @@ import errno
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from interlock.commands.common import (
@@ -27,7 +28,7 @@ from interlock.commands.common import (
     record_decision,
 )
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
-from interlock.core.errors import InputError
+from interlock.core.errors import InputError, ModelError
 
 API_KEY_ENV = "INTERLOCK_API_KEY"
 
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     policy = load(args)
     check_runs_here(args.platform)
     model = model_target(args.model)
+    if not (Path(model) / "tokenizer.json").is_file():  # demo, or a folder without one
+        raise ModelError(f"--model {args.model}: policy serve needs the model's "
+                         "tokenizer.json (the OpenAI API answers with text); it has none")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     if api_key is not None and not api_key.strip():
         raise InputError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")

@@ -146,7 +146,6 @@ class EngineLoop:
                 return
             if self.engine.has_unfinished():
                 self._step()
-            self._observer.stepped(self.engine)
 
     def _step(self) -> None:
         try:
@@ -158,6 +157,8 @@ class EngineLoop:
             LOG.error("policy serve: %s", message)
             self._abort(list(self._active), message)
             return
+        # The gauges first: a client that has a token sees the state that produced it.
+        self._observer.stepped(self.engine)
         now = time.perf_counter()
         for request, (deliver, seen) in list(self._active.items()):
             count = len(request.output_token_ids)
@@ -173,6 +174,7 @@ class EngineLoop:
         if not requests:
             return
         self.engine.abort(requests)
+        self._observer.stepped(self.engine)
         for request in requests:
             deliver, _ = self._active[request]
             self._report(request, deliver, len(request.output_token_ids), error)
