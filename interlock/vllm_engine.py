@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from interlock.core.errors import PolicyError
 
@@ -467,13 +467,24 @@ class EngineFailed(PolicyError):
     kind = "runtime"
 
 
+class StartupCheck(Protocol):
+    """What :class:`EngineProcess` feeds a server's output to: :class:`EngineCheck` for
+    ``vllm serve``, ``interlock.bench.serve_engine.ServeCheck`` for ``policy serve``."""
+
+    verdict: Any
+
+    def feed(self, text: str) -> Any: ...
+
+    def finish(self, ended_by: str, detail: str = "") -> Any: ...
+
+
 class EngineProcess:
     """One ``vllm serve`` child for a measurement: started in its own process group, its
     output kept (the last lines, for errors) and fed to ``check``; :meth:`wait_ready`
     returns once the check has a verdict and ``/health`` answers; :meth:`stop` leaves
     nothing of it running."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], check: EngineCheck,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], check: StartupCheck,
                  port: int, name: str) -> None:
         self.check, self.port, self.name = check, port, name
         self.tail: list[str] = []
@@ -509,7 +520,7 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def wait_ready(self, timeout: float) -> Verification:
+    def wait_ready(self, timeout: float) -> Any:
         """The verdict on the engine's startup log, once ``/health`` answers 200 (raises
         :class:`EngineFailed` naming the engine when it exits or the time runs out)."""
         import http.client

@@ -72,13 +72,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     from interlock.commands.common import add_decision_log_args
 
     group = parser.add_argument_group(
-        "on vLLM (--engine vllm)",
-        "each cell a `vllm serve` child on its own port, its startup log checked against the "
-        "cell's decision, driven by streaming /v1/completions requests",
+        "on a server (--engine interlock|vllm)",
+        "each cell a `policy serve` or `vllm serve` child on its own port, its startup log "
+        "checked against the cell's decision, driven by streaming /v1/completions requests "
+        "through the same client",
     )
     group.add_argument(
-        "--engine", choices=("interlock", "vllm"), default="interlock",
-        help="measure interlock's own runners (default) or `vllm serve`",
+        "--engine", choices=("interlock", "vllm"), default=None,
+        help="measure on `policy serve` (interlock) or `vllm serve` (vllm); without it, "
+        "interlock's runners in this process",
     )
     group.add_argument("--concurrency", type=_positive, default=1, metavar="N",
                        help="requests in flight at once (default: 1)")
@@ -246,6 +248,8 @@ def run(args: argparse.Namespace) -> int:
             raise PolicyError(f"--vary {exc}") from None
     if args.engine == "vllm":
         return _run_engine(args, vary)
+    if args.engine == "interlock":
+        return _run_serve(args, vary)
     workload = workload_of(args)
     policy = load(args)
     flags = context_flags_of(args, policy)
@@ -316,6 +320,67 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     return _finish(args, record)
 
 
+def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
+    """``--engine interlock``: the cells on `policy serve` (interlock.bench.serve_engine)."""
+    from interlock.bench.serve_engine import measure_serve, serve_cells
+    from interlock.core.errors import PolicyError
+    from interlock.model_run import check_runs_here, model_context
+
+    if args.vllm_arg or args.vllm_version:
+        raise PolicyError("--vllm-arg and --vllm-version apply to --engine vllm")
+    policy = load(args)
+    check_runs_here(args.platform)
+    flags = context_flags_of(args, policy)
+    context = model_context(args.model, **flags)
+    passed: list[str] = []
+    for path in args.policy or ():
+        passed += ["--policy", str(path)]
+    for flag in ("feature", "env"):
+        for key, value in getattr(args, flag):
+            passed += [f"--{flag}", f"{key}={value}"]
+    base, cells, skipped = serve_cells(policy, context, args.model, vary, overrides_of(args),
+                                       passed)
+    if not cells:
+        raise PolicyError("--engine interlock: every cell was refused: "
+                          + "; ".join(s["reason"] for s in skipped))
+    workload, prompts, answers = engine_workload(args)
+    bar = progress_bar()
+    try:
+        record = measure_serve(
+            args.model, base, cells, skipped, vary, workload, policy=policy.stamp(),
+            accuracy_prompts=prompts, accuracy_answers=answers,
+            startup_timeout=args.startup_timeout, port=args.port, progress=bar,
+            command=command_line(("bench", "--engine", "interlock", args.model), args),
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return _finish(args, record)
+
+
+def engine_workload(args: argparse.Namespace) -> tuple[Any, list[str], list[str] | None]:
+    """What each trial on a server sends, and the accuracy prompts and answers."""
+    from interlock.bench.engine import (
+        EngineWorkload,
+        read_lines_file,
+        shipped_accuracy_prompts,
+    )
+
+    workload = EngineWorkload(
+        concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+        prompts=tuple(read_lines_file(args.prompt_file, "--prompt-file"))
+        if args.prompt_file else (),
+        requests_per_stream=args.requests_per_stream, trials=args.trials,
+        warmup=args.warmup, seed=args.seed, accuracy_tokens=args.accuracy_tokens,
+        max_divergence=args.max_divergence,
+    )
+    prompts = (read_lines_file(args.accuracy_prompts, "--accuracy-prompts")
+               if args.accuracy_prompts else shipped_accuracy_prompts())
+    answers = (read_lines_file(args.accuracy_answers, "--accuracy-answers")
+               if args.accuracy_answers else None)
+    return workload, prompts, answers
+
+
 class EngineSetup:
     """What measuring on `vllm serve` takes besides the cells, read from the flags."""
 
@@ -340,11 +405,6 @@ def engine_setup(
     policy's env bindings count (``policy diff`` measures with none set)."""
     import shutil
 
-    from interlock.bench.engine import (
-        EngineWorkload,
-        read_lines_file,
-        shipped_accuracy_prompts,
-    )
     from interlock.commands.vllm import detected_engine
     from interlock.core.errors import PolicyError
     from interlock.model_run import model_context, process_env
@@ -354,18 +414,7 @@ def engine_setup(
     if executable is None:
         raise PolicyError("--engine vllm: vllm is not on PATH: install vLLM or activate its "
                           "environment")
-    workload = EngineWorkload(
-        concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
-        prompts=tuple(read_lines_file(args.prompt_file, "--prompt-file"))
-        if args.prompt_file else (),
-        requests_per_stream=args.requests_per_stream, trials=args.trials,
-        warmup=args.warmup, seed=args.seed, accuracy_tokens=args.accuracy_tokens,
-        max_divergence=args.max_divergence,
-    )
-    prompts = (read_lines_file(args.accuracy_prompts, "--accuracy-prompts")
-               if args.accuracy_prompts else shipped_accuracy_prompts())
-    answers = (read_lines_file(args.accuracy_answers, "--accuracy-answers")
-               if args.accuracy_answers else None)
+    workload, prompts, answers = engine_workload(args)
     model = vllm_model(args.model)
     env, sources = process_env(policy) if process else ({}, {})
     env.update(flags.get("env", {}))

@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         raise PolicyError("--measure needs --model PATH|demo: the model to run the decisions on")
     if not args.measure and (args.model is not None or args.max_regression is not None):
         raise PolicyError("--model and --max-regression only apply with --measure")
+    if args.engine == "interlock":
+        raise PolicyError("--engine interlock: policy diff --measure runs interlock's runners "
+                          "in this process; leave --engine out (or use --engine vllm)")
     if args.engine != "vllm" and (args.platform or args.device_arch):
         raise PolicyError("--platform and --device-arch apply to --engine vllm: interlock's "
                           "runners measure on this machine")

@@ -4,8 +4,8 @@ HTTP server answers from it (:mod:`interlock.serve`).
 The decision is resolved as ``policy run`` resolves it (``interlock.model_run``), and one
 line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
 can be refused is checked before the model loads: the policy, the model's name and its
-tokenizer, and the address (a port in use is an input error, exit 1, naming it). torch, Starlette and
-uvicorn are imported only inside ``run``.
+tokenizer, and the address (a port in use is an input error, exit 1, naming it). torch,
+Starlette and uvicorn are imported only inside ``run``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "is answered 503 (default: 64)")
     parser.add_argument("--max-model-len", type=_positive, metavar="N",
                         help="prompt plus generated tokens at most (default: the model's)")
-    parser.add_argument("--drain-timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--drain-timeout", type=_positive, default=60, metavar="S",
                         help="seconds SIGTERM waits for requests in flight before aborting "
                         "them (default: 60)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",

@@ -57,7 +57,7 @@ class ServeOptions:
     served: Sequence[str]  # the names clients give as ``model``
     api_key: str | None
     max_queue: int  # admitted requests beyond the running batch
-    drain_timeout: float
+    drain_timeout: int  # seconds
     decision: dict[str, str]  # the info metric's labels
     announce: Callable[[str], None] = field(default=lambda line: None)
 
@@ -211,12 +211,12 @@ class Server:
 
     async def completions(self, http: HTTPRequest) -> Response:
         parsed = parse_completion(await _body(http), self.options.served)
-        prompts = [self.llm.encode(p) for p in parsed.prompts]  # type: ignore[arg-type]
+        prompts = [self.llm.encode(p) for p in parsed.prompts]
         return await self._answer(http, parsed, prompts, chat=False)
 
     async def chat(self, http: HTTPRequest) -> Response:
         parsed = parse_chat(await _body(http), self.options.served)
-        prompts = [self.llm.apply_chat_template(m) for m in parsed.prompts]  # type: ignore[misc]
+        prompts = [self.llm.apply_chat_template(parsed.messages)]
         return await self._answer(http, parsed, prompts, chat=True)
 
     async def _answer(self, http: HTTPRequest, parsed: Parsed, prompts: list[list[int]],

@@ -74,9 +74,11 @@ class ChatBody(_Common):
 
 @dataclass(frozen=True)
 class Parsed:
-    """A request body, checked: its prompts, one sampling configuration, how to answer."""
+    """A request body, checked: its prompts (completions) or its conversation (chat), one
+    sampling configuration, how to answer."""
 
-    prompts: list[str | list[int]] | list[list[dict[str, str]]]
+    prompts: list[str | list[int]]
+    messages: list[dict[str, str]]
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -122,7 +124,7 @@ def parse_completion(body: object, served: Sequence[str]) -> Parsed:
         raise RequestError("prompt is empty", param="prompt")
     # The OpenAI default for completions: 16 tokens.
     params = _sampling(request.model_extra or {}, {"max_tokens": 16})
-    return Parsed(prompts, params, request.stream, _usage(request))
+    return Parsed(prompts, [], params, request.stream, _usage(request))
 
 
 def parse_chat(body: object, served: Sequence[str]) -> Parsed:
@@ -152,7 +154,7 @@ def parse_chat(body: object, served: Sequence[str]) -> Parsed:
         extra["logprobs"] = request.top_logprobs or 0
     # Chat's default: as many tokens as the context leaves (vLLM's).
     params = _sampling(extra, {"max_tokens": None})
-    return Parsed([messages], params, request.stream, _usage(request))
+    return Parsed([], messages, params, request.stream, _usage(request))
 
 
 def _usage(request: _Common) -> bool:

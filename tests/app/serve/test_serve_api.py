@@ -182,8 +182,10 @@ def test_refusals_are_openai_errors(server: ServeProcess, client: openai.OpenAI)
     assert metrics(server)['interlock:request_errors_total{status=400}'] >= 7
 
 
-def _stream(server: ServeProcess, max_tokens: int) -> http.client.HTTPConnection:
-    """A streaming completion left open, its first token read."""
+def _stream(server: ServeProcess, max_tokens: int,
+            first: bool = True) -> http.client.HTTPConnection:
+    """A streaming completion left open, its first token read (``first``; a queued one
+    gets none until a slot frees)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}
@@ -191,7 +193,8 @@ def _stream(server: ServeProcess, max_tokens: int) -> http.client.HTTPConnection
                  {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200
-    assert response.readline().startswith(b"data: ")
+    if first:
+        assert response.readline().startswith(b"data: ")
     return conn
 
 
@@ -207,8 +210,11 @@ def test_a_disconnect_frees_its_slots(server: ServeProcess) -> None:
 
 
 def test_past_the_queue_requests_get_503(server: ServeProcess) -> None:
-    open_streams = [_stream(server, 2000) for _ in range(MAX_SEQS + MAX_QUEUE)]
+    open_streams: list[http.client.HTTPConnection] = []
     try:
+        for i in range(MAX_SEQS + MAX_QUEUE):
+            open_streams.append(_stream(server, 2000, first=i < MAX_SEQS))
+        assert wait_for(lambda: metrics(server)["interlock:num_requests_waiting{}"] == MAX_QUEUE)
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         conn.request("POST", "/v1/completions",
                      json.dumps({"model": "smollm2", "prompt": "hi", "max_tokens": 2}),

@@ -1,0 +1,239 @@
+"""``policy bench --engine interlock``: the factorial measured on ``policy serve``, through
+the HTTP client ``--engine vllm`` drives ``vllm serve`` with (:mod:`interlock.bench.client`).
+
+Each cell is the decision with its varied fields forced, run as a ``policy serve`` child
+that is given those levels with ``--set`` (and the bench's own policy and context flags),
+on a port of its own. As on vLLM, every trial starts the cell's server, waits for
+``/health``, checks that its startup line names the cell's decision (a server that runs
+another decision stops the bench, naming the cell), drives it with streaming
+``/v1/completions`` at ``concurrency``, and stops it; the first start of each cell
+answers the accuracy prompts. The record is ``--engine vllm``'s, with ``engine.name``
+``interlock``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from interlock.bench.client import complete, free_port, run_trial
+from interlock.bench.engine import Cell, EngineWorkload, Progress, accuracy
+from interlock.core.errors import PolicyError
+from interlock.core.fields import show_scalar
+
+#: ``policy serve``'s first line: ``policy serve: runner=mrv2 (who), cudagraph=... (who), ...``
+DECIDED = re.compile(r"^policy serve: (runner=.*)$")
+FIELD = re.compile(r"(\w+)=(\S+) \(")
+CHECKED = ("runner", "cudagraph", "breakable")
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    """A cell's ``policy serve`` command (its port added at start) and its target."""
+
+    argv: list[str]
+    env: dict[str, str]
+    decision: dict[str, Any]
+
+
+@dataclass
+class ServeVerdict:
+    """Whether a started ``policy serve`` runs the cell's decision, by its startup line."""
+
+    verified: bool
+    expected: dict[str, str]
+    seen: dict[str, str]
+    problems: list[str]
+    ended_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verified": self.verified, "ended_by": self.ended_by,
+                "expected": self.expected, "seen": self.seen, "problems": self.problems}
+
+
+@dataclass
+class ServeCheck:
+    """Reads ``policy serve``'s output for its decision line (``EngineProcess``'s check)."""
+
+    decision: Mapping[str, Any]
+    verdict: ServeVerdict | None = None
+    expected: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.expected = {name: show_scalar(self.decision[name]) for name in CHECKED}
+
+    def feed(self, text: str) -> ServeVerdict | None:
+        found = DECIDED.match(text.strip())
+        if found is None or self.verdict is not None:
+            return None
+        seen = dict(FIELD.findall(found.group(1)))
+        problems = [f"{name}: the server runs {seen.get(name, 'nothing named')}, the cell "
+                    f"{want}" for name, want in self.expected.items() if seen.get(name) != want]
+        self.verdict = ServeVerdict(not problems, self.expected, seen, problems,
+                                    "mismatch" if problems else "ready")
+        return self.verdict
+
+    def finish(self, ended_by: str, detail: str = "") -> ServeVerdict:
+        if self.verdict is None:
+            self.verdict = ServeVerdict(False, self.expected, {}, [
+                "no `policy serve: runner=...` line in its output" + (f" ({detail})"
+                                                                      if detail else "")],
+                ended_by)
+        return self.verdict
+
+
+def serve_cells(
+    policy: Any, context: Any, model: str, factors: Mapping[str, Sequence[Any]],
+    overrides: Mapping[str, Any], flags: Sequence[str],
+) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
+    """``(base resolution, cells, skipped)``: every combination's decision with its levels
+    forced over ``overrides``, and the ``policy serve`` command that runs it (``flags``:
+    the bench's policy and context flags, passed on); a combination the policy refuses is
+    skipped with why."""
+    from interlock.bench.design import combinations
+    from interlock.policy.resolution import resolve
+
+    base = resolve(policy, context, overrides)
+    cells: list[Cell] = []
+    skipped: list[dict[str, Any]] = []
+    for levels in combinations(factors):
+        forced = {**overrides, **levels}
+        try:
+            resolution = resolve(policy, context, forced)
+        except PolicyError as exc:
+            skipped.append({"levels": dict(levels), "reason": str(exc)})
+            continue
+        argv = [sys.executable, "-m", "interlock.cli", "serve", "--model", model, *flags]
+        for name, value in forced.items():
+            argv += ["--set", f"{name}={show_scalar(value)}"]
+        command = ServeCommand(argv, {}, resolution.decision.to_dict())
+        cells.append(Cell(f"c{len(cells)}", dict(levels), resolution, command))
+    return base, cells, skipped
+
+
+def measure_serve(
+    model: str, base: Any, cells: list[Cell], skipped: list[dict[str, Any]],
+    factors: Mapping[str, Sequence[Any]], workload: EngineWorkload, *,
+    policy: dict[str, Any], accuracy_prompts: Sequence[str],
+    accuracy_answers: Sequence[str] | None, startup_timeout: float, port: int | None,
+    progress: Progress | None, command: str | None,
+) -> dict[str, Any]:
+    """Run the design on ``policy serve`` children and build the evidence record."""
+    from interlock import decision_log as records
+    from interlock.bench import _balance, _cpu_model
+    from interlock.bench.analysis import analyse
+    from interlock.bench.design import block_order
+    from interlock.bench.engine import _config_sha, _interlock_version, _jsonable, gpu_name
+    from interlock.bench.harness import config_hash
+    from interlock.vllm_engine import EngineFailed, EngineProcess
+
+    if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
+        raise PolicyError(
+            f"--accuracy-answers has {len(accuracy_answers)} answers for "
+            f"{len(accuracy_prompts)} accuracy prompts; give one per prompt"
+        )
+    taken: set[int] = set()
+    for cell in cells:
+        cell.port = free_port(port, taken)
+        taken.add(cell.port)
+        cell.record = records.build_record(cell.resolution, "policy bench", model=model)
+    created = datetime.datetime.now(datetime.timezone.utc)
+    blocks = workload.warmup + workload.trials
+    order = block_order(len(cells), blocks, workload.seed)
+    total, done = len(cells) * blocks, 0
+    if progress is not None:
+        progress(0, total)
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for block, row in enumerate(order):
+        for position, index in enumerate(row):
+            cell = cells[index]
+            name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
+            argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
+            server = EngineProcess(argv, {**os.environ, **cell.command.env},
+                                   ServeCheck(cell.command.decision), cell.port, name)
+            try:
+                boot = time.perf_counter()
+                verdict = server.wait_ready(startup_timeout)
+                startup_s = time.perf_counter() - boot
+                if not verdict.verified:
+                    raise EngineFailed(f"{name}: the server does not run the cell's decision: "
+                                       + "; ".join(verdict.problems))
+                if cell.verification is None:
+                    cell.verification = verdict.to_dict()
+                if cell.answers is None:
+                    cell.answers = [complete(cell.port, model, p, workload.accuracy_tokens)
+                                    for p in accuracy_prompts]
+                sample = run_trial(cell.port, model, workload)
+                if not server.alive():
+                    raise PolicyError("the server exited before the trial's end")
+            except (OSError, PolicyError) as exc:
+                if isinstance(exc, EngineFailed):
+                    raise
+                code = server.exit_status(wait=1.0)
+                died = "" if code is None else f"the server exited (status {code}) mid-run: "
+                raise EngineFailed(f"{name}: {died}{exc}; its last output: "
+                                   f"{server.output()}") from None
+            finally:
+                server.stop()
+            samples.append({
+                "config": cell.id, "batch_size": workload.concurrency,
+                "block": block - workload.warmup, "position": position,
+                "warmup": block < workload.warmup, "startup_s": round(startup_s, 3), **sample,
+            })
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    ids = [c.id for c in cells]
+    version = _interlock_version()
+    return {
+        "schema": "interlock-evidence/1",
+        "created": created.isoformat(timespec="seconds"),
+        "command": command,
+        "machine": {
+            "platform": base.context.platform, "device_arch": base.context.device_arch,
+            "device_name": gpu_name() or _cpu_model(), "cpu_model": _cpu_model(),
+            "cpu_count": os.cpu_count(),
+        },
+        "software": {"interlock": version},
+        "engine": {"name": "interlock", "version": version, "gpu": gpu_name(),
+                   "trials_s": round(time.perf_counter() - started, 3)},
+        "policy": policy,
+        "model": {"name": model, "architecture": base.context.architecture,
+                  "config_sha256": _config_sha(model, config_hash)},
+        "context": {
+            "architecture": base.context.architecture, "platform": base.context.platform,
+            "device_arch": base.context.device_arch,
+            "traits": {name: fact.value for name, fact in base.traits.items()},
+            "features": dict(base.context.features), "env": dict(base.context.env),
+        },
+        "workload": workload.to_dict(),
+        "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
+        "base_decision": base.decision.to_dict(),
+        "configurations": [
+            {"id": c.id, "label": c.label, "levels": _jsonable(c.levels),
+             "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
+             "argv": c.command.argv, "port": c.port, "decision_record": c.record["id"],
+             "verification": c.verification}
+            for c in cells
+        ],
+        "skipped": skipped,
+        "order": {
+            "design": "blocks; each a row of a balanced Latin square (Williams) over the cells; "
+            "every trial starts its cell's server and stops it",
+            "seed": workload.seed,
+            "units": [{"config": cid, "batch_size": workload.concurrency} for cid in ids],
+            "blocks": order, "warmup_blocks": workload.warmup,
+            **_balance(order[workload.warmup:], len(ids)),
+        },
+        "samples": samples,
+        "analysis": analyse(samples, ids, factors, [workload.concurrency],
+                            complete=not skipped, seed=workload.seed),
+        "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),
+    }
