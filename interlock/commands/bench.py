@@ -338,6 +338,8 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     for flag in ("feature", "env"):
         for key, value in getattr(args, flag):
             passed += [f"--{flag}", f"{key}={value}"]
+    if args.decision_log:  # each server appends its record; the variable reaches them as is
+        passed += ["--decision-log", args.decision_log]
     base, cells, skipped = serve_cells(policy, context, args.model, vary, overrides_of(args),
                                        passed)
     if not cells:
