@@ -293,8 +293,9 @@ class _Reply:
                 if update not in done:
                     update.cancel()
                     return Response(status_code=499)  # nobody reads it
-                if update.result().error is not None:
-                    raise RuntimeError(update.result().error)
+                error = update.result().error
+                if error is not None:  # the engine loop has logged it
+                    raise RequestError(error, status=500, type="server_error")
         finally:
             gone.cancel()
             self.generation.abort()
