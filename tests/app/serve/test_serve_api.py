@@ -99,6 +99,13 @@ def test_completions_n_stop_and_logprobs(client: openai.OpenAI) -> None:
     assert choice.text == " Paris" and choice.finish_reason == "stop"
     assert choice.logprobs.tokens[0] == " Paris"
     assert len(choice.logprobs.top_logprobs[0]) == 2
+    # Streamed, the text held back near a stop string is the same text, cut the same way.
+    stop = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 20,
+            "temperature": 0, "stop": ["France", "\n\nThe"]}
+    whole = client.completions.create(**stop).choices[0]
+    parts = list(client.completions.create(stream=True, **stop))
+    assert whole.text == "".join(p.choices[0].text for p in parts) == " Paris."
+    assert whole.finish_reason == parts[-1].choices[0].finish_reason == "stop"
     sampled = client.completions.create(model="smollm2", prompt="Once upon a time",
                                         max_tokens=6, temperature=1.0, seed=7, n=3,
                                         extra_body={"top_k": 20, "ignore_eos": True})
