@@ -71,7 +71,6 @@ class _Choice:
         self.llm, self.request, self.index, self.completion = llm, request, index, completion
         self.holdback = max((len(s) for s in request.params.stop), default=1) - 1
         self.text, self.tokens = "", 0
-        self.started = False
 
     def advance(self, update: Update) -> tuple[str, list[int]]:
         """The new text and the new tokens' positions since the last call."""
@@ -246,11 +245,11 @@ class _Reply:
         self.server, self.llm, self.rid, self.chat = server, server.llm, rid, chat
         self.generation, self.parsed = generation, parsed
         self.created = now()
-        self.choices = {
-            request: _Choice(self.llm, request, index, j)
-            for index, (request, j) in enumerate(
-                (r, j) for group in generation.groups for j, r in enumerate(group))
-        }
+        # Choice i * n + j is completion j of prompt i, as OpenAI numbers them.
+        self.choices: dict[Request, _Choice] = {}
+        for group in generation.groups:
+            for j, request in enumerate(group):
+                self.choices[request] = _Choice(self.llm, request, len(self.choices), j)
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.rid, "object": kind, "created": self.created,

@@ -205,9 +205,18 @@ def _stream(server: ServeProcess, max_tokens: int,
     return conn
 
 
-def test_a_disconnect_frees_its_slots(server: ServeProcess) -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_disconnect_frees_its_slots(server: ServeProcess, stream: bool) -> None:
     before = metrics(server).get("interlock:request_success_total{finished_reason=abort}", 0)
-    conn = _stream(server, 2000)
+    if stream:
+        conn = _stream(server, 2000)
+    else:  # the answer would come at the end: the server sees the close while it generates
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 2000,
+                "ignore_eos": True}
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        assert wait_for(lambda: metrics(server)["interlock:num_requests_running{}"] == 1)
     assert metrics(server)["interlock:kv_cache_usage_perc{}"] > 0
     conn.close()
     assert wait_for(lambda: metrics(server)["interlock:num_requests_running{}"] == 0)
