@@ -72,6 +72,13 @@ class ChatBody(_Common):
     max_completion_tokens: StrictInt | None = None
 
 
+#: The fields that take one of several forms, and those forms.
+UNION_FORMS = {
+    "prompt": "a string, a list of strings, a list of token ids, or a list of token-id lists",
+    "content": "a string, or a list of text parts ({\"type\": \"text\", \"text\": ...})",
+}
+
+
 @dataclass(frozen=True)
 class Parsed:
     """A request body, checked: its prompts (completions) or its conversation (chat), one
@@ -91,7 +98,14 @@ def _validated(model: type[BaseModel], body: object) -> Any:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or None
+        loc = list(first["loc"])
+        # A union's error names the member it tried last ("prompt.str"): say every form.
+        for name, forms in UNION_FORMS.items():
+            if name in loc:
+                at = loc.index(name) + 1
+                where = ".".join(map(str, loc[:at]))
+                raise RequestError(f"{where}: expected {forms}", param=where) from None
+        where = ".".join(map(str, loc)) or None
         raise RequestError(f"{where}: {first['msg']}" if where else first["msg"],
                            param=where) from None
 
