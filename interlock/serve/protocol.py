@@ -102,9 +102,8 @@ def _validated(model: type[BaseModel], body: object) -> Any:
         # A union's error names the member it tried last ("prompt.str"): say every form.
         for name, forms in UNION_FORMS.items():
             if name in loc:
-                at = loc.index(name) + 1
-                where = ".".join(map(str, loc[:at]))
-                raise RequestError(f"{where}: expected {forms}", param=where) from None
+                field = ".".join(map(str, loc[: loc.index(name) + 1]))
+                raise RequestError(f"{field}: expected {forms}", param=field) from None
         where = ".".join(map(str, loc)) or None
         raise RequestError(f"{where}: {first['msg']}" if where else first["msg"],
                            param=where) from None
