@@ -170,6 +170,9 @@ def test_refusals_are_openai_errors(server: ServeProcess, client: openai.OpenAI)
     with pytest.raises(openai.BadRequestError) as value:
         client.completions.create(model="smollm2", prompt="hi", max_tokens=2, top_p=7)
     assert "top_p=7" in str(value.value)
+    with pytest.raises(openai.BadRequestError) as form:
+        client.completions.create(model="smollm2", prompt=[1, "a"], max_tokens=2)
+    assert "prompt: expected a string, a list of strings" in str(form.value)
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
@@ -186,7 +189,7 @@ def test_refusals_are_openai_errors(server: ServeProcess, client: openai.OpenAI)
     conn.close()
     assert [m.id for m in client.models.list().data] == ["smollm2"]
     assert server.get("/health")[0] == 200
-    assert metrics(server)['interlock:request_errors_total{status=400}'] >= 7
+    assert metrics(server)['interlock:request_errors_total{status=400}'] >= 8
 
 
 def _stream(server: ServeProcess, max_tokens: int,
