@@ -122,9 +122,10 @@ def measure_serve(
     factors: Mapping[str, Sequence[Any]], workload: EngineWorkload, *,
     policy: dict[str, Any], accuracy_prompts: Sequence[str],
     accuracy_answers: Sequence[str] | None, startup_timeout: float, port: int | None,
-    progress: Progress | None, command: str | None,
+    progress: Progress | None, command: str | None, pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the design on ``policy serve`` children and build the evidence record."""
+    """Run the design on ``policy serve`` children and build the evidence record; ``pick``
+    as ``--engine vllm``'s (``interlock.bench.pick``)."""
     from interlock import decision_log as records
     from interlock.bench import _balance, _cpu_model
     from interlock.bench.analysis import analyse
@@ -216,6 +217,7 @@ def measure_serve(
         "workload": workload.to_dict(),
         "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),
+        **({"pick": pick} if pick is not None else {}),
         "configurations": [
             {"id": c.id, "label": c.label, "levels": _jsonable(c.levels),
              "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
@@ -234,6 +236,7 @@ def measure_serve(
         },
         "samples": samples,
         "analysis": analyse(samples, ids, factors, [workload.concurrency],
-                            complete=not skipped, seed=workload.seed),
+                            complete=not skipped, seed=workload.seed,
+                            pick=None if pick is None else pick["config"]),
         "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),
     }

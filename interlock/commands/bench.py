@@ -67,8 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """``--engine vllm`` and what measuring on ``vllm serve`` takes
-    (:mod:`interlock.bench.engine`)."""
+    """``--engine interlock|vllm`` and what measuring on ``policy serve`` or ``vllm serve``
+    takes (:mod:`interlock.bench.serve_engine`, :mod:`interlock.bench.engine`)."""
     from interlock.commands.common import add_decision_log_args
 
     group = parser.add_argument_group(
@@ -322,6 +322,7 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
 
 def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     """``--engine interlock``: the cells on `policy serve` (interlock.bench.serve_engine)."""
+    from interlock.bench.pick import policy_pick
     from interlock.bench.serve_engine import measure_serve, serve_cells
     from interlock.core.errors import PolicyError
     from interlock.model_run import check_runs_here, model_context
@@ -353,6 +354,7 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
             accuracy_prompts=prompts, accuracy_answers=answers,
             startup_timeout=args.startup_timeout, port=args.port, progress=bar,
             command=command_line(("bench", "--engine", "interlock", args.model), args),
+            pick=policy_pick(base, [(c.id, c.resolution) for c in cells], list(vary)),
         )
     finally:
         if bar is not None:

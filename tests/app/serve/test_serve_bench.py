@@ -22,6 +22,7 @@ def policy(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # four server starts and loads on a busy 2-core machine
 def test_bench_on_policy_serve_runs_each_cell_as_decided(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nWater boils at\n")
