@@ -264,13 +264,13 @@ def _states(whens: tuple[When, ...]) -> _States:
     for states in kinds:
         total *= len(states)
     if total <= MAX_EXTRAS:
-        extras: list[Extra] = list(itertools.product(*kinds))  # type: ignore[arg-type]
+        extras: list[Extra] = list(itertools.product(*kinds))
         return _States(kinds, extras, tuple(notes))
     first = tuple(states[0] for states in kinds)
     chosen: dict[Extra, None] = {}
     for i, states in enumerate(kinds):
         for state in states:
-            chosen[(*first[:i], state, *first[i + 1:])] = None  # type: ignore[index]
+            chosen[first[:i] + (state,) + first[i + 1:]] = None  # type: ignore[index]
     for when in whens:
         # A rule whose conditions are all of one kind matches in that kind's states alone.
         if len({type(c) for c in _all(when) if isinstance(c, _EXTRA_KINDS)}) < 2:

@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for change in changed:
             sys.stdout.write(render(change))
-        for blind in unknown:
-            sys.stdout.write(render_unknown(blind))
+        for entry in unknown:
+            sys.stdout.write(render_unknown(entry))
         tail = f", {len(unknown)} cannot tell" if unknown else ""
         skipped = f", {len(problems)} line(s) skipped" if problems else ""
         sys.stdout.write(
