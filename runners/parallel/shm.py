@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from interlock.core.errors import InputError
+from interlock.core.processes import alive, parse_pid
 
 CHOICE_ENV = "INTERLOCK_TP_COLLECTIVES"
 CHOICES = ("auto", "shm", "gloo")
@@ -44,7 +45,7 @@ PREFIX = "interlock-tp-"
 MIN_SLOT = 1 << 20
 #: How long one look for rank 0's next message lasts before Python checks for signals.
 _IDLE_LOOK_S = 0.25
-#: A segment's name: the creating pid (at most 7 digits: see MAX_PID), then 16 random hex
+#: A segment's name: the creating pid (at most 7 digits: see ``MAX_PID``), then 16 random hex
 #: digits (``secrets.token_hex(8)``).
 _NAME = re.compile(rf"{PREFIX}([1-9][0-9]{{0,6}})-[0-9a-f]{{16}}")
 
@@ -91,7 +92,7 @@ def sweep() -> None:
     uid = os.getuid()
     for name in names:
         pid = _pid_of(name)
-        if pid is None or _alive(pid):
+        if pid is None or alive(pid):
             continue
         path = SHM_DIR / name
         try:
@@ -102,28 +103,10 @@ def sweep() -> None:
             pass
 
 
-#: The largest pid Linux hands out (``PID_MAX_LIMIT``, 2^22); a name with a larger one is
-#: not a segment of ours.
-MAX_PID = 1 << 22
-
-
 def _pid_of(name: str) -> int | None:
     """The creating pid a segment's name carries, or None when it is not such a name."""
     match = _NAME.fullmatch(name)
-    if match is None:
-        return None
-    pid = int(match.group(1))
-    return pid if 0 < pid <= MAX_PID else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return None if match is None else parse_pid(match.group(1))
 
 
 class SharedMemoryCollectives:

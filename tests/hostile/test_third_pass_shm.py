@@ -126,3 +126,18 @@ def test_6_a_tp2_run_goes_through_planted_files(tmp_path: Path) -> None:
         assert victim.read_text() == "mine"
     finally:
         _remove([*keep.values(), stale])
+
+
+@pytest.mark.parametrize("text", ["99999999999", "0", "00042", "-5", "+5", "4194305",
+                                  "\u0661\u0662", " 12", "1e3", ""])
+def test_6_pids_read_from_names_are_parsed_with_bounds(text: str) -> None:
+    from interlock.core.processes import parse_pid
+
+    assert parse_pid(text) is None
+
+
+def test_6_a_pid_within_bounds_is_read() -> None:
+    from interlock.core.processes import MAX_PID, parse_pid
+
+    assert parse_pid("42") == 42
+    assert parse_pid(str(MAX_PID)) == MAX_PID
