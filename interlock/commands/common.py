@@ -33,6 +33,18 @@ def seconds(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    """argparse type for a share in percent: a finite number >= 0 (NaN would make every
+    comparison with it false, silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite percentage >= 0")
+    return value
+
+
 def port(text: str) -> int:
     """argparse type for a TCP port (1 to 65535)."""
     try:

@@ -45,3 +45,11 @@ def test_a_port_out_of_range_is_a_usage_error(cli: Any, tmp_path: Path, value: s
     assert result.code == 2, result.err
     assert "is not a TCP port (1 to 65535)" in result.err
     assert "no free port" not in result.err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_max_regression_must_be_a_finite_percentage(cli: Any, value: str) -> None:
+    """NaN made every comparison false: a regression never failed the diff."""
+    result = cli("diff", "a.yaml", "b.yaml", "--measure", f"--max-regression={value}")
+    assert result.code == 2, result.err
+    assert "is not a finite percentage >= 0" in result.err
