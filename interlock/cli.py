@@ -26,8 +26,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from interlock.core.errors import EXIT_CODES, InterlockError, error_kind
-from interlock.core.terminal import EscapingWriter
+from interlock.core.errors import EXIT_CODES, InterlockError, PolicyError, error_kind
+from interlock.core.terminal import EscapingWriter, one_line
 
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = (
@@ -194,10 +194,17 @@ def _main(argv: list[str]) -> int:
             return _fail(argv, args, "internal", message, None)
         if isinstance(exc, UsageError):
             exc.parser.print_usage(sys.stderr)
-            print(f"{exc.parser.prog}: error: {exc}", file=sys.stderr)
+            print(f"{exc.parser.prog}: error: {one_line(str(exc))}", file=sys.stderr)
         else:
-            print(f"policy: error: {exc}", file=sys.stderr)
+            print(f"policy: error: {_one_paragraph(exc)}", file=sys.stderr)
         return _fail(argv, args, kind, str(exc), _location(exc), exc)
+
+
+def _one_paragraph(exc: Exception) -> str:
+    """The error as printed: a :class:`PolicyError` keeps its lines (each one already shows
+    the line breaks of the values it quotes); any other error is one line, so a model
+    directory named ``m\\nengine: verified`` cannot print a line of its own."""
+    return str(exc) if isinstance(exc, PolicyError) else one_line(str(exc))
 
 
 def _fail(

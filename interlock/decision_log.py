@@ -20,6 +20,7 @@ and replay with :func:`replay`.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -29,6 +30,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import InputError
+from interlock.core.terminal import one_line
 from interlock.policy.context import Context
 from interlock.policy.trace import OVERRIDES
 
@@ -110,6 +112,8 @@ def build_record(
             "model_traits": dict(context.model_traits),
             "resolved_traits": resolved["context"]["traits"],
             "in_catalog": resolution.in_catalog,
+            # What ``config:`` conditions read, so a replay can read it too.
+            **({} if context.config is None else {"config_values": _config_values(context)}),
         },
         "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()},
         "capabilities": capabilities,
@@ -123,6 +127,16 @@ def build_record(
     if prompts is not None:
         record["prompts"] = [_cut(p) for p in prompts]
     return record
+
+
+def _config_values(context: Context) -> dict[str, Any]:
+    """The flattened config as JSON: a non-scalar (object, array) as ``{"json": kind}``."""
+    from interlock.policy.conditions import NonScalar
+
+    return {
+        path: {"json": value.kind} if isinstance(value, NonScalar) else value
+        for path, value in (context.config or {}).items()
+    }
 
 
 def plugin_of(runner: str) -> dict[str, Any]:
@@ -149,11 +163,18 @@ def _cut(prompt: str | Sequence[int]) -> dict[str, Any]:
 
 def encode(record: Mapping[str, Any]) -> bytes:
     """The record as one line; a record that would exceed :data:`MAX_LINE_BYTES` loses its
-    prompts first (``prompts_dropped``), and is refused if it is still too long."""
+    prompts first (``prompts_dropped``), then its config values (``config_values_dropped``:
+    a replay then cannot tell what ``config:`` rules decide), and is refused if it is still
+    too long."""
     line = _line(record)
     if len(line) > MAX_LINE_BYTES and "prompts" in record:
         record = {k: v for k, v in record.items() if k != "prompts"}
-        line = _line({**record, "prompts_dropped": True})
+        record = {**record, "prompts_dropped": True}
+        line = _line(record)
+    context = record.get("context")
+    if len(line) > MAX_LINE_BYTES and isinstance(context, dict) and "config_values" in context:
+        context = {k: v for k, v in context.items() if k != "config_values"}
+        line = _line({**record, "context": {**context, "config_values_dropped": True}})
     if len(line) > MAX_LINE_BYTES:
         raise DecisionLogError(
             f"a decision record of {len(line)} bytes is over the {MAX_LINE_BYTES}-byte line "
@@ -169,14 +190,24 @@ def _line(record: Mapping[str, Any]) -> bytes:
 
 def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
     """Append ``record`` as one line with one ``write`` (``O_APPEND``), creating the file 0600.
-    A path that is not a regular file (a directory, a FIFO) is refused, not waited on."""
+    A path that is not a regular file (a directory, a FIFO) is refused, not waited on, and a
+    symbolic link is not followed: a link planted where the log belongs (to another user's
+    file, or to ``~/.bashrc``) would have records appended to what it points at."""
     line = encode(record)
     name = os.fspath(path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(
+        os, "O_CLOEXEC", 0
+    )
     try:
         fd = os.open(name, flags, 0o600)
     except OSError as exc:
-        raise DecisionLogError(f"decision log {name}: cannot open: {exc.strerror}") from None
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: a link planted where the log belongs
+            raise DecisionLogError(
+                f"decision log {one_line(name)}: a symbolic link; name the file it points to"
+            ) from None
+        raise DecisionLogError(
+            f"decision log {one_line(name)}: cannot open: {exc.strerror}"
+        ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DecisionLogError(f"decision log {name}: not a regular file")
@@ -217,12 +248,12 @@ class Problem:
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any] | Problem]]:
     """``(line number, record or Problem)`` for each line of the log, streamed."""
-    from interlock.core.files import FileProblem, check_regular
+    from interlock.core.files import FileProblem, open_regular
 
     name = os.fspath(path)
     try:
-        check_regular(name)
-        handle = open(name, "rb")  # noqa: SIM115 (closed by the with below)
+        # One open, checked after: a FIFO renamed over the log is refused, not waited on.
+        handle = open_regular(name)
     except FileProblem as exc:
         raise DecisionLogError(f"decision log {name}: {exc.detail}") from None
     except OSError as exc:
@@ -260,7 +291,51 @@ def _parse(raw: bytes) -> dict[str, Any] | Problem:
     for key in ("time", "host", "command", "context", "decision", "provenance"):
         if key not in record:
             return Problem(0, f"no {key!r}")
-    return record
+    wrong = _shape_problem(record)
+    return record if wrong is None else Problem(0, wrong)
+
+
+#: The type each top-level field of a record must have (None: the field may be null).
+_SHAPE: dict[str, tuple[type, ...]] = {
+    "time": (str,), "host": (str,), "command": (str,), "context": (dict,),
+    "decision": (dict,), "provenance": (dict,), "deviations": (list,), "policy": (dict,),
+    "model": (str, type(None)), "pid": (int,), "overrides": (dict, type(None)),
+    "capabilities": (bool,), "runner": (dict, type(None)), "outcome": (dict, type(None)),
+    "engine": (dict, type(None)), "prompts": (list,),
+}
+
+
+def _shape_problem(record: Mapping[str, Any]) -> str | None:
+    """Why a parsed record cannot be shown or replayed (a field of the wrong type, a context
+    that is not one, an override that is not a value of its field), or None."""
+    from interlock.core.decision import check_field
+    from interlock.core.errors import PolicyError
+
+    for key, types in _SHAPE.items():
+        if key in record and not isinstance(record[key], types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            return f"{key} is not {names}"
+    engine = record.get("engine") or {}
+    if not isinstance(engine.get("verified", False), bool) or not all(
+        isinstance(p, str) for p in _as_list(engine.get("problems", []))
+    ) or not isinstance(engine.get("vllm_version", ""), (str, type(None))):
+        return "engine: verified is not a bool, problems not strings or vllm_version not text"
+    try:
+        recorded_context(record)
+        for name, value in (record.get("overrides") or {}).items():
+            check_field(name, tuple(value) if isinstance(value, list) else value)
+    except (PolicyError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return f"not a context or overrides interlock can replay: {_brief(exc)}"
+    return None
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [None]
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc) if not isinstance(exc, KeyError) else f"no {exc.args[0]!r}"
+    return text[:300]
 
 
 def records(
@@ -277,21 +352,64 @@ def records(
 
 
 def recorded_context(record: Mapping[str, Any]) -> Context:
-    """The context a record was resolved for, rebuilt exactly (raises ``PolicyError`` or
-    ``ValueError`` on a damaged record)."""
+    """The context a record was resolved for, rebuilt exactly: its facts, the model's
+    identity, the engine versions and the config values (raises ``PolicyError``, ``ValueError``
+    or ``TypeError`` on a damaged record)."""
+    from interlock.policy.conditions import NonScalar
+
     ctx = record["context"]
     if not isinstance(ctx, dict):
         raise ValueError("context is not an object")
+    identity = ctx.get("model", [])
+    if not isinstance(identity, list):
+        raise ValueError("context.model is not a list")
+    config = ctx.get("config_values")
+    if config is not None and not isinstance(config, dict):
+        raise ValueError("context.config_values is not an object")
     return Context(
-        architecture=ctx["architecture"],
-        platform=ctx["platform"],
-        device_arch=ctx.get("device_arch", ""),
+        architecture=_text(ctx["architecture"], "architecture"),
+        platform=_text(ctx["platform"], "platform"),
+        device_arch=_text(ctx.get("device_arch", ""), "device_arch"),
         features=dict(ctx.get("features", {})),
         env=dict(ctx.get("env", {})),
         traits=dict(ctx.get("traits", {})),
         model_traits=dict(ctx.get("model_traits", {})),
-        sources=dict(ctx.get("sources", {})),
+        sources={k: _text(v, f"sources.{k}") for k, v in dict(ctx.get("sources", {})).items()},
+        config=None if config is None else {
+            path: NonScalar(value["json"]) if isinstance(value, dict) else value
+            for path, value in config.items()
+        },
+        identity=tuple(
+            (_text(entry["name"], "model.name"), _text(entry["source"], "model.source"))
+            for entry in identity
+        ),
+        engine={k: _text(v, f"engine.{k}") for k, v in dict(ctx.get("engine", {})).items()},
     )
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"context.{name} is not text")
+    return value
+
+
+#: The facts a rule can read that a record may not carry (it predates them, or they were
+#: dropped to fit the line): ``config`` values, the ``model`` identity, ``engine`` versions.
+UNRECORDED_FACTS = ("config", "model", "engine")
+
+
+def unrecorded(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """The kinds of facts (:data:`UNRECORDED_FACTS`) rules may read that ``record`` lacks:
+    a replay can only say "cannot tell" for rules that read them."""
+    ctx = record["context"]
+    missing = []
+    if ctx.get("config", True) is not False and "config_values" not in ctx:
+        missing.append("config")  # a model config was read (or unsaid), its values not kept
+    if "model" not in ctx:
+        missing.append("model")
+    if "engine" not in ctx:
+        missing.append("engine")
+    return tuple(missing)
 
 
 def replay(policy: Policy, record: Mapping[str, Any]) -> Resolution:

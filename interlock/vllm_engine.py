@@ -33,11 +33,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from interlock.core.errors import PolicyError
+
+if TYPE_CHECKING:
+    import http.client
 
 #: The release whose formats are used when the version is not known.
 DEFAULT_VERSION = "0.33.0"
@@ -402,17 +405,35 @@ def _drain(
     return verdict
 
 
+#: The longest line of the engine's output that is read as one: a longer one is copied
+#: whole, but only its first MAX_LINE_BYTES are checked (an engine writing without a line
+#: break cannot grow a line in memory without bound).
+MAX_LINE_BYTES = 64 * 1024
+
+
+def output_lines(pipe: IO[bytes]) -> Iterator[tuple[bytes, str | None]]:
+    """``(bytes, text)`` for each piece of ``pipe`` up to a line break or
+    :data:`MAX_LINE_BYTES`: ``text`` is the piece decoded when it starts a line, None when
+    it continues a line cut at the bound."""
+    continuing = False
+    while raw := pipe.readline(MAX_LINE_BYTES):
+        yield raw, None if continuing else raw.decode("utf-8", "replace")
+        continuing = not raw.endswith(b"\n")
+
+
 def _copy(pipe: IO[bytes] | None, sink: IO[bytes], lines: queue.Queue[str | None]) -> None:
-    """Copy ``pipe`` to ``sink`` line by line, handing each line to ``lines`` (None at EOF)."""
+    """Copy ``pipe`` to ``sink`` line by line, handing each line to ``lines`` (None at EOF;
+    a line past :data:`MAX_LINE_BYTES` as its first MAX_LINE_BYTES)."""
     assert pipe is not None
     try:
-        for raw in iter(pipe.readline, b""):
+        for raw, text in output_lines(pipe):
             try:
                 sink.write(raw)
                 sink.flush()
             except (OSError, ValueError):  # our own output went away: keep reading
                 pass
-            lines.put(raw.decode("utf-8", "replace"))
+            if text is not None:
+                lines.put(text)
     finally:
         lines.put(None)
 
@@ -478,6 +499,44 @@ class StartupCheck(Protocol):
     def finish(self, ended_by: str, detail: str = "") -> Any: ...
 
 
+class Deadline:
+    """A request's whole time: shuts the connection's socket down when ``seconds`` have
+    passed since it began, which ends any read blocked on it, however slowly the server
+    sends (a socket timeout bounds each read, not their sum); raises ``EngineFailed``
+    naming ``what`` then."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float, what: str) -> None:
+        self.conn, self.seconds, self.what, self.expired = conn, seconds, what, False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        import socket
+
+        self.expired = True
+        try:
+            # The connection's own socket: the response reads through it even after the
+            # connection lets go of it (an answer with "Connection: close").
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        self.conn.connect()
+        self.sock = self.conn.sock
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        self.conn.close()
+        if self.expired:
+            raise EngineFailed(
+                f"{self.what} did not finish within {self.seconds:g} s (the request's whole "
+                "time, however slowly the server sends)"
+            )
+
+
 class EngineProcess:
     """One ``vllm serve`` child for a measurement: started in its own process group, its
     output kept (the last lines, for errors) and fed to ``check``; :meth:`wait_ready`
@@ -501,8 +560,10 @@ class EngineProcess:
 
     def _read(self) -> None:
         assert self.child.stdout is not None
-        for raw in iter(self.child.stdout.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        for _, piece in output_lines(self.child.stdout):
+            if piece is None:  # the rest of a line cut at MAX_LINE_BYTES
+                continue
+            text = piece.rstrip("\r\n")
             with self._lock:
                 self.tail = [*self.tail[-19:], text]
                 self.check.feed(text)
@@ -540,10 +601,10 @@ class EngineProcess:
                 )
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
-                conn.request("GET", "/health")
-                healthy = conn.getresponse().status == 200
-                conn.close()
-            except OSError:
+                with Deadline(conn, 2.0, "GET /health"):
+                    conn.request("GET", "/health")
+                    healthy = conn.getresponse().status == 200
+            except (OSError, http.client.HTTPException, EngineFailed):
                 healthy = False
             if healthy:
                 with self._lock:

@@ -97,7 +97,21 @@ def decode(raw: torch.Tensor, name: str, inputs: int) -> tuple[
         torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A weight's file bytes [N, row bytes] (uint8) -> quants [N, K] (uint8 for nibble
     formats, int8 else), scales [N, K / block] and offsets (None for signed formats), so
-    that weight (n, k) is scale q + offset in float32, as gguf dequantizes it."""
+    that weight (n, k) is scale q + offset in float32, as gguf dequantizes it. A NaN or
+    infinite scale or offset (float16 bits in the file) is refused, as the dequantized
+    weight it would make is."""
+    q, scale, offset = _decode(raw, name, inputs)
+    for what, values in (("scale", scale), ("offset", offset)):
+        if values is None or bool(torch.isfinite(values.sum(dtype=torch.float32))):
+            continue
+        bad = int((~torch.isfinite(values)).sum())
+        if bad:
+            raise QuantFormatError(f"{name}: {bad} NaN or infinite block {what}(s)")
+    return q, scale, offset
+
+
+def _decode(raw: torch.Tensor, name: str, inputs: int) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor | None]:
     fmt = format_of(name)
     if inputs % fmt.file_block:
         raise QuantFormatError(

@@ -237,7 +237,11 @@ class ConfigMatch:
     ops: tuple[tuple[str, Any], ...]
 
     def holds(self, facts: Facts) -> bool:
-        return self.check(facts) is None
+        # As ``check(facts) is None``, without building the failure (resolution's hot path).
+        config = facts.config
+        if config is None or self.key not in config:
+            return False
+        return self.value_holds(config[self.key])
 
     def check(self, facts: Facts) -> Failure | None:
         name = f"config.{self.key}"

@@ -213,8 +213,12 @@ def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
         condition = (tuple(sorted(c.env.items())), extra_of(c))
         conditions_of.setdefault(point, set()).add(condition)
     by_conditions: dict[frozenset[Condition], dict[str, set[tuple[str, str]]]] = {}
+    order_of: dict[frozenset[Condition], list[Extra]] = {}
     for (arch, platform, device), point_conditions in conditions_of.items():
-        arch_places = by_conditions.setdefault(frozenset(point_conditions), {})
+        extras = domain.extras_at(arch, platform, device)
+        key = _everywhere(frozenset(point_conditions), extras)
+        order_of.setdefault(key, extras)
+        arch_places = by_conditions.setdefault(key, {})
         arch_places.setdefault(arch, set()).add((platform, device))
     arch_order = {a: i for i, a in enumerate(domain.architectures)}
     lines = []
@@ -222,7 +226,7 @@ def summarize(contexts: Iterable[Context], domain: Domain) -> list[str]:
         by_places: dict[frozenset[tuple[str, str]], list[str]] = {}
         for arch, where in places_of.items():
             by_places.setdefault(frozenset(where), []).append(arch)
-        suffix = _conditions_text(conditions, domain)
+        suffix = _conditions_text(conditions, domain, order_of[conditions])
         for places, archs in by_places.items():
             archs.sort(key=lambda a: arch_order.get(a, len(arch_order)))
             lines.append(
@@ -254,14 +258,30 @@ def _device_text(device: str) -> str:
     return "(other)" if device == UNNAMED_DEVICE_ARCH else device
 
 
-def _conditions_text(conditions: frozenset[Condition], domain: Domain) -> str:
+#: Stands for "every feature, config, model and engine state of the place" in a summary.
+_EVERY: Extra = ((("*", "*"),), None, ("*",), ())
+
+
+def _everywhere(conditions: frozenset[Condition], extras: list[Extra]) -> frozenset[Condition]:
+    """``conditions`` with every state of the place (``extras``) under one env set written
+    as :data:`_EVERY`, so that places whose states differ still read alike."""
     envs_by_extra: dict[Extra, set[EnvState]] = {}
     for env, extra in conditions:
         envs_by_extra.setdefault(extra, set()).add(env)
     env_sets = {frozenset(envs) for envs in envs_by_extra.values()}
-    extras = domain.extras()
     if len(envs_by_extra) == len(extras) and len(env_sets) == 1:
-        text = _env_text(next(iter(env_sets)), domain)
+        return frozenset((env, _EVERY) for env in next(iter(env_sets)))
+    return conditions
+
+
+def _conditions_text(
+    conditions: frozenset[Condition], domain: Domain, extras: list[Extra]
+) -> str:
+    envs_by_extra: dict[Extra, set[EnvState]] = {}
+    for env, extra in conditions:
+        envs_by_extra.setdefault(extra, set()).add(env)
+    if _EVERY in envs_by_extra:
+        text = _env_text(frozenset(envs_by_extra[_EVERY]), domain)
         return f", {text}" if text else ""
     parts = []
     for state in extras:

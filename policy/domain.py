@@ -22,6 +22,15 @@ mention, so a finite set of representatives covers every distinct behaviour:
 - engine versions: none, then one version per distinct truth assignment of the
   rules' ``engine:`` specifier sets (each bound, just below and just above it).
 
+Features, config, model and engine states are enumerated per (architecture, platform,
+device arch) over the rules whose name conditions can hold there: a condition of a rule
+that cannot match a place makes no distinction in it. Each feature or config key is
+reduced to one value per truth assignment of its own conditions before keys are
+combined. Past :data:`MAX_STATES` combinations of one kind, or :data:`MAX_EXTRAS` of all
+four at one place, the enumeration is bounded and says so (:attr:`Domain.bounded`): none
+given, each key's values alone, and each rule's conditions together, rather than every
+combination of every key.
+
 Two policies are compared over the union of their domains.
 """
 
@@ -29,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.version import Version
@@ -39,6 +48,7 @@ from interlock.policy.conditions import (
     Condition,
     ConfigMatch,
     EngineMatch,
+    Facts,
     FeatureMatch,
     ModelMatch,
     NameMatch,
@@ -64,6 +74,12 @@ ModelState = tuple[str, ...]
 EngineState = tuple[tuple[str, str], ...]
 #: What a context has besides its architecture, place and env.
 Extra = tuple[FeatureState, ConfigState, ModelState, EngineState]
+#: The most states of one kind (features, config) enumerated in full.
+MAX_STATES = 64
+#: The most combinations of the four kinds enumerated in full at one place.
+MAX_EXTRAS = 256
+#: The conditions on features, config, model identity and engine versions.
+_EXTRA_KINDS = (FeatureMatch, ConfigMatch, ModelMatch, EngineMatch)
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,7 @@ class Domain:
     device_archs: dict[str, tuple[str, ...]]
     #: ``()`` (nothing set) first, then one ``((name, value),)`` per declared value.
     env_states: tuple[EnvState, ...]
-    #: ``()`` (no feature given) first, then every combination of feature values.
+    #: ``()`` (no feature given) first, then the combinations of feature values (every rule).
     feature_states: tuple[FeatureState, ...]
     #: None (no model config) first, then one config per truth assignment of the predicates.
     config_states: tuple[ConfigState, ...] = (None,)
@@ -81,6 +97,11 @@ class Domain:
     engine_states: tuple[EngineState, ...] = ((),)
     #: The config predicates the states were enumerated over, as written (``config.x > 70``).
     config_predicates: tuple[str, ...] = ()
+    #: Where the enumeration stops short of every combination, in words (empty: it does not).
+    bounded: tuple[str, ...] = ()
+    #: Every rule's `when`, for the states of each place (:meth:`extras_at`).
+    whens: tuple[When, ...] = field(default=(), repr=False, compare=False)
+    _memo: dict[Any, list[Extra]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, *policies: Policy) -> Domain:
@@ -109,19 +130,34 @@ class Domain:
             p: (*sorted(n for n in named[p] if n != UNNAMED_DEVICE_ARCH), UNNAMED_DEVICE_ARCH)
             for p in platforms
         }
-        conditions = [c for policy in policies for rule in policy.rules for c in _all(rule.when)]
-        configs = [c for c in conditions if isinstance(c, ConfigMatch)]
+        whens = tuple(rule.when for policy in policies for rule in policy.rules)
+        states = _states(whens)
+        configs = [c for w in whens for c in _all(w) if isinstance(c, ConfigMatch)]
         return cls(
             architectures=tuple(archs),
             device_archs=device_archs,
             env_states=_env_states(policies),
-            feature_states=_feature_states(policies),
-            config_states=config_states(configs),
-            model_states=_model_states([c for c in conditions if isinstance(c, ModelMatch)]),
-            engine_states=_engine_states([c for c in conditions if isinstance(c, EngineMatch)]),
+            feature_states=states.kinds[0],
+            config_states=states.kinds[1],
+            model_states=states.kinds[2],
+            engine_states=states.kinds[3],
             config_predicates=tuple(dict.fromkeys(predicate_text(c) for c in configs)),
+            bounded=states.bounded,
+            whens=whens,
         )
 
+    def extras_at(self, architecture: str, platform: str, device_arch: str) -> list[Extra]:
+        """The feature, config, model and engine states at one place: over the conditions
+        of the rules whose name conditions hold there."""
+        here = {"architecture": architecture, "platform": platform, "device_arch": device_arch}
+        relevant = tuple(
+            i for i, when in enumerate(self.whens)
+            if all(c.matches(here[c.key]) for c in _all(when) if isinstance(c, NameMatch))
+        )
+        hit = self._memo.get(relevant)
+        if hit is None:
+            hit = self._memo[relevant] = _states(tuple(self.whens[i] for i in relevant)).extras
+        return hit
     @property
     def platforms(self) -> tuple[str, ...]:
         return tuple(self.device_archs)
@@ -136,23 +172,15 @@ class Domain:
             for device_arch in archs:
                 yield platform, device_arch
 
-    def extras(self) -> list[Extra]:
-        """Every combination of feature, config, model and engine states."""
-        return list(
-            itertools.product(
-                self.feature_states, self.config_states, self.model_states, self.engine_states
-            )
-        )
-
     def contexts(self, *, with_env: bool = True) -> Iterator[Context]:
         """Every context of the domain; ``with_env=False`` leaves the environment empty
         (enough to see which rules match: env bindings act after the rules)."""
         envs = self.env_states if with_env else ((),)
         places = list(self.places())
-        extras = self.extras()
         for arch in self.architectures:
             for platform, device_arch in places:
-                for features, config, model, engine in extras:
+                for features, config, model, engine in self.extras_at(arch, platform,
+                                                                      device_arch):
                     for env in envs:
                         yield Context(
                             architecture=arch,
@@ -167,12 +195,15 @@ class Domain:
 
     def size(self, *, with_env: bool = True) -> int:
         envs = len(self.env_states) if with_env else 1
-        places = sum(len(archs) for archs in self.device_archs.values())
-        return len(self.architectures) * places * len(self.extras()) * envs
+        return envs * sum(
+            len(self.extras_at(arch, platform, device_arch))
+            for arch in self.architectures for platform, device_arch in self.places()
+        )
 
     def describe_enumeration(self) -> list[str]:
-        """What the domain enumerates beyond the catalog, in words, for reports."""
-        lines = []
+        """What the domain enumerates beyond the catalog, in words, for reports (where it is
+        bounded, first)."""
+        lines = [f"bounded: {note}" for note in self.bounded]
         if self.config_predicates:
             lines.append(
                 f"config: {len(self.config_states) - 1} distinct truth assignments of the "
@@ -205,33 +236,168 @@ def predicate_text(condition: ConfigMatch) -> str:
     return f"{condition.key} {wanted_text(condition.to_data())}"
 
 
-def config_states(conditions: list[ConfigMatch]) -> tuple[ConfigState, ...]:
-    """No model config, then one config per distinct truth assignment of ``conditions`` (the
-    all-false one included: a config that fails every predicate is not "no config"): each
-    path at each witness value of its conditions, or absent; the product over paths is
-    reduced to one representative per assignment (the first)."""
+@dataclass(frozen=True)
+class _States:
+    """The states of each kind over some rules, their combinations, and where bounded."""
+
+    kinds: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]
+    extras: list[Extra]
+    bounded: tuple[str, ...]
+
+
+def _states(whens: tuple[When, ...]) -> _States:
+    """The four kinds of states over the conditions of ``whens``, and their combinations:
+    all of them, or (past :data:`MAX_EXTRAS`) each kind's states with the others at their
+    first, plus one combination per rule in which all its conditions hold."""
+    notes: list[str] = []
+    conditions = [c for when in whens for c in _all(when)]
+    features = _keyed_states([c for c in conditions if isinstance(c, FeatureMatch)], whens,
+                             "features", notes)
+    on_config = [c for c in conditions if isinstance(c, ConfigMatch)]
+    kinds = (
+        features,
+        (None, *_keyed_states(on_config, whens, "config", notes)) if on_config else (None,),
+        _model_states([c for c in conditions if isinstance(c, ModelMatch)]),
+        _engine_states([c for c in conditions if isinstance(c, EngineMatch)]),
+    )
+    total = 1
+    for states in kinds:
+        total *= len(states)
+    if total <= MAX_EXTRAS:
+        extras: list[Extra] = list(itertools.product(*kinds))
+        return _States(kinds, extras, tuple(notes))
+    first = tuple(states[0] for states in kinds)
+    chosen: dict[Extra, None] = {}
+    for i, states in enumerate(kinds):
+        for state in states:
+            chosen[first[:i] + (state,) + first[i + 1:]] = None  # type: ignore[index]
+    for when in whens:
+        # A rule whose conditions are all of one kind matches in that kind's states alone.
+        if len({type(c) for c in _all(when) if isinstance(c, _EXTRA_KINDS)}) < 2:
+            continue
+        witness = tuple(
+            next((s for s in states if _kind_holds(when, i, s)), None)
+            for i, states in enumerate(kinds)
+        )
+        if all(w is not None or i == 1 for i, w in enumerate(witness)):
+            chosen[witness] = None  # type: ignore[index]
+    notes.append(
+        f"{' x '.join(str(len(k)) for k in kinds)} = {total} combinations of feature, config, "
+        f"model and engine states at one place, over the bound of {MAX_EXTRAS}: enumerated "
+        f"{len(chosen)} (each kind's states alone, and each rule's conditions of several "
+        "kinds together)"
+    )
+    return _States(kinds, list(chosen), tuple(notes))
+
+
+def _kind_holds(when: When, kind: int, state: Any) -> bool:
+    """Whether ``when``'s conditions of one kind (features, config, model, engine) hold in
+    ``state`` of that kind."""
+    facts = Facts(
+        "", "", "", {},
+        dict(state) if kind == 0 else {},
+        (None if state is None else dict(state)) if kind == 1 else None,
+        state if kind == 2 else (),
+        dict(state) if kind == 3 else {},
+    )
+    return all(c.holds(facts) for c in _all(when) if isinstance(c, _EXTRA_KINDS[kind]))
+
+
+def _keyed_states(
+    conditions: list[Any], whens: tuple[When, ...], kind: str, notes: list[str]
+) -> tuple[Any, ...]:
+    """Feature or config states: for features "none given" first and each key absent first,
+    for config (whose "no model config" the caller adds) each key absent last.
+
+    Small enough, every combination of the keys' witness values (features) or of one value
+    per truth assignment of each key's conditions (config, and features past
+    :data:`MAX_STATES`); else (bounded, noted) every key absent, each key's values alone,
+    and each rule's conditions together."""
+    is_feature = kind == "features"
     if not conditions:
-        return (None,)
+        return ((),)
     witnesses: dict[str, list[Any]] = {}
     for condition in conditions:
         known = witnesses.setdefault(condition.key, [])
         for value in _feature_values(FeatureMatch(condition.key, condition.ops)):
             if not any(_same(value, k) for k in known):
                 known.append(value)
-    paths = list(witnesses)
-    seen: set[tuple[bool, ...]] = set()
-    states: list[ConfigState] = [None]
-    # A path absent (None) comes last: a present value shows a branch more plainly.
-    for combo in itertools.product(*([*witnesses[p], None] for p in paths)):
-        present = {p: v for p, v in zip(paths, combo, strict=True) if v is not None}
-        truth = tuple(
-            c.key in present and c.value_holds(present[c.key]) for c in conditions
+    keys = list(witnesses)
+    # A feature not given comes first; a config path absent last (a present value shows a
+    # branch more plainly).
+    raw = {k: [None, *witnesses[k]] if is_feature else [*witnesses[k], None] for k in keys}
+    raw_total = 1
+    for k in keys:
+        raw_total *= len(raw[k])
+    if is_feature and raw_total <= MAX_STATES:
+        choices = raw
+    else:
+        choices = {k: _distinct(raw[k], [c for c in conditions if c.key == k]) for k in keys}
+    total = 1
+    for k in keys:
+        total *= len(choices[k])
+    if total <= MAX_STATES:
+        return tuple(
+            tuple((k, v) for k, v in zip(keys, combo, strict=True) if v is not None)
+            for combo in itertools.product(*(choices[k] for k in keys))
         )
-        if truth in seen:
+    states: dict[tuple[tuple[str, Any], ...], None] = {(): None}
+    for k in keys:
+        for value in choices[k]:
+            states[() if value is None else ((k, value),)] = None
+    kind_type = FeatureMatch if is_feature else ConfigMatch
+    for when in whens:
+        mine = [c for c in _all(when) if isinstance(c, kind_type)]
+        if len({c.key for c in mine}) < 2:  # one key: its values alone show the rule match
             continue
-        seen.add(truth)
-        states.append(tuple(present.items()))
+        witness = []
+        for k in dict.fromkeys(c.key for c in mine):
+            value = next((v for v in choices[k] if v is not None and all(
+                c.value_holds(v) if isinstance(c, ConfigMatch) else _feature_holds(c, v)
+                for c in mine if c.key == k)), None)
+            if value is None:
+                break
+            witness.append((k, value))
+        else:
+            if witness:
+                states[tuple(witness)] = None
+    notes.append(
+        f"{kind}: {len(keys)} keys whose distinctions make {total} combinations, over the "
+        f"bound of {MAX_STATES}: enumerated {len(states)} (none given, each key's values "
+        "alone, and each rule's conditions on several keys together)"
+    )
     return tuple(states)
+
+
+def _feature_holds(condition: FeatureMatch, value: Any) -> bool:
+    return condition.holds(Facts("", "", "", {}, {condition.key: value}))
+
+
+def _distinct(values: list[Any], conditions: list[Any]) -> list[Any]:
+    """The first of ``values`` (None: the key absent) per truth assignment of
+    ``conditions`` on that key."""
+    seen: set[tuple[bool, ...]] = set()
+    out = []
+    for value in values:
+        facts_value = {} if value is None else {conditions[0].key: value}
+        truth = tuple(
+            (value is not None and c.value_holds(value)) if isinstance(c, ConfigMatch)
+            else c.holds(Facts("", "", "", {}, facts_value))
+            for c in conditions
+        )
+        if truth not in seen:
+            seen.add(truth)
+            out.append(value)
+    return out
+
+
+def config_states(conditions: list[ConfigMatch]) -> tuple[ConfigState, ...]:
+    """No model config, then one config per distinct truth assignment of ``conditions`` (the
+    all-false one included: a config that fails every predicate is not "no config"), bounded
+    as :func:`_keyed_states` says."""
+    if not conditions:
+        return (None,)
+    return (None, *_keyed_states(conditions, (), "config", []))
 
 
 def _model_states(conditions: list[ModelMatch]) -> tuple[ModelState, ...]:
@@ -381,26 +547,6 @@ def _env_states(policies: tuple[Policy, ...]) -> tuple[EnvState, ...]:
         for name, binding in policy.env.items():
             values.setdefault(name, {}).update(dict.fromkeys(binding.values))
     return ((), *(((name, v),) for name, vs in values.items() for v in vs))
-
-
-def _feature_states(policies: tuple[Policy, ...]) -> tuple[FeatureState, ...]:
-    per_feature: dict[str, list[Any]] = {}
-    for policy in policies:
-        for rule in policy.rules:
-            for condition in rule.when.conditions:
-                if isinstance(condition, FeatureMatch):
-                    known = per_feature.setdefault(condition.key, [])
-                    for value in _feature_values(condition):
-                        if not any(_same(value, k) for k in known):
-                            known.append(value)
-    if not per_feature:
-        return ((),)
-    keys = list(per_feature)
-    choices = [[None, *per_feature[k]] for k in keys]
-    states = []
-    for combo in itertools.product(*choices):
-        states.append(tuple((k, v) for k, v in zip(keys, combo, strict=True) if v is not None))
-    return tuple(states)
 
 
 def _feature_values(condition: FeatureMatch) -> list[Any]:

@@ -8,6 +8,7 @@ which rules match and decide where in :class:`interlock.policy.domain.Domain`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -146,19 +147,20 @@ class Subject:
         matched = dict.fromkeys((r.id for r in self.policy.rules), 0)
         decided = dict(matched)
         overwritten: dict[str, dict[str, set[str]]] = {r.id: {} for r in self.policy.rules}
+        rules = self.policy.rules
         for context in self.domain.contexts(with_env=False):
             resolution = resolve(self.policy, context)
             deciders = rule_deciders(resolution.provenance.values())
-            for step in resolution.trace:
-                if step.stage != RULES or not step.matched:
-                    continue
-                matched[step.name] += 1
-                if step.name in deciders:
-                    decided[step.name] += 1
-                for name in step.sets:
+            # The matched rules alone: the whole trace would explain every rule that failed.
+            for index in sorted(resolution.matched_rules):
+                rule = rules[index]
+                matched[rule.id] += 1
+                if rule.id in deciders:
+                    decided[rule.id] += 1
+                for name in rule.set:
                     final = resolution.provenance[name]
-                    if final.source != step.name:
-                        overwritten[step.name].setdefault(name, set()).add(final.source)
+                    if final.source != rule.id:
+                        overwritten[rule.id].setdefault(name, set()).add(final.source)
         return {rid: RuleUsage(matched[rid], decided[rid], overwritten[rid]) for rid in matched}
 
 
@@ -224,6 +226,19 @@ def unknown_architectures(subject: Subject) -> Iterator[Finding]:
                     f"traits are unknown{hint(pattern, catalog)}"
                 )
             yield subject.finding(subject.at(rule, *path), WARNING, "unknown-architecture", message)
+
+
+def bounded_domain(subject: Subject) -> Iterator[Finding]:
+    """Notes: where the domain stops short of every combination the rules distinguish
+    (:attr:`interlock.policy.domain.Domain.bounded`), so that the lints over it are read as
+    covering what was enumerated."""
+    policy_file = subject.policy.files[-1].path if subject.policy.files else "<policy>"
+    for note in subject.domain.bounded:
+        yield subject.finding(
+            Location(policy_file, 1), NOTE, "bounded-domain",
+            f"the domain is bounded ({note}); dead and shadowed rules are judged on the "
+            "contexts enumerated",
+        )
 
 
 def dead_and_shadowed_rules(subject: Subject) -> Iterator[Finding]:
@@ -364,18 +379,21 @@ def unreachable_config(subject: Subject) -> Iterator[Finding]:
     catalog = subject.policy.catalog
     tests = subject.tests
     cases = [case_context(case) for case in tests.cases] if tests is not None else []
-    for rule in subject.policy.rules:
+    policy = subject.policy
+    pending = [r for r in policy.rules
+               if any(isinstance(c, ConfigMatch) for c in r.when.conditions)]
+    # One pass over the domain for every such rule, each context's facts made once.
+    contexts = itertools.chain(
+        (c for c in subject.domain.contexts(with_env=False) if c.architecture in catalog),
+        cases,
+    )
+    for context in contexts:
+        if not pending:
+            break
+        facts = context_facts(policy, context)
+        pending = [r for r in pending if not r.when.matches(facts)]
+    for rule in pending:
         configs = [c for c in rule.when.conditions if isinstance(c, ConfigMatch)]
-        if not configs:
-            continue
-        policy = subject.policy
-        reached = any(
-            rule.when.matches(context_facts(policy, context))
-            for context in subject.domain.contexts(with_env=False)
-            if context.architecture in catalog
-        ) or any(rule.when.matches(context_facts(policy, context)) for context in cases)
-        if reached:
-            continue
         shown = ", ".join(f"`{predicate_text(c)}`" for c in configs)
         where = "no test case gives a config that does" if tests else "there is no tests file"
         yield subject.finding(
@@ -428,6 +446,7 @@ def _vague(reason: str) -> str:
 CHECKS: tuple[Check, ...] = (
     unknown_runners,
     unknown_architectures,
+    bounded_domain,
     dead_and_shadowed_rules,
     near_miss_lists,
     reasons,

@@ -91,6 +91,11 @@ class Resolution:
     def in_catalog(self) -> bool:
         return self.context.architecture in self.policy.catalog
 
+    @property
+    def matched_rules(self) -> frozenset[int]:
+        """Indices of the rules that matched (what the trace shows, without building it)."""
+        return frozenset(self._draft.matched_rules)
+
     @cached_property
     def trace(self) -> tuple[Step, ...]:
         """Every step in stage order; every rule of the policy, matched or not."""

@@ -104,17 +104,31 @@ def check_text(name: str, text: str) -> None:
 
 
 def check_kv_cache_fits(spec: Any, num_blocks: int, block_size: int) -> None:
-    """Refuse, before allocating, a KV cache larger than the memory of its device (an
-    explicit ``num_blocks`` is not capped by the model's length the way a budget is)."""
-    from interlock.runners.engine.kv_cache import bytes_per_block
+    """Refuse, before allocating, a KV cache and recurrent-state pool larger than the memory
+    of their device (an explicit ``num_blocks`` is not capped by the model's length the way
+    a budget is, and the pool grows with ``max_num_seqs`` whatever the blocks)."""
+    from interlock.runners.engine.kv_cache import DTYPE_BYTES, bytes_per_block
+    from interlock.runners.model.cache_spec import state_pool_bytes
     from interlock.runners.model.memory import available_bytes
 
-    need = num_blocks * bytes_per_block(spec.config, spec.dtype, block_size,
-                                        spec.tensor_parallel_size)
+    kv = num_blocks * bytes_per_block(spec.config, spec.dtype, block_size,
+                                      spec.tensor_parallel_size)
+    pool = state_pool_bytes(spec.config, DTYPE_BYTES[spec.dtype], spec.max_num_seqs,
+                            spec.tensor_parallel_size)
     have = available_bytes(spec.device)
-    if have is not None and need > have:
+    if have is None or kv + pool <= have:
+        return
+    if pool > have or (pool and pool >= kv):
         raise InputError(
-            f"num_blocks={num_blocks} is invalid; allowed: a KV cache that fits in memory: "
-            f"{num_blocks} blocks of {block_size} tokens take {need / 2**30:.1f} GiB, more "
-            f"than the {have / 2**30:.1f} GiB available on {spec.device}"
+            f"max_num_seqs={spec.max_num_seqs} is invalid; allowed: a recurrent-state pool "
+            f"that fits in memory with the KV cache: {spec.max_num_seqs + 1} slots of "
+            f"{spec.config.architecture}'s linear-attention state take {pool / 2**30:.1f} GiB "
+            f"(and the KV cache {kv / 2**30:.1f} GiB), more than the {have / 2**30:.1f} GiB "
+            f"available on {spec.device}"
         )
+    raise InputError(
+        f"num_blocks={num_blocks} is invalid; allowed: a KV cache that fits in memory: "
+        f"{num_blocks} blocks of {block_size} tokens take {kv / 2**30:.1f} GiB"
+        + (f" (and the recurrent-state pool {pool / 2**30:.1f} GiB)" if pool else "")
+        + f", more than the {have / 2**30:.1f} GiB available on {spec.device}"
+    )

@@ -16,9 +16,34 @@ import time
 from typing import Any, Protocol
 
 from interlock.core.errors import InputError, PolicyError
+from interlock.vllm_engine import Deadline
 
-#: Seconds a request may stream before the trial fails.
+#: Seconds a request may take, from sending it to its last byte, before the trial fails: a
+#: total deadline, not one per read (a server dripping a byte a second would never trip that).
 REQUEST_TIMEOUT_S = 300.0
+#: The longest line of a streamed answer (an event is a few hundred bytes).
+MAX_STREAM_LINE = 64 * 1024
+#: The largest non-streamed answer read.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+def _answer(payload: bytes | str) -> Any:
+    """A server's JSON, strictly (no NaN, bounded nesting); ``ValueError`` naming what is
+    wrong, as any malformed answer is (``run_trial`` reports it as a failed request)."""
+    from interlock.core.files import FileProblem, load_json
+
+    data = payload.encode() if isinstance(payload, str) else payload
+    try:
+        return load_json(data, "the server's answer")
+    except FileProblem as exc:
+        raise ValueError(f"/v1/completions answered malformed JSON: {exc.detail}") from None
+
+
+def _field(value: Any, path: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ValueError(f"/v1/completions answered {path} of the wrong type "
+                         f"({type(value).__name__})")
+    return value
 
 
 class Workload(Protocol):
@@ -70,32 +95,39 @@ def stream_request(
         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
     })
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
-    start = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        detail = response.read(500).decode("utf-8", "replace")
-        conn.close()
-        raise PolicyError(f"/v1/completions answered {response.status}: {detail}")
     chunks: list[float] = []
     tokens = None
-    while True:
-        line = response.readline()
-        if not line:
-            break
-        text = line.decode("utf-8", "replace").strip()
-        if not text.startswith("data:"):
-            continue
-        payload = text[len("data:"):].strip()
-        if payload == "[DONE]":
-            break
-        event = json.loads(payload)
-        if event.get("choices") and event["choices"][0].get("text"):
-            chunks.append(time.perf_counter())
-        usage = event.get("usage")
-        if usage and usage.get("completion_tokens") is not None:
-            tokens = int(usage["completion_tokens"])
-    conn.close()
+    with Deadline(conn, REQUEST_TIMEOUT_S, "/v1/completions"):
+        start = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            detail = response.read(500).decode("utf-8", "replace")
+            raise PolicyError(f"/v1/completions answered {response.status}: {detail}")
+        while True:
+            line = response.readline(MAX_STREAM_LINE + 1)
+            if not line:
+                break
+            if len(line) > MAX_STREAM_LINE:
+                raise ValueError(f"/v1/completions streamed a line longer than "
+                                 f"{MAX_STREAM_LINE} bytes")
+            text = line.decode("utf-8", "replace").strip()
+            if not text.startswith("data:"):
+                continue
+            payload = text[len("data:"):].strip()
+            if payload == "[DONE]":
+                break
+            event = _field(_answer(payload), "an event", dict)
+            choices = _field(event.get("choices") or [], "choices", list)
+            if choices:
+                text_of = _field(choices[0], "choices[0]", dict).get("text")
+                if _field(text_of if text_of is not None else "", "choices[0].text", str):
+                    chunks.append(time.perf_counter())
+            usage = _field(event.get("usage") or {}, "usage", dict)
+            if usage.get("completion_tokens") is not None:
+                tokens = _field(usage["completion_tokens"], "usage.completion_tokens", int)
+                if tokens < 1:
+                    raise ValueError(f"/v1/completions counted {tokens} completion tokens")
     if not chunks:
         raise PolicyError("/v1/completions streamed no text")
     count = tokens if tokens is not None else len(chunks)
@@ -115,13 +147,23 @@ def complete(port: int, model: str, prompt: str, max_tokens: int) -> str:
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    data = response.read()
-    conn.close()
+    with Deadline(conn, REQUEST_TIMEOUT_S, "/v1/completions"):
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        data = response.read(MAX_ANSWER_BYTES + 1)
     if response.status != 200:
         raise PolicyError(f"/v1/completions answered {response.status}: {data[:500]!r}")
-    return str(json.loads(data)["choices"][0]["text"])
+    if len(data) > MAX_ANSWER_BYTES:
+        raise PolicyError(f"/v1/completions answered more than {MAX_ANSWER_BYTES} bytes")
+    try:
+        answer = _field(_answer(data), "the answer", dict)
+        choices = _field(answer.get("choices"), "choices", list)
+        if not choices:
+            raise ValueError("/v1/completions answered no choices")
+        return str(_field(_field(choices[0], "choices[0]", dict).get("text"),
+                          "choices[0].text", str))
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def run_trial(port: int, model: str, workload: Workload) -> dict[str, Any]:
@@ -140,8 +182,8 @@ def run_trial(port: int, model: str, workload: Workload) -> dict[str, Any]:
                 result = stream_request(port, model, prompt, workload.output_len)
                 with lock:
                     results.append(result)
-        except (OSError, PolicyError, ValueError) as exc:
-            with lock:
+        except (OSError, http.client.HTTPException, PolicyError, ValueError) as exc:
+            with lock:  # a server's malformed answer fails the trial, naming what it was
                 errors.append(exc)
 
     start = time.perf_counter()

@@ -22,6 +22,7 @@ an exact-match score. The analysis is ``policy bench``'s own
 from __future__ import annotations
 
 import datetime
+import http.client
 import json
 import os
 import shutil
@@ -278,7 +279,7 @@ def measure_engine(
                 sample = run_trial(cell.port, model, workload)
                 if not engine.alive():
                     raise PolicyError("the engine exited before the trial's end")
-            except (OSError, PolicyError) as exc:
+            except (OSError, http.client.HTTPException, PolicyError) as exc:
                 if isinstance(exc, EngineFailed):
                     raise
                 code = engine.exit_status(wait=1.0)

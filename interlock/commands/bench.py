@@ -25,6 +25,8 @@ from interlock.commands.common import (
     context_flags_of,
     load,
     overrides_of,
+    port,
+    seconds,
     write_json,
 )
 from interlock.core.decision import DTYPE_CHOICES, LOAD_FORMATS
@@ -103,11 +105,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        "than this share of the prompts (default: 0.1)")
     group.add_argument("--fail-on-divergence", action="store_true",
                        help="exit 1 when a cell is flagged")
-    group.add_argument("--startup-timeout", type=float, default=1800.0, metavar="S",
+    group.add_argument("--startup-timeout", type=seconds, default=1800.0, metavar="S",
                        help="seconds each server has to become healthy (default: 1800)")
     group.add_argument("--vllm-version", metavar="X.Y.Z",
                        help="the vLLM release whose startup log to read (default: 0.33.0)")
-    group.add_argument("--port", type=_positive, metavar="P",
+    group.add_argument("--port", type=port, metavar="P",
                        help="first port to try for the cells (default: free ports)")
     group.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                        help="an argument for every cell's `vllm serve`; repeat")

@@ -22,6 +22,40 @@ def pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def seconds(text: str) -> float:
+    """argparse type for a duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def percent(text: str) -> float:
+    """argparse type for a share in percent: a finite number >= 0 (NaN would make every
+    comparison with it false, silently)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite percentage >= 0")
+    return value
+
+
+def port(text: str) -> int:
+    """argparse type for a TCP port (1 to 65535)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    return value
+
+
 def add_policy_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from interlock.commands.bench import add_engine_args, add_workload_args
-from interlock.commands.common import write_json
+from interlock.commands.common import percent, write_json
 from interlock.core.errors import PolicyError
 
 GIT_PREFIX = "git:"
@@ -60,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     measure.add_argument("--model", metavar="PATH|demo", help="the model to measure")
     measure.add_argument(
-        "--max-regression", type=float, metavar="PCT",
+        "--max-regression", type=percent, metavar="PCT",
         help="exit 1 when a measured TPOT change is a significant regression beyond PCT %%",
     )
     add_workload_args(measure)

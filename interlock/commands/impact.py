@@ -7,6 +7,11 @@ overrides) whose decisions differ is listed once, with each changed field, old -
 the rule that decides each side. ``policy diff`` answers the same over the catalog's
 domain; this answers it over what actually ran. Exit 1 with ``--fail-on-change`` when a
 deployment would change (and on a policy or log error).
+
+A record that lacks a fact some rule of OLD or NEW reads (config values, the model's
+identity or the engine version: records written before they were kept), where that rule's
+other conditions hold, is listed as "cannot tell", never as unchanged; ``--fail-on-change``
+fails on it too. Lines that are not records a replay can use are named and skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 from typing import Any
 
 from interlock.commands.common import write_json
+from interlock.core.terminal import one_line
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,25 +67,90 @@ def run(args: argparse.Namespace) -> int:
                           record.get("overrides") or {}], sort_keys=True)
         entry = deployments.setdefault(key, {"record": record, "lines": []})
         entry["record"], entry["lines"] = record, [*entry["lines"], number]
-    changed = []
+    changed, unknown = [], []
     for entry in deployments.values():
-        change = compare(old, new, entry["record"], args.log, entry["lines"][-1])
+        record, lines = entry["record"], entry["lines"]
+        blind = undecidable(old, record) + undecidable(new, record)
+        if blind:
+            unknown.append({**_where(record), "records": len(lines), "lines": lines,
+                            "cannot_tell": sorted(set(blind))})
+            continue
+        change = compare(old, new, record, args.log, lines[-1])
         if change is not None:
-            changed.append({**change, "records": len(entry["lines"]), "lines": entry["lines"]})
+            changed.append({**change, "records": len(lines), "lines": lines})
+    notes = unknown_runners(found)
+    for note in notes:
+        print(f"policy impact: {args.log}:{note['line']}: {one_line(note['detail'])}",
+              file=sys.stderr)
     if args.json:
         write_json({
             "log": args.log, "old": args.old, "new": args.new,
-            "deployments": len(deployments), "changed": changed,
+            "deployments": len(deployments), "changed": changed, "cannot_tell": unknown,
+            "notes": notes,
             "skipped": [{"line": p.line, "detail": p.detail} for p in problems],
         })
     else:
         for change in changed:
             sys.stdout.write(render(change))
+        for entry in unknown:
+            sys.stdout.write(render_unknown(entry))
+        tail = f", {len(unknown)} cannot tell" if unknown else ""
+        skipped = f", {len(problems)} line(s) skipped" if problems else ""
         sys.stdout.write(
-            f"{len(changed)} of {len(deployments)} recorded deployment(s) would change "
-            f"({len(found)} record(s) in {args.log})\n"
+            f"{len(changed)} of {len(deployments)} recorded deployment(s) would change{tail} "
+            f"({len(found)} record(s) in {one_line(args.log)}{skipped})\n"
         )
-    return 1 if args.fail_on_change and changed else 0
+    return 1 if args.fail_on_change and (changed or unknown) else 0
+
+
+def undecidable(policy: Any, record: dict[str, Any]) -> list[str]:
+    """The rules of ``policy`` that may match ``record`` but read a fact it does not carry
+    (``id (file:line): reads config``): their outcome on replay is unknown."""
+    from interlock.decision_log import recorded_context, unrecorded
+    from interlock.policy.conditions import ConfigMatch, EngineMatch, ModelMatch
+    from interlock.policy.resolution import context_facts
+
+    missing = set(unrecorded(record))
+    if not missing:
+        return []
+    kinds = {ConfigMatch: "config", ModelMatch: "model", EngineMatch: "engine"}
+    facts = context_facts(policy, recorded_context(record))
+    out = []
+    for rule in policy.rules:
+        reads = {kinds[type(c)] for c in rule.when.conditions if type(c) in kinds} & missing
+        others = [c for c in rule.when.conditions if kinds.get(type(c)) not in missing]
+        if reads and all(c.holds(facts) for c in others):
+            out.append(f"{rule.id} ({rule.location}) reads {', '.join(sorted(reads))}, "
+                       "which the record does not carry")
+    return out
+
+
+def unknown_runners(found: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A note for each record whose runner (decided or forced) no installed plugin provides:
+    its replay runs under this machine's plugins, not the recorded ones."""
+    from interlock.plugins import load_registry
+
+    known = set(load_registry().runner_names())
+    notes = []
+    for line, record in found:
+        names = {record["decision"].get("runner"), (record.get("overrides") or {}).get("runner")}
+        for name in sorted(n for n in names if isinstance(n, str) and n not in known):
+            notes.append({"line": line, "detail": f"runner {name!r} is not provided by any "
+                          "installed plugin; replayed with the plugins installed here"})
+    return notes
+
+
+def _where(record: dict[str, Any]) -> dict[str, Any]:
+    ctx = record["context"]
+    return {
+        "host": record.get("host"),
+        "model": record.get("model"),
+        "architecture": ctx.get("architecture"),
+        "platform": ctx.get("platform"),
+        "device_arch": ctx.get("device_arch"),
+        "command": record.get("command"),
+        "last_seen": record.get("time"),
+    }
 
 
 def compare(
@@ -97,17 +168,7 @@ def compare(
             })
     if not fields:
         return None
-    ctx = record["context"]
-    return {
-        "host": record.get("host"),
-        "model": record.get("model"),
-        "architecture": ctx.get("architecture"),
-        "platform": ctx.get("platform"),
-        "device_arch": ctx.get("device_arch"),
-        "command": record.get("command"),
-        "last_seen": record.get("time"),
-        "fields": fields,
-    }
+    return {**_where(record), "fields": fields}
 
 
 def _decide(policy: Any, record: dict[str, Any], log: str, line: int) -> dict[str, Any]:
@@ -134,14 +195,23 @@ def _who(prov: Any) -> str:
     return f"{who} ({prov.location})" if prov.location else who
 
 
-def render(change: dict[str, Any]) -> str:
+def _head(change: dict[str, Any]) -> str:
     where = change["platform"] + (f"/{change['device_arch']}" if change["device_arch"] else "")
-    head = (f"{change['host']}  {change['model'] or '-'}  {change['architecture']} on {where}  "
-            f"({change['records']} record(s), last {change['last_seen']})")
-    lines = [head]
+    return one_line(f"{change['host']}  {change['model'] or '-'}  {change['architecture']} on "
+                    f"{where}  ({change['records']} record(s), last {change['last_seen']})")
+
+
+def render(change: dict[str, Any]) -> str:
+    lines = [_head(change)]
     for f in change["fields"]:
-        lines.append(f"    {f['field']}: {_show(f['old'])} -> {_show(f['new'])}  "
-                     f"[{f['old_rule'] or '-'} -> {f['new_rule'] or '-'}]")
+        lines.append(one_line(f"    {f['field']}: {_show(f['old'])} -> {_show(f['new'])}  "
+                              f"[{f['old_rule'] or '-'} -> {f['new_rule'] or '-'}]"))
+    return "\n".join(lines) + "\n"
+
+
+def render_unknown(blind: dict[str, Any]) -> str:
+    lines = [_head(blind) + "  CANNOT TELL"]
+    lines += [one_line(f"    {why}") for why in blind["cannot_tell"]]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,9 @@
 """``policy log FILE``: list the decision records of a log, newest last, filtered.
 
-Lines that are not records (damaged, unfinished, too long) are named on stderr by line
-number and skipped. Exit 1 when the log cannot be read or a filter is malformed.
+Lines that are not records (damaged, unfinished, too long, a field of the wrong type) are
+named on stderr by line number, skipped and counted. Every value shown is escaped: a line
+break in a record cannot print a line of its own. Exit 1 when the log cannot be read, 2 when
+``--since`` is malformed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from interlock.commands.common import write_json
+from interlock.core.terminal import escape, one_line
 
 _AGO = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -28,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", metavar="FILE", help="a decision log (JSON lines)")
     parser.add_argument(
-        "--since", metavar="WHEN",
+        "--since", metavar="WHEN", type=_since,
         help="only records at or after WHEN: an ISO time (2026-12-01, 2026-12-01T20:00Z; "
         "UTC unless it says) or an age (30m, 2h, 7d)",
     )
@@ -38,29 +41,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def since_of(text: str, now: datetime | None = None) -> datetime:
-    """``--since``'s moment (aware, UTC when the text names no zone)."""
-    from interlock.core.errors import InputError
+    """``--since``'s moment (aware, UTC when the text names no zone); ``ValueError`` saying
+    what is wrong."""
     from interlock.decision_log import parse_time
 
     ago = _AGO.match(text.strip())
     if ago:
         now = now or datetime.now(timezone.utc)
-        return now - timedelta(**{_UNITS[ago[2]]: int(ago[1])})
+        try:
+            return now - timedelta(**{_UNITS[ago[2]]: int(ago[1])})
+        except OverflowError:  # before year 1, or more days than a timedelta holds
+            raise ValueError(f"--since {text!r}: an age reaching before year 1") from None
     try:
         return parse_time(text.strip())
     except ValueError:
-        raise InputError(
+        raise ValueError(
             f"--since {text!r}: not an ISO time (2026-12-01T20:00Z) or an age (30m, 2h, 7d)"
         ) from None
+
+
+def _since(text: str) -> datetime:
+    try:
+        return since_of(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(one_line(escape(str(exc)))) from None
 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.decision_log import parse_time, records
 
-    since = since_of(args.since) if args.since else None
+    since = args.since
     found, problems = records(args.file)
+    name = one_line(escape(args.file))
     for problem in problems:
-        print(f"policy log: {args.file}:{problem.line}: {problem.detail} (skipped)",
+        print(f"policy log: {name}:{problem.line}: {one_line(escape(problem.detail))} (skipped)",
               file=sys.stderr)
     kept = []
     for number, record in found:
@@ -68,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         if since is not None:
             try:
-                when = parse_time(str(record["time"]))
+                when = parse_time(record["time"])
             except ValueError:
-                print(f"policy log: {args.file}:{number}: time {record['time']!r} is not ISO "
+                print(f"policy log: {name}:{number}: time {_show(record['time'])} is not ISO "
                       "8601 (skipped)", file=sys.stderr)
                 continue
             if when < since:
@@ -83,41 +97,51 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for record in kept:
         sys.stdout.write(render(record) + "\n")
+    if problems:
+        print(f"policy log: {len(problems)} line(s) of {name} skipped", file=sys.stderr)
     return 0
 
 
 def render(record: dict[str, Any]) -> str:
-    """One record as a line (and a second for an engine check or a run's outcome)."""
+    """One record as a line (and a second for an engine check or a run's outcome); every
+    value from the record is escaped (:func:`_show`)."""
     ctx, decision = record["context"], record["decision"]
-    where = f"{ctx.get('platform')}/{ctx.get('device_arch')}" if ctx.get("device_arch") else (
-        str(ctx.get("platform"))
-    )
-    fields = " ".join(f"{k}={_show(v)}" for k, v in decision.items() if v is not None)
-    revision = record.get("policy", {}).get("revision", "?")
-    lines = [f"{record['time']}  {record['host']}  {record['command']}  "
-             f"{ctx.get('architecture')} on {where}  {fields}  (policy {revision})"]
+    where = _show(ctx.get("platform"))
+    if ctx.get("device_arch"):
+        where += f"/{_show(ctx.get('device_arch'))}"
+    fields = " ".join(f"{_show(k)}={_show(v)}" for k, v in decision.items() if v is not None)
+    revision = (record.get("policy") or {}).get("revision", "?")
+    lines = [f"{_show(record['time'])}  {_show(record['host'])}  {_show(record['command'])}  "
+             f"{_show(ctx.get('architecture'))} on {where}  {fields}  (policy {_show(revision)})"]
     engine, outcome = record.get("engine"), record.get("outcome")
     if engine and "verified" in engine:
         if engine["verified"]:
-            lines.append(f"    engine: verified ({engine.get('vllm_version')})")
+            lines.append(f"    engine: verified ({_show(engine.get('vllm_version'))})")
         else:
-            lines.append("    engine: NOT VERIFIED: " + "; ".join(engine.get("problems", [])))
+            problems = "; ".join(map(_show, engine.get("problems", [])))
+            lines.append("    engine: NOT VERIFIED: " + problems)
     if outcome and "error" in outcome:
-        lines.append(f"    outcome: failed: {outcome['error']}: {outcome.get('message', '')}")
+        lines.append(f"    outcome: failed: {_show(outcome['error'])}: "
+                     f"{_show(outcome.get('message', ''))}")
     elif outcome:
         tpot = outcome.get("tpot_ms")
-        graphs = outcome.get("graphs") or {}
+        graphs = outcome.get("graphs")
+        graphs = graphs if isinstance(graphs, dict) else {}
         lines.append(
-            f"    outcome: {outcome.get('output_tokens')} tokens, ttft "
-            f"{outcome.get('ttft_ms')} ms, tpot {'-' if tpot is None else f'{tpot} ms'}, graphs "
-            f"{graphs.get('backend')} sizes {graphs.get('captured_sizes')}"
+            f"    outcome: {_show(outcome.get('output_tokens'))} tokens, ttft "
+            f"{_show(outcome.get('ttft_ms'))} ms, tpot "
+            f"{'-' if tpot is None else f'{_show(tpot)} ms'}, graphs "
+            f"{_show(graphs.get('backend'))} sizes {_show(graphs.get('captured_sizes'))}"
         )
     return "\n".join(lines)
 
 
 def _show(value: Any) -> str:
+    """A value from a record as text of one line, control characters escaped."""
     if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)
+        text = "true" if value else "false"
+    elif isinstance(value, list):
+        text = ",".join(map(_show, value))
+    else:
+        text = str(value)
+    return one_line(escape(text))

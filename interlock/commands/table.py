@@ -119,8 +119,12 @@ def run(args: argparse.Namespace) -> int:
                     rows.append(TableError(arch, platform, str(exc), context.config))
     sys.stdout.write(render_table(rows, fmt))
     if fmt == "text":
-        for line in domain.describe_enumeration()[:1] if domain.config_predicates else []:
+        for line in domain.describe_enumeration()[len(domain.bounded):][:1] if (
+            domain.config_predicates
+        ) else []:
             sys.stdout.write(f"\nrows per {line}\n")
+        for note in domain.bounded:
+            sys.stdout.write(f"bounded: {note}\n")
     return 1 if any(isinstance(r, TableError) for r in rows) else 0
 
 

@@ -28,6 +28,7 @@ from interlock.commands.common import (
     load,
     pair,
     record_decision,
+    seconds,
     write_json,
 )
 
@@ -96,7 +97,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                 "not confirm it within the startup time",
             )
             sub.add_argument(
-                "--startup-timeout", dest="startup_timeout", type=_seconds,
+                "--startup-timeout", dest="startup_timeout", type=seconds,
                 default=STARTUP_TIMEOUT_S, metavar="S",
                 help=f"seconds the engine has to come up (default: {STARTUP_TIMEOUT_S:g})",
             )
@@ -106,16 +107,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                 "detected or given with --engine-version, else 0.33.0)",
             )
         sub.set_defaults(run=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

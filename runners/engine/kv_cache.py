@@ -59,8 +59,14 @@ def plan_kv_cache(
         raise KVCacheError("give num_blocks or kv_cache_memory, not both")
     if num_blocks is None:
         budget = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-        budget -= state_pool_bytes(config, DTYPE_BYTES[dtype], max_num_seqs,
-                                   model.tensor_parallel_size)
+        pool = state_pool_bytes(config, DTYPE_BYTES[dtype], max_num_seqs,
+                                model.tensor_parallel_size)
+        if pool >= budget:
+            raise KVCacheError(
+                f"kv_cache_memory={budget} bytes holds no KV block: the recurrent-state pool of "
+                f"{max_num_seqs} sequences (max_num_seqs) takes {pool} bytes of it"
+            )
+        budget -= pool
         per_block = bytes_per_block(config, dtype, block_size, model.tensor_parallel_size)
         num_blocks = min(budget // per_block, max_num_seqs * blocks_for(max_model_len, block_size))
         if num_blocks < 1:

@@ -40,6 +40,13 @@ MAX_WINDOW = (1 << 31) - 1
 #: Config numbers are computed with in float32: a value past its range (1e300) would turn
 #: into an infinity, a positive one below its smallest normal (1e-300) into 0.
 FLOAT32_MAX = 3.4028234663852886e38
+#: The most a multiplying config number (``routed_scaling_factor``, yarn's ``mscale`` and
+#: ``attention_factor``) may be: released models use 0.7-2.9; one of 1e30 turns every
+#: activation it scales into an infinity in float16.
+MAX_SCALE = 100.0
+#: The largest ``rms_norm_eps`` (released models: 1e-6..1e-5); past it the norm divides by
+#: the epsilon rather than the activations' size.
+MAX_EPS = 1.0
 FLOAT32_TINY = 1.1754943508222875e-38
 
 
@@ -364,7 +371,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         )
         raise bad(key, head_dim, "an even number (rotary embeddings turn pairs of dimensions)")
     eps = defaults.rms_norm_eps if cfg.rms_norm_eps is None else cfg.rms_norm_eps
-    eps = finite("rms_norm_eps", eps, bad, positive=True)
+    eps = finite("rms_norm_eps", eps, bad, positive=True, at_most=MAX_EPS)
     if cfg.layer_types is not None and len(cfg.layer_types) != cfg.num_hidden_layers:
         raise bad(
             "layer_types", f"<{len(cfg.layer_types)} entries>",
@@ -407,7 +414,7 @@ def parse_config(raw: Mapping[str, Any], source: str = "config.json") -> ModelCo
         moe=None if family.moe is None else family.moe(cfg, family, bad),
         mla=mla,
         dtype=_checkpoint_dtype(cfg, bad),
-        initializer_range=finite("initializer_range", cfg.initializer_range, bad),
+        initializer_range=finite("initializer_range", cfg.initializer_range, bad, at_least=0),
         bos_token_id=cfg.bos_token_id,
         eos_token_ids=_eos_ids(cfg.eos_token_id),
         mtp_layers=(cfg.num_nextn_predict_layers or 0) if family.mtp_layers else 0,
@@ -432,10 +439,12 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
     if kind == "default":
         return RopeConfig(theta=theta)
 
-    def number(key: str, default: float | None = None, positive: bool = False) -> float | None:
+    def number(key: str, default: float | None = None, positive: bool = False,
+               at_least: float | None = None, at_most: float | None = None) -> float | None:
         value = params.get(key, default)
         return None if value is None else finite(f"rope {kind} {key}", value, bad,
-                                                 positive=positive)
+                                                 positive=positive, at_least=at_least,
+                                                 at_most=at_most)
 
     factor = number("factor", positive=True)
     if factor is None:
@@ -463,19 +472,29 @@ def _rope(cfg: RawConfig, default_theta: float, max_positions: int, bad: Bad) ->
         high_freq_factor=high if high is not None else 4.0,
         beta_fast=number("beta_fast", positive=True) or 32.0,
         beta_slow=number("beta_slow", positive=True) or 1.0,
-        attention_factor=number("attention_factor"),
-        mscale=number("mscale"),
-        mscale_all_dim=number("mscale_all_dim"),
+        attention_factor=number("attention_factor", positive=True, at_most=MAX_SCALE),
+        mscale=number("mscale", at_least=0, at_most=MAX_SCALE),
+        mscale_all_dim=number("mscale_all_dim", at_least=0, at_most=MAX_SCALE),
         truncate=bool(params.get("truncate", True)),
     )
 
 
-def finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> float:
+def finite(
+    key: str, value: object, bad: Bad, *, positive: bool = False,
+    at_least: float | None = None, at_most: float | None = None,
+) -> float:
     """A number finite in float32, the compute dtype of the norms and the rotary table (NaN,
-    infinities and 1e300 are refused); ``positive``: > 0 in float32 as well (not 1e-300)."""
-    allowed = "a number finite in float32 (|x| <= 3.4e38)" + (
-        ", and >= 1.2e-38 (> 0)" if positive else ""
-    )
+    infinities and 1e300 are refused); ``positive``: > 0 in float32 as well (not 1e-300);
+    ``at_least``/``at_most``: within the range where the value means what it says (a
+    scaling factor of -1e30 is finite, and nonsense)."""
+    parts = ["a number finite in float32 (|x| <= 3.4e38)"]
+    if positive:
+        parts.append(">= 1.2e-38 (> 0)")
+    if at_least is not None:
+        parts.append(f">= {at_least:g}")
+    if at_most is not None:
+        parts.append(f"<= {at_most:g}")
+    allowed = ", and ".join(parts)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise bad(key, value, allowed)
     try:
@@ -484,6 +503,8 @@ def finite(key: str, value: object, bad: Bad, *, positive: bool = False) -> floa
         raise bad(key, value, allowed) from None
     if not math.isfinite(number) or abs(number) > FLOAT32_MAX or (
         positive and number < FLOAT32_TINY
+    ) or (at_least is not None and number < at_least) or (
+        at_most is not None and number > at_most
     ):
         raise bad(key, value, allowed)
     return number

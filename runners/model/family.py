@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.runners.model.config import (
+    MAX_SCALE,
     SCORING_FUNCS,
     TOPK_METHODS,
     Bad,
@@ -309,7 +310,7 @@ def deepseek_moe(
         size = positive(cfg, "moe_intermediate_size", defaults.moe_intermediate_size, bad)
         scaling = finite("routed_scaling_factor",
                          given(cfg, "routed_scaling_factor", defaults.routed_scaling_factor),
-                         bad)
+                         bad, positive=True, at_most=MAX_SCALE)
         n_group, topk_group = 1, 1
         if method != "greedy":
             n_group = positive(cfg, "n_group", defaults.n_group, bad)

@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 from interlock.core.disk_cache import safe_cache_dir
 from interlock.core.errors import InputError, ModelError
 from interlock.core.files import FileProblem, open_regular
+from interlock.core.processes import alive, parse_pid
 
 #: The built-in model's name (``runners.model.demo``): the one spelling of it.
 DEMO = "demo"
@@ -238,20 +239,10 @@ def _sweep_staging(directory: Path) -> None:
     SIGKILL, or a power cut: a partial float32 copy of the weights each)."""
     for staging in directory.glob(".gguf-*.*.*"):
         parts = staging.name.split(".")
-        pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-        if pid is None or not _own(staging, directory=True) or _alive(pid):
+        pid = parse_pid(parts[2]) if len(parts) > 3 else None
+        if pid is None or not _own(staging, directory=True) or alive(pid):
             continue
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _convert_cached(

@@ -14,6 +14,10 @@ random token (so two runs never share one), every rank maps it, and once all hav
 unlinks the name: the mapping lives on in each process and ends with it, so a rank killed
 by SIGKILL leaves nothing behind. A name left by a rank 0 that died between creating and
 unlinking (a window of one barrier) is swept by the next run, since its pid is gone.
+``/dev/shm`` is everyone's: the segment is created 0600 with ``O_EXCL`` (no link followed,
+nothing already there opened), the other ranks map it only as a regular file of this user
+of the agreed size, and the sweep believes a name only when its pid is within the kernel's
+bound and removes only this user's regular files.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import struct
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from interlock.core.errors import InputError
+from interlock.core.processes import alive, parse_pid
 
 CHOICE_ENV = "INTERLOCK_TP_COLLECTIVES"
 CHOICES = ("auto", "shm", "gloo")
@@ -39,7 +45,9 @@ PREFIX = "interlock-tp-"
 MIN_SLOT = 1 << 20
 #: How long one look for rank 0's next message lasts before Python checks for signals.
 _IDLE_LOOK_S = 0.25
-_NAME = re.compile(rf"{PREFIX}(\d+)-[0-9a-f]+")
+#: A segment's name: the creating pid (at most 7 digits: see ``MAX_PID``), then 16 random hex
+#: digits (``secrets.token_hex(8)``).
+_NAME = re.compile(rf"{PREFIX}([1-9][0-9]{{0,6}})-[0-9a-f]{{16}}")
 
 
 class CollectiveError(RuntimeError):
@@ -70,29 +78,35 @@ def choice() -> str:
 
 
 def sweep() -> None:
-    """Remove segments whose creating process no longer exists."""
+    """Remove this user's segments whose creating process no longer exists.
+
+    Anyone may create files in ``/dev/shm``: a name is only taken as a segment when it is
+    exactly what :meth:`SharedMemoryCollectives._ready` makes (a pid within the kernel's
+    bound, a token of 16 hex digits), and it is removed only when it is a regular file this
+    user owns (not followed if a link), so nothing another user planted is touched or
+    believed."""
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
         return
+    uid = os.getuid()
     for name in names:
-        match = _NAME.fullmatch(name)
-        if match is None or _alive(int(match.group(1))):
+        pid = _pid_of(name)
+        if pid is None or alive(pid):
             continue
+        path = SHM_DIR / name
         try:
-            os.unlink(SHM_DIR / name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                os.unlink(path)
         except OSError:
             pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _pid_of(name: str) -> int | None:
+    """The creating pid a segment's name carries, or None when it is not such a name."""
+    match = _NAME.fullmatch(name)
+    return None if match is None else parse_pid(match.group(1))
 
 
 class SharedMemoryCollectives:
@@ -199,7 +213,8 @@ class SharedMemoryCollectives:
                 sweep()
                 name[0] = f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
                 path = SHM_DIR / name[0]
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                # O_EXCL never opens what is already there (nor follows a link there).
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 try:
                     os.ftruncate(fd, size)
                     self._map = mmap.mmap(fd, size)
@@ -207,11 +222,7 @@ class SharedMemoryCollectives:
                     os.close(fd)
             dist.broadcast_object_list(name, src=self._global(0), group=self.group)
             if self.rank != 0:
-                fd = os.open(SHM_DIR / name[0], os.O_RDWR)
-                try:
-                    self._map = mmap.mmap(fd, size)
-                finally:
-                    os.close(fd)
+                self._map = _map_peer(name[0], size)
             assert self._map is not None
             offset = self.rank * self._c.RANK_STRIDE + self._c.PID_OFFSET
             struct.pack_into("<q", self._map, offset, os.getpid())
@@ -227,3 +238,21 @@ class SharedMemoryCollectives:
 
     def _global(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+
+def _map_peer(name: str, size: int) -> mmap.mmap:
+    """Map the segment rank 0 made: a regular file of this user, of the size agreed (the
+    name is checked as :func:`sweep` checks it, and a link is not followed)."""
+    if _pid_of(name) is None:
+        raise CollectiveError(f"rank 0 named the shared segment {name!r}, not one of ours")
+    fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != size:
+            raise CollectiveError(
+                f"{SHM_DIR / name}: not the {size}-byte segment rank 0 made (a file "
+                f"of {st.st_size} bytes, owner uid {st.st_uid})"
+            )
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)

@@ -206,5 +206,5 @@ def test_policy_log_lists_filters_and_skips_damage(cli: Any, tmp_path: Path) -> 
     assert [s["line"] for s in result.json()["skipped"]] == [3, 4]
     result = cli("log", str(log), "--architecture", "LlamaForCausalLM", "--since", "100000d")
     assert "LlamaForCausalLM" in result.out and "Glm" not in result.out
-    assert cli("log", str(log), "--since", "yesterday").code == 1
+    assert cli("log", str(log), "--since", "yesterday").code == 2
     assert cli("log", str(tmp_path / "absent.jsonl")).code == 1
