@@ -146,6 +146,7 @@ def resolve_cells(
     factors: Mapping[str, Sequence[Any]],
     vllm_args: Sequence[str],
     version: str | None = None,
+    triton: tuple[bool, str] | None = None,
 ) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
     """``(base resolution, cells, skipped)``: every combination's decision with its levels
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
@@ -170,7 +171,7 @@ def resolve_cells(
             resolution = resolve(policy, context, {**user.overrides, **levels})
             # The levels are forced in the resolution, not flags the user gave: the command
             # still carries them explicitly (those ``version`` reads).
-            command = serve_command(resolution, model, vllm_args, user, (), version)
+            command = serve_command(resolution, model, vllm_args, user, (), version, triton)
         except PolicyError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue
@@ -218,6 +219,7 @@ def measure_engine(
     vllm_version: str | None,
     port: int | None,
     decision_log: str | None,
+    launch: Callable[[Sequence[str]], list[str]] | None = None,
     progress: Progress | None,
     command: str | None,
     pick: dict[str, Any] | None = None,
@@ -257,8 +259,11 @@ def measure_engine(
             cell = cells[index]
             name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
             argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
+            if launch is not None:  # the install's own way: vllm serve, or python -m
+                argv = launch(argv)
             engine = EngineProcess(argv, {**os.environ, **cell.command.env},
-                                   EngineCheck(cell.command.decision, vllm_version),
+                                   EngineCheck(cell.command.decision, vllm_version,
+                                               cell.resolution.context.platform),
                                    cell.port, name)
             try:
                 boot = time.perf_counter()

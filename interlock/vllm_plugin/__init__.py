@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import PolicyError
+from interlock.vllm_engine import compile_mode_name
 
 #: Where each vLLM release applies its per-architecture config hooks first in
 #: ``VllmConfig.__post_init__`` (read in the wheels): the method the plugin wraps.
@@ -119,15 +120,6 @@ class PluginDecision:
         return ",".join(dict.fromkeys(seen))
 
 
-def compile_mode_name(compile_on: bool, platform: str) -> str:
-    """The ``CompilationMode`` vLLM runs for interlock's ``compile`` field: vLLM's CPU
-    platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE (``platforms/cpu.py``
-    ``check_and_update_config``); NONE stays NONE."""
-    if not compile_on:
-        return "NONE"
-    return "DYNAMO_TRACE_ONCE" if platform == "cpu" else "VLLM_COMPILE"
-
-
 def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> PluginDecision:
     """The policy's decision for the model vLLM is loading, what to set in vLLM for it, and
     the lines to log; a decision the engine cannot run raises :class:`PluginRefusal` naming
@@ -168,20 +160,18 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         overrides.update(by_level)
         user.overrides.update(by_level)
         resolution = resolve(policy, context, overrides)
-    command = serve_command(resolution, facts.model_dir or facts.architecture, [], user,
-                            version=facts.vllm_version)
+    try:
+        command = serve_command(resolution, facts.model_dir or facts.architecture, [], user,
+                                version=facts.vllm_version,
+                                triton=(facts.has_triton, facts.triton_source))
+    except PolicyError as exc:
+        raise PluginRefusal(str(exc)) from None
     final = command.decision
     prov = resolution.provenance
 
     def chooser(name: str) -> str:
         return _chooser(prov[name])
 
-    if final["runner"] == "mrv2" and not facts.has_triton:
-        raise PluginRefusal(
-            f"runner=mrv2 ({chooser('runner')}) cannot run here: Model Runner V2 requires "
-            f"Triton, and this engine has none for {facts.platform} ({facts.triton_source}); "
-            "vLLM would refuse it or run V1 instead. Decide mrv1 for this platform"
-        )
     if final["cudagraph"] != "none" and not facts.static_graphs:
         raise PluginRefusal(
             f"cudagraph={final['cudagraph']} ({chooser('cudagraph')}) cannot run here: vLLM's "
