@@ -57,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "applied and reported; one that would undo a flag you gave is refused.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    # verify: a saved engine log or decision log checked after the fact (interlock.vllm_verify)
     for name, text in (
         ("args", "print the command"),
         ("serve", "run vllm serve, checking its startup log against the decision"),
@@ -108,6 +109,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                 "detected or given with --engine-version, else 0.33.0)",
             )
         sub.set_defaults(run=run)
+    verify = actions.add_parser(
+        "verify", help="check what really ran, from a saved engine log or a decision log",
+        description="FILE is a saved vLLM log (checked against the interlock plugin's "
+        "decided lines in it, or a decision record given with --record) or a decision log "
+        "(each record with an engine verdict is checked again). Exit 0: what ran is the "
+        "decision; 4: it is not, or the log cannot tell; 1: unreadable input.",
+    )
+    verify.add_argument("file", metavar="FILE", help="a saved engine log or a decision log")
+    verify.add_argument("--record", metavar="LOG",
+                        help="take the decision from this decision log (its last record with "
+                        "an engine target, or --id's)")
+    verify.add_argument("--id", metavar="ID", help="the record to take with --record")
+    verify.add_argument("--vllm-version", dest="vllm_version", metavar="X.Y.Z",
+                        help="the release whose log formats to read (default: the one the "
+                        "log's config line names)")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.set_defaults(run=run_verify)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,6 +231,53 @@ def run(args: argparse.Namespace) -> int:
         )
     assert install is not None
     return _serve(args, resolution, command, user.overrides, model.argument, install, version)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from interlock.core.errors import InputError
+    from interlock.vllm_verify import (
+        MISMATCH_EXIT,
+        is_decision_log,
+        plugin_decision,
+        read_lines,
+        record_decision,
+        verify_log,
+        verify_records,
+    )
+
+    lines = read_lines(args.file)
+    if is_decision_log(lines):
+        if args.record is not None:
+            raise InputError(f"{args.file} is a decision log; --record goes with an engine log")
+        checked = verify_records(args.file)
+        if not checked:
+            print(f"policy vllm verify: {args.file}: no record says what an engine ran",
+                  file=sys.stderr)
+            return MISMATCH_EXIT
+        bad = 0
+        for who, problems in checked:
+            print(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
+                                + "; ".join(problems)))
+            bad += bool(problems)
+        return MISMATCH_EXIT if bad else 0
+    if args.record is not None:
+        decision, platform, decided_by = record_decision(args.record, args.id)
+    else:
+        found = plugin_decision(lines)
+        if found is None:
+            raise InputError(
+                f"{args.file}: the log has no interlock plugin lines ('interlock: governing "
+                "...'); give the decision with --record DECISION_LOG"
+            )
+        decision, platform = found
+        decided_by = f"the interlock plugin's lines in {args.file}"
+    verdict = verify_log(lines, decision, platform, decided_by, args.vllm_version)
+    if args.json:
+        write_json(verdict.to_dict())
+    else:
+        print(f"policy vllm verify: decision from {decided_by}")
+        print(verdict.verification.line().replace("policy vllm: ", "policy vllm verify: "))
+    return 0 if verdict.verification.verified else MISMATCH_EXIT
 
 
 def engine_facts(install: Any) -> tuple[dict[str, str], dict[str, str]]:
