@@ -111,6 +111,18 @@ def target_profile(
     return final, adjustments
 
 
+def _known_triton(resolution: Resolution) -> tuple[bool, str] | None:
+    """The context's ``has_triton`` where it speaks of the engine: given, or read from the
+    engine's environment (not an assumption, nor interlock's own environment)."""
+    context = resolution.context
+    source = context.source("features.has_triton")
+    if "has_triton" not in context.features:
+        return None
+    if source.startswith("given") or "engine" in source:
+        return bool(context.features["has_triton"]), source
+    return None
+
+
 def model_argument(model: str) -> str:
     """``model`` as ``vllm serve``'s positional argument: a directory named like a flag
     (``--enforce-eager``, ``-cc.mode=NONE``, ``--``) would reach vLLM as that flag and the
@@ -139,6 +151,8 @@ def serve_command(
 
     values = resolution.decision.to_dict()
     final, adjustments = target_profile(values, user.pooling, resolution.context.platform)
+    if triton is None:
+        triton = _known_triton(resolution)
     if triton is not None and not triton[0] and final["runner"] == "mrv2":
         prov = resolution.provenance["runner"]
         who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
