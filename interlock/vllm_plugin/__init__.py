@@ -35,12 +35,10 @@ from interlock.vllm_engine import compile_mode_name
 #: Where each vLLM release applies its per-architecture config hooks first in
 #: ``VllmConfig.__post_init__`` (read in the wheels): the method the plugin wraps.
 SEAMS: Mapping[str, str] = {
-    "0.30": "VllmConfig.try_verify_and_update_config (vllm/config/vllm.py)",
-    "0.31": "VllmConfig.try_verify_and_update_config (vllm/config/vllm.py)",
-    "0.32": "VllmConfig.try_verify_and_update_config (vllm/config/vllm.py:2638-2660, "
-            "called first in __post_init__ at :1438)",
-    "0.33": "VllmConfig.try_verify_and_update_config (vllm/config/vllm.py; MODELS_CONFIG_MAP "
-            "hooks, first in __post_init__ at :1510)",
+    "0.30.0": "vllm/config/vllm.py:2530, called at :1265 of __post_init__ (:1254)",
+    "0.31.0": "vllm/config/vllm.py:2766, called at :1434 of __post_init__ (:1405)",
+    "0.32.0": "vllm/config/vllm.py:2629, called at :1443 of __post_init__ (:1414)",
+    "0.33.0": "vllm/config/vllm.py:2735, called at :1539 of __post_init__ (:1510)",
 }
 SEAM_METHOD = "try_verify_and_update_config"
 #: What the engine logs through: vLLM's own logger tree, so the lines carry its format.
