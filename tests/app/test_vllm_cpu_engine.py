@@ -267,7 +267,7 @@ def test_bench_on_vllm_cpu_end_to_end(smollm2: Path, tmp_path: Path) -> None:
     record = tmp_path / "record.json"
     run = Started(
         [sys.executable, "-m", "interlock.cli", "bench", "--engine", "vllm", "--vllm",
-         str(ENGINE_PYTHON), str(smollm2), "--vary", "runner=mrv1,mrv2", "--trials", "1",
+         str(ENGINE_PYTHON), str(smollm2), "--vary", "runner=mrv1,mrv2", "--trials", "2",
          "--warmup", "0", "--concurrency", "1", "--input-len", "8", "--output-len", "8",
          "--accuracy-prompts", str(prompts), "--accuracy-tokens", "4",
          "--vllm-arg=--max-model-len", "--vllm-arg=2048", "--vllm-arg=-cc.mode=NONE",

