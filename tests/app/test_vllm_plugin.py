@@ -192,3 +192,13 @@ def test_the_entry_points_are_declared() -> None:
     assert '[project.entry-points."vllm.general_plugins"]\ninterlock = ' \
         '"interlock.vllm_plugin:register"' in text
     assert 'interlock = "interlock.vllm_plugin.metrics:DecisionInfo"' in text
+
+
+def test_the_plugins_record_follows_the_schema() -> None:
+    import jsonschema
+
+    schema = json.loads((ROOT / "schemas" / "decision-record.schema.json").read_text())
+    record = json.loads(REAL_RECORD.read_text())
+    jsonschema.Draft202012Validator(schema).validate(record)
+    assert record["engine"]["compilation_config"] == {"cudagraph_mode": "NONE",
+                                                      "mode": "VLLM_COMPILE"}
