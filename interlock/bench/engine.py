@@ -304,10 +304,14 @@ def measure_engine(
             if progress is not None:
                 progress(done, total)
     elapsed = time.perf_counter() - started
+
+    def launched(argv: list[str]) -> list[str]:
+        return launch(argv) if launch is not None else argv
+
     if decision_log is not None:
         for cell in cells:
             records.append_record(decision_log, {**cell.record, "engine": {
-                "name": "vllm", "argv": cell.command.argv, "env": cell.command.env,
+                "name": "vllm", "argv": launched(cell.command.argv), "env": cell.command.env,
                 "target": cell.command.decision, **(cell.verification or {})}})
     ids = [c.id for c in cells]
     version = next((c.verification["vllm_version"] for c in cells if c.verification),
@@ -346,7 +350,7 @@ def measure_engine(
             {
                 "id": c.id, "label": c.label, "levels": _jsonable(c.levels),
                 "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
-                "argv": c.command.argv, "env": c.command.env, "port": c.port,
+                "argv": launched(c.command.argv), "env": c.command.env, "port": c.port,
                 "decision_record": c.record["id"], "verification": c.verification,
             }
             for c in cells

@@ -218,11 +218,15 @@ def run(args: argparse.Namespace) -> int:
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,
                         overrides=user.overrides, runner=_vllm_runner(command, version))
+        # How this install is started: `vllm serve`, or python -m vLLM's API server.
+        launch = command.argv
+        if install is not None and install.runs_module:
+            launch = install.launch(command.argv)
         if args.json:
-            write_json(command.to_dict())
+            write_json({**command.to_dict(), "launch": launch})
         else:
             env_text = " ".join(f"{k}={v}" for k, v in command.env.items())
-            print(f"{env_text} {shlex.join(command.argv)}")
+            print(f"{env_text} {shlex.join(launch)}")
         return 0
     if executable is None:
         raise PolicyError(

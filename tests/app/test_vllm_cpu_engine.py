@@ -280,7 +280,11 @@ def test_bench_on_vllm_cpu_end_to_end(smollm2: Path, tmp_path: Path) -> None:
     output = run.log.read_text()
     assert code == 0, output[-3000:]
     doc = json.loads(record.read_text())
-    assert [c["levels"] for c in doc["cells"]] == [{"runner": "mrv1"}]
+    assert [c["levels"] for c in doc["configurations"]] == [{"runner": "mrv1"}]
+    cell = doc["configurations"][0]
+    assert cell["argv"][:4] == [str(ENGINE_PYTHON), "-m", API_SERVER, "--model"]
+    assert cell["verification"]["verified"] is True
+    assert cell["verification"]["seen"]["mode"] == "NONE"  # --vllm-arg=-cc.mode=NONE ran
     skipped = doc["skipped"][0]
     assert skipped["levels"] == {"runner": "mrv2"}
     assert "Model Runner V2 requires Triton" in skipped["reason"]
