@@ -259,7 +259,7 @@ def test_deviations_survive_the_disk_cache() -> None:
 
     policy = load_policy([REPO / "policies.yaml"])
     again = policy_from_data(json.loads(json.dumps(policy_to_data(policy))))
-    assert again.deviations == policy.deviations and len(again.deviations) == 2
+    assert again.deviations == policy.deviations and len(again.deviations) == 3
 
 
 def test_a_deviation_field_must_be_a_decision_field_or_outcome(write: Any) -> None:
