@@ -22,7 +22,7 @@ from interlock.core.errors import PolicyError
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, Extra
 from interlock.policy.model import Policy
-from interlock.policy.resolution import Resolution, resolve
+from interlock.policy.resolution import PolicyRefused, Resolution, resolve
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: Text reports wrap context summaries at this width.
@@ -141,6 +141,9 @@ def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIE
 def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str | None]:
     try:
         return resolve(policy, context), None
+    except PolicyRefused as exc:
+        # Compared by rule and message: the same rule read from another path refuses alike.
+        return None, f"refused by rule {exc.refusal.rule.id}: {exc.refusal.message}"
     except PolicyError as exc:
         return None, "\n".join([exc.message, *exc.details])
 

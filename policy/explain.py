@@ -223,7 +223,8 @@ def config_label(config: Mapping[str, Any] | None) -> str:
 
 def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
     """The decision matrix as ``text``, ``csv`` or ``json``; a context that failed to resolve
-    shows ``error: ...`` in its runner cell (``error`` in JSON). Rows with a model config
+    shows ``error: ...`` in its runner cell (``error`` in JSON), one a rule refuses ``refused
+    by RULE (file:line)`` (the decision and ``refusal`` in JSON). Rows with a model config
     (one per truth assignment of the policy's config predicates) add a ``config`` column."""
     configs = [r.config if isinstance(r, TableError) else r.context.config for r in rows]
     with_config = any(c is not None for c in configs)
@@ -245,6 +246,15 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
                 "platform": res.context.platform,
                 **res.decision.to_dict(),
             }
+            if res.refusal is not None:
+                # The decision is not run: the cells say refused, naming the rule.
+                if fmt == "json":
+                    record["refusal"] = res.refusal.to_dict()
+                else:
+                    record.update(dict.fromkeys(DECISION_FIELDS))
+                    record["runner"] = (
+                        f"refused by {res.refusal.rule.id} ({res.refusal.rule.location})"
+                    )
         if with_config:
             as_data = None if config is None else dict(config)
             record["config"] = as_data if fmt == "json" else config_label(config)

@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                     config=None if config is None else dict(config),
                 )  # fmt: skip
                 try:
-                    rows.append(resolve(policy, context, capabilities=stage))
+                    # A refusal is the cell's outcome, shown with its rule; not an error.
+                    rows.append(resolve(policy, context, capabilities=stage, refused=True))
                 except PolicyError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), context.config))
     sys.stdout.write(render_table(rows, fmt))
