@@ -241,7 +241,8 @@ def test_json_document_shape(policy) -> None:
     assert set(doc) == {
         "decision", "refusal", "task", "provenance", "trace", "deviations", "context", "policy"
     }
-    assert doc["refusal"] is None and doc["task"] == "generate"
+    # "DsaModel" is not in the catalog: vLLM's name suffixes make a `*Model` a pooling model.
+    assert doc["refusal"] is None and doc["task"] == "pooling"
     assert set(doc["policy"]) == {"schema_version", "version", "revision", "files"}
     assert doc["policy"]["files"] == ["p.yaml"]
     assert doc["provenance"]["breakable"]["source"] == "dsa-breakable"
