@@ -123,7 +123,8 @@ def serve_command(
     from interlock.vllm_version import check_known, unsupported
 
     values = resolution.decision.to_dict()
-    final, adjustments = target_profile(values, user.pooling)
+    # vLLM captures a pooling model piecewise whether --runner said so or its task is pooling.
+    final, adjustments = target_profile(values, user.pooling or resolution.task == "pooling")
     if version is not None:
         check_known(version)
     missing = unsupported(version, final)
