@@ -151,7 +151,7 @@ else:
 class RuleModel(_Model):
     id: RuleId
     when: WhenModel = WhenModel()
-    set: DecisionFields = Field(
+    set: DecisionFields = Field(  # type: ignore[assignment]
         None, description="decision fields this rule sets (a rule sets or refuses)"
     )
     #: The context is refused, with this message (instead of ``set``).
@@ -162,7 +162,7 @@ class RuleModel(_Model):
     )
     #: Apply only where the decision has these values (``set``: after env bindings and
     #: overrides; ``refuse``: the final decision).
-    decided: DecisionFields = Field(
+    decided: DecisionFields = Field(  # type: ignore[assignment]
         None,
         description="apply only where the decision has these values: with set, the decision "
         "after env bindings and overrides (fields they forced stay); with refuse, the final "

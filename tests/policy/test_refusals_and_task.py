@@ -80,7 +80,8 @@ def test_decided_and_set_name_different_fields() -> None:
 
 
 def test_decided_values_are_checked_like_set_values() -> None:
-    err = _error(BASE + "rules:\n  - {id: x, decided: {cudagraph: fast}, refuse: nope, reason: r}\n")
+    rule = "  - {id: x, decided: {cudagraph: fast}, refuse: nope, reason: r}\n"
+    err = _error(BASE + "rules:\n" + rule)
     assert "rules[0].decided.cudagraph" in str(err)
 
 
