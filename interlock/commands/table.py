@@ -171,7 +171,9 @@ def _fleet(
         check_target(target.platform, target.device_arch, "--target")
     table = fleet(
         policy, architectures, args.target,
-        lambda p, ctx: resolve(p, ctx, capabilities=stage), base=_base(args), **context,
+        # A refusal is the cell's outcome, shown with its rule; not an error.
+        lambda p, ctx: resolve(p, ctx, capabilities=stage, refused=True), base=_base(args),
+        **context,
     )
     sys.stdout.write(render_fleet(table, fmt))
     return 1 if table.failed else 0

@@ -119,3 +119,15 @@ def test_the_llm_api_raises_the_refusal(tiny_models: Any, write: Any) -> None:
             max_model_len=32, max_num_seqs=2, max_num_batched_tokens=16)  # fmt: skip
     assert error_kind(info.value) == "refused"
     assert str(info.value).startswith("refused by rule site-no-llama (")
+
+
+def test_the_fleet_table_shows_refused_cells(cli: Any, write: Any) -> None:
+    res = cli("table", "--architecture", "Step5*", "--target", "cuda:sm_90",
+              "--env", "VLLM_USE_V2_MODEL_RUNNER=0")
+    assert res.code == 0, res.err
+    assert res.out.count("refused by step5-refuses-mrv1") == 2
+    site = write("site.yaml", SITE_REFUSES_LLAMA)
+    changed = cli("table", "--policy", f"@shipped:{site}", "--architecture", "LlamaForCausalLM",
+                  "--target", "cuda:sm_90", "--format", "json").json()
+    cell = changed["rows"][0]["cells"]["cuda:sm_90"]
+    assert cell["refusal"]["rule"] == "site-no-llama" and cell["changed"] == ["outcome"]
