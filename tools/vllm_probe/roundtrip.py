@@ -113,7 +113,8 @@ def round_trip(
                 counts["deviation"] += 1
             else:
                 counts["disagree"] += 1
-                failures.append({"request": {k: got.get(k, []) for k in ("architecture", "env", "flags")},
+                request = {k: got.get(k, []) for k in ("architecture", "env", "flags")}
+                failures.append({"request": request,
                                  "platform": f"{platform}/{device_arch}", "interlock": decision,
                                  "vllm": {f: got.get(f) for f in (*FIELDS, *OUTCOME)}})  # fmt: skip
     return {
