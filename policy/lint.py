@@ -189,9 +189,9 @@ def unknown_runners(subject: Subject) -> Iterator[Finding]:
     if setting is not None:
         yield from check(setting.value, setting.location, "defaults")
     for rule in policy.rules:
-        setting = rule.set.get("runner")
-        if setting is not None:
-            yield from check(setting.value, setting.location, f"rule {rule.id}")
+        for setting in (rule.set.get("runner"), rule.decided.get("runner")):
+            if setting is not None:
+                yield from check(setting.value, setting.location, f"rule {rule.id}")
     for name, binding in policy.env.items():
         if binding.field != "runner":
             continue

@@ -139,12 +139,8 @@ class PolicyRefused(PolicyError):
     def __init__(self, resolution: Resolution) -> None:
         refusal = resolution.refusal
         assert refusal is not None
-        loc = refusal.rule.location
-        super().__init__(
-            refusal.describe(), details=(f"why: {refusal.rule.reason}",)
-        )
-        # The location is in the message already; kept for --json error documents.
-        self.rule_location = loc
+        # The rule's file:line is in the message, which names the rule.
+        super().__init__(refusal.describe(), details=(f"why: {refusal.rule.reason}",))
         self.resolution = resolution
         self.refusal = refusal
 

@@ -222,7 +222,7 @@ def test_the_task_is_known_for_every_context(policy: Any) -> None:
     assert res.task == "pooling" and res.traits["task"].origin == "architecture name"
     assert res.decision.cudagraph == "piecewise"
     assert res.provenance["cudagraph"].source == "pooling-piecewise"
-    assert re.search(r"trait task +pooling +architecture name vLLM's name suffix \*Model",
+    assert re.search(r"trait task +pooling +architecture name vLLM's name suffix \*EmbeddingModel",
                      render_text(res))
 
 
@@ -275,3 +275,10 @@ def test_lint_flags_an_outcome_deviation_a_refusing_rule_covers() -> None:
         "a-refused-by-the-engine"].message  # fmt: skip
     assert messages["a-refused-by-the-engine"].line == 25
     assert "applies to no context of the domain" in messages["nowhere"].message
+
+
+def test_lint_checks_the_runner_a_rule_tests() -> None:
+    text = BASE + "rules:\n  - {id: x, decided: {runner: mrv9}, refuse: nope, reason: r}\n"
+    findings = lint_sources([("p.yaml", text.encode())], runners=["mrv1", "mrv2"])
+    (unknown,) = [f for f in findings if f.code == "unknown-runner"]
+    assert "rule x: runner 'mrv9' is not registered" in unknown.message and unknown.line == 10
