@@ -172,6 +172,9 @@ def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
         elif step.stage == RULES:
             mark = s("+", "green") if step.matched else s("-", "red")
             detail = _sets(step.sets) if step.matched else _failure(step.failure, s)
+            if not step.matched and step.failure is None and step.note:
+                # Its `when` held, but not its `decided` values.
+                detail = s(step.note, "dim")
             if step.overridden:
                 later = ", ".join(f"{f} by {who}" for f, who in step.overridden.items())
                 detail += s(f"  (overridden: {later})", "yellow")

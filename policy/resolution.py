@@ -204,7 +204,8 @@ class Resolution:
                     Step(
                         stage=RULES, name=rule.id, location=rule.location, sets=sets,
                         matched=False, reason=rule.reason, ref=rule.ref,
-                        note=f"the decision has {_found(rule, draft)}",
+                        note=f"decided: wanted {_wanted(rule)}, the decision has "
+                        f"{_found(rule, draft)}",
                     )
                 )
                 continue
@@ -485,6 +486,10 @@ def _apply_decided_rules(draft: Draft) -> None:
                     name, setting.value, RULES, rule.id, rule.reason, setting.location, rule.ref
                 )
             )
+
+
+def _wanted(rule: Rule) -> str:
+    return " ".join(f"{k}={_shown(s.value)}" for k, s in rule.decided.items())
 
 
 def _found(rule: Rule, draft: Draft) -> str:

@@ -196,7 +196,9 @@ def test_a_rule_on_the_decided_runner_does_not_apply_to_another_runner() -> None
     res = resolve(policy, Context("A", "cuda", env={"VLLM_USE_V2_MODEL_RUNNER": "0"}))
     assert res.decision.cudagraph == "full_and_piecewise"
     step = next(s for s in res.trace if s.name == "a-eager-under-mrv2")
-    assert not step.matched and step.note == "the decision has runner=mrv1"
+    assert not step.matched
+    assert step.note == "decided: wanted runner=mrv2, the decision has runner=mrv1"
+    assert "decided: wanted runner=mrv2, the decision has runner=mrv1" in render_text(res)
 
 
 # -- the model's task ------------------------------------------------------------------------
