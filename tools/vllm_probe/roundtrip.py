@@ -44,7 +44,8 @@ def round_trip(
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     started = time.perf_counter()
-    archs = sorted({row.context.architecture for row in snapshot.rows})
+    # Llama's class is what a surrogate runs: its model info must be in the cache too.
+    archs = sorted({row.context.architecture for row in snapshot.rows} | {"LlamaForCausalLM"})
     surrogates = _last_json(_probe(python, env, "--inspect", "--archs", ",".join(archs)))[
         "not_inspected"
     ]
@@ -59,15 +60,16 @@ def round_trip(
             # The flags of the release the snapshot recorded (one that lacks a knob gets none).
             version = snapshot.engine_version
             command = serve_command(res, "MODEL", [], UserFlags(), version=version)
-            env, flags, decision = command.env, command.argv[3:], command.decision
+            knobs, flags, decision = command.env, command.argv[3:], command.decision
         except PolicyRefused as exc:
             # No command to emit: vLLM, given what the user gave, must refuse as well.
-            env, flags, decision, res = dict(ctx.env), [], {"outcome": "refused"}, exc.resolution
+            knobs, flags, res = dict(ctx.env), [], exc.resolution
+            decision = {"outcome": "refused"}
         except PolicyError as exc:
             raise SnapshotError(f"policy vllm args fails for {ctx.to_dict()}: {exc}") from None
-        request = {"architecture": ctx.architecture, "env": env, "flags": flags}
+        request = {"architecture": ctx.architecture, "env": knobs, "flags": flags}
         key = json.dumps(
-            [ctx.architecture, ctx.platform, ctx.device_arch, sorted(env.items()), flags]
+            [ctx.architecture, ctx.platform, ctx.device_arch, sorted(knobs.items()), flags]
         )
         expected[key] = (decision, res)
         requests.setdefault((ctx.platform, ctx.device_arch), []).append(request)
