@@ -358,10 +358,11 @@ def traits_from_config(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
         )
     else:
         traits["quantized"] = (False, "no quantization_config")
-    # vLLM's is_encoder_decoder(): the text config's flag where there is one.
-    if (nested or config).get("is_encoder_decoder") is True:
-        where = "text_config.is_encoder_decoder" if nested else "is_encoder_decoder"
-        traits["task"] = ("encoder-decoder", f"{where}=true")
+    # vLLM's is_encoder_decoder(): the config's flag or its text config's.
+    for where, part in (("is_encoder_decoder", config), ("text_config.is_encoder_decoder", nested)):
+        if part.get("is_encoder_decoder") is True:
+            traits["task"] = ("encoder-decoder", f"{where}=true")
+            break
     return traits
 
 

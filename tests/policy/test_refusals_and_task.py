@@ -247,11 +247,16 @@ def test_a_config_says_encoder_decoder(tmp_path: Path) -> None:
     nested = tmp_path / "mm"
     nested.mkdir()
     (nested / "config.json").write_text(json.dumps({
-        "architectures": ["XForConditionalGeneration"], "is_encoder_decoder": True,
-        "text_config": {"is_encoder_decoder": False},
+        "architectures": ["XForConditionalGeneration"], "text_config": {"is_encoder_decoder": True},
     }))  # fmt: skip
-    # vLLM reads the text config's flag where there is one.
-    assert "task" not in make_context(model=nested, platform="cuda").model_traits
+    # vLLM reads the config's flag or its text config's.
+    ctx = make_context(model=nested, platform="cuda")
+    assert ctx.model_traits["task"] == "encoder-decoder"
+    assert ctx.sources["traits.task"] == "model config (text_config.is_encoder_decoder=true)"
+    plain = tmp_path / "llama"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert "task" not in make_context(model=plain, platform="cuda").model_traits
 
 
 # -- lint: a deviation that covers nothing ---------------------------------------------------
