@@ -3,8 +3,9 @@
 A record says what was decided and why, for whom, and (for a run) what came of it: a
 decision id and a UTC time, the host and the command, the policy's files (with their
 SHA-256), version and revision, the whole context with the source of each fact, the
-decision with each field's provenance (stage, rule id, file:line, ref), the deviations that
-apply, the runner and the plugin distribution that provides it, and an outcome for runs.
+decision with each field's provenance (stage, rule id, file:line, ref), the model's task,
+the rule that refused the context (if one did), the deviations that apply, the runner and
+the plugin distribution that provides it, and an outcome for runs.
 ``policy vllm serve`` adds what the engine's startup log confirmed (``engine``).
 The JSON Schema is ``schemas/decision-record.schema.json``.
 
@@ -120,6 +121,8 @@ def build_record(
         "decision": resolved["decision"],
         "provenance": resolved["provenance"],
         "deviations": resolved["deviations"],
+        "task": resolved["task"],
+        "refusal": resolved["refusal"],
         "runner": dict(runner) if runner is not None else plugin_of(resolution.decision.runner),
         "outcome": dict(outcome) if outcome is not None else None,
         "engine": dict(engine) if engine is not None else None,

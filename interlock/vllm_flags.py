@@ -85,7 +85,12 @@ class UserFlags:
     #: The optimization level and the flag as written (``-O0``), or None.
     level: int | None = None
     level_flag: str = ""
-    pooling: bool = False
+    #: The model's task given with ``--runner`` (vLLM's runner type), None for ``auto``.
+    task: str | None = None
+
+    @property
+    def pooling(self) -> bool:
+        return self.task == "pooling"
 
     def sources(self) -> dict[str, str]:
         """Context sources of the features: ``features.K`` -> ``vllm flag --flag``."""
@@ -132,7 +137,7 @@ class _Reader:
         self.feature_flags: dict[str, str] = {}
         self.level: int | None = None
         self.level_flag = ""
-        self.pooling = False
+        self.task: str | None = None
 
     def read(self, arg: str, name: str, value: str) -> None:
         shown = f"{name} {value}" if _takes_value(name) else arg
@@ -160,7 +165,7 @@ class _Reader:
         elif name in SPECULATIVE:
             self._feature("speculative", _speculative(name, value), name)
         elif name == "--runner":
-            self.pooling = value == "pooling"
+            self.task = _runner_task(name, value)
 
     def _feature(self, key: str, value: Any, flag: str) -> None:
         if key in self.features and self.features[key] != value:
@@ -205,8 +210,23 @@ class _Reader:
     def done(self) -> UserFlags:
         return UserFlags(
             self.overrides, self.given_by, self.features, self.feature_flags, self.level,
-            self.level_flag, self.pooling,
+            self.level_flag, self.task,
         )
+
+
+#: ``vllm serve --runner`` values (vLLM's RunnerOption) that name a task; ``auto`` leaves it
+#: to the model.
+RUNNER_TASKS = ("generate", "pooling", "draft")
+
+
+def _runner_task(flag: str, value: str) -> str | None:
+    if value == "auto":
+        return None
+    if value not in RUNNER_TASKS:
+        raise PolicyError(
+            f"{flag} {value}: vLLM's runners are auto, {', '.join(RUNNER_TASKS)}"
+        )
+    return value
 
 
 def level_overrides(resolution: Resolution, user: UserFlags) -> dict[str, Any]:

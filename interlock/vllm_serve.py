@@ -150,7 +150,10 @@ def serve_command(
     from interlock.vllm_version import check_known, unsupported
 
     values = resolution.decision.to_dict()
-    final, adjustments = target_profile(values, user.pooling, resolution.context.platform)
+    # vLLM captures a pooling model piecewise whether --runner said so or its task is pooling.
+    final, adjustments = target_profile(
+        values, user.pooling or resolution.task == "pooling", resolution.context.platform
+    )
     if triton is None:
         triton = _known_triton(resolution)
     if triton is not None and not triton[0] and final["runner"] == "mrv2":

@@ -28,6 +28,8 @@ else:
         "Decision": "interlock.core.decision",
         "Resolution": "interlock.policy.resolution",
         "resolve": "interlock.policy.resolution",
+        "PolicyRefused": "interlock.policy.resolution",
+        "check_refusal": "interlock.policy.resolution",
         "parse_when": "interlock.policy.conditions",
         "Facts": "interlock.policy.conditions",
     }
@@ -38,8 +40,10 @@ else:
         "Facts",
         "Policy",
         "PolicyError",
+        "PolicyRefused",
         "Resolution",
         "__version__",
+        "check_refusal",
         "load_policy",
         "load_policy_text",
         "make_context",
@@ -54,7 +58,12 @@ else:
         from interlock.policy.context import Context, make_context
         from interlock.policy.loader import load_policy, load_policy_text
         from interlock.policy.model import Policy
-        from interlock.policy.resolution import Resolution, resolve
+        from interlock.policy.resolution import (
+            PolicyRefused,
+            Resolution,
+            check_refusal,
+            resolve,
+        )
 
 
     def __getattr__(name: str) -> Any:

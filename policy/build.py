@@ -82,11 +82,15 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
                 id=rule.id,
                 index=i,
                 when=build_when(rule.when.model_dump(by_alias=True, exclude_none=True)),
-                set=_settings(doc, rule.set, ("rules", i, "set")),
+                set=_settings(doc, rule.set, ("rules", i, "set")) if rule.set else {},
                 reason=rule.reason,
                 ref=rule.ref,
                 location=_loc(doc, ("rules", i)),
                 evidence=tuple(rule.evidence or ()),
+                refuse=rule.refuse,
+                decided=(
+                    _settings(doc, rule.decided, ("rules", i, "decided")) if rule.decided else {}
+                ),
             )
         )
     for i, deviation in enumerate(model.deviations):

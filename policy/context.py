@@ -32,7 +32,39 @@ MODEL_CONFIG = "model config"
 CATALOG = "catalog"
 PROCESS_ENV = "process environment"
 
+ARCHITECTURE_NAME = "architecture name"
+
 _EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+
+#: vLLM's architecture-name suffixes and the runner type each implies, first match wins
+#: (``_SUFFIX_TO_DEFAULTS`` in vllm/config/model.py); a name that matches none is a
+#: generation model. vLLM consults it for a class its registry cannot call a pooling or a
+#: text-generation model, which is why the catalog names the task where the class decides.
+TASK_SUFFIXES = (
+    ("ForCausalLM", "generate"),
+    ("ForConditionalGeneration", "generate"),
+    ("ChatModel", "generate"),
+    ("LMHeadModel", "generate"),
+    ("ForTextEncoding", "pooling"),
+    ("EmbeddingModel", "pooling"),
+    ("ForSequenceClassification", "pooling"),
+    ("ForTokenClassification", "pooling"),
+    ("ForAudioClassification", "pooling"),
+    ("ForImageClassification", "pooling"),
+    ("ForVideoClassification", "pooling"),
+    ("ClassificationModel", "pooling"),
+    ("ForRewardModeling", "pooling"),
+    ("RewardModel", "pooling"),
+    ("Model", "pooling"),
+)
+
+
+def task_from_name(architecture: str) -> tuple[str, str]:
+    """The task vLLM gives ``architecture`` by its name, and why (:data:`TASK_SUFFIXES`)."""
+    for suffix, task in TASK_SUFFIXES:
+        if architecture.endswith(suffix):
+            return task, f"vLLM's name suffix *{suffix} -> {task}"
+    return "generate", "no suffix of vLLM's table: generate"
 
 
 @dataclass(frozen=True, eq=False)
@@ -326,6 +358,11 @@ def traits_from_config(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
         )
     else:
         traits["quantized"] = (False, "no quantization_config")
+    # vLLM's is_encoder_decoder(): the config's flag or its text config's.
+    for where, part in (("is_encoder_decoder", config), ("text_config.is_encoder_decoder", nested)):
+        if part.get("is_encoder_decoder") is True:
+            traits["task"] = ("encoder-decoder", f"{where}=true")
+            break
     return traits
 
 

@@ -22,7 +22,7 @@ from interlock.core.errors import PolicyError
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, Extra
 from interlock.policy.model import Policy
-from interlock.policy.resolution import Resolution, resolve
+from interlock.policy.resolution import PolicyRefused, Resolution, resolve
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: Text reports wrap context summaries at this width.
@@ -37,13 +37,18 @@ class Side:
     decider: str
     location: str | None = None
     error: str | None = None
+    #: The error is a rule's refusal (an outcome), not a failure to resolve.
+    refused: bool = False
 
     @property
     def shown(self) -> str:
-        return f"error: {self.error}" if self.error is not None else show_value(self.value)
+        if self.error is None:
+            return show_value(self.value)
+        return self.error if self.refused else f"error: {self.error}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"decider": self.decider, "location": self.location, "error": self.error}
+        return {"decider": self.decider, "location": self.location, "error": self.error,
+                "refused": self.refused}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,21 @@ def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIE
 def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str | None]:
     try:
         return resolve(policy, context), None
+    except PolicyRefused as exc:
+        # Compared by rule and message: the same rule read from another path refuses alike.
+        return None, f"{REFUSED_PREFIX}{exc.refusal.rule.id}: {exc.refusal.message}"
     except PolicyError as exc:
         return None, "\n".join([exc.message, *exc.details])
+
+
+#: How a refusal reads as an outcome (``refused by rule R: MESSAGE``).
+REFUSED_PREFIX = "refused by rule "
 
 
 def _outcome_side(error: str | None) -> Side:
     if error is None:
         return Side("resolves", "")
-    return Side(None, "", error=error)
+    return Side(None, "", error=error, refused=error.startswith(REFUSED_PREFIX))
 
 
 def _side(resolution: Resolution, name: str) -> Side:
@@ -378,6 +390,8 @@ def render_text(diff: PolicyDiff) -> str:
 
 
 def _decider_text(side: Side) -> str:
+    if side.refused:
+        return "a rule of the policy refuses the context"
     if side.error is not None:
         return "resolution fails"
     if not side.decider:

@@ -12,7 +12,7 @@ from interlock.core.terminal import color, one_line
 from interlock.policy.conditions import ConfigMatch, Failure
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
-from interlock.policy.trace import RULES, Provenance, Step
+from interlock.policy.trace import REFUSAL, RULES, Provenance, Step
 
 _CODES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 #: Items of a wanted list shown in text before "… +N more" (JSON always has them all).
@@ -46,8 +46,20 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
             "dim",
         ),
         "",
-        s("decision", "bold"),
     ]
+    refusal = res.refusal
+    if refusal is not None:
+        lines += [
+            s("REFUSED", "bold", "red") + f"  by rule {s(refusal.rule.id, 'bold')}  "
+            + s(str(refusal.rule.location), "dim"),
+            f"  {refusal.message}",
+            f"  {s(refusal.rule.reason, 'dim')}",
+        ]
+        if refusal.rule.ref:
+            lines.append(f"  {s(refusal.rule.ref, 'dim')}")
+        lines += ["", s("decision (refused)", "bold")]
+    else:
+        lines.append(s("decision", "bold"))
     decision = res.decision.to_dict()
     for name in DECISION_FIELDS:
         prov = res.provenance.get(name)
@@ -151,9 +163,18 @@ def _trace_lines(trace: tuple[Step, ...], s: _Style) -> list[str]:
         label = step.stage if step.stage != stage else ""
         stage = step.stage
         where = str(step.location) if step.location else ""
-        if step.stage == RULES:
+        if step.stage == RULES and step.refuse is not None:
+            mark = s("+", "green") if step.matched else s("-", "red")
+            detail = _failure(step.failure, s) if not step.matched else s(step.note, "yellow")
+        elif step.stage == REFUSAL:
+            mark = s("!", "red")
+            detail = s(f"refused: {step.note}", "red")
+        elif step.stage == RULES:
             mark = s("+", "green") if step.matched else s("-", "red")
             detail = _sets(step.sets) if step.matched else _failure(step.failure, s)
+            if not step.matched and step.failure is None and step.note:
+                # Its `when` held, but not its `decided` values.
+                detail = s(step.note, "dim")
             if step.overridden:
                 later = ", ".join(f"{f} by {who}" for f, who in step.overridden.items())
                 detail += s(f"  (overridden: {later})", "yellow")
@@ -205,7 +226,8 @@ def config_label(config: Mapping[str, Any] | None) -> str:
 
 def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
     """The decision matrix as ``text``, ``csv`` or ``json``; a context that failed to resolve
-    shows ``error: ...`` in its runner cell (``error`` in JSON). Rows with a model config
+    shows ``error: ...`` in its runner cell (``error`` in JSON), one a rule refuses ``refused
+    by RULE (file:line)`` (the decision and ``refusal`` in JSON). Rows with a model config
     (one per truth assignment of the policy's config predicates) add a ``config`` column."""
     configs = [r.config if isinstance(r, TableError) else r.context.config for r in rows]
     with_config = any(c is not None for c in configs)
@@ -227,6 +249,15 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
                 "platform": res.context.platform,
                 **res.decision.to_dict(),
             }
+            if res.refusal is not None:
+                # The decision is not run: the cells say refused, naming the rule.
+                if fmt == "json":
+                    record["refusal"] = res.refusal.to_dict()
+                else:
+                    record.update(dict.fromkeys(DECISION_FIELDS))
+                    record["runner"] = (
+                        f"refused by {res.refusal.rule.id} ({res.refusal.rule.location})"
+                    )
         if with_config:
             as_data = None if config is None else dict(config)
             record["config"] = as_data if fmt == "json" else config_label(config)

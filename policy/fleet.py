@@ -49,6 +49,8 @@ class Cell:
             return ["outcome"]
         if self.resolution is None or self.base is None:
             return []
+        if _refused_by(self.resolution) != _refused_by(self.base):
+            return ["outcome"]
         new, old = self.resolution.decision.to_dict(), self.base.decision.to_dict()
         return [k for k in new if new[k] != old[k]]
 
@@ -107,9 +109,16 @@ def fleet(
     return Fleet(tuple(targets), tuple(rows), policy, base)
 
 
+def _refused_by(res: Resolution) -> str | None:
+    return res.refusal.rule.id if res.refusal is not None else None
+
+
 def _cell_text(cell: Cell) -> str:
     if cell.resolution is None:
         return f"error: {(cell.error or '').splitlines()[0]}"
+    refused = _refused_by(cell.resolution)
+    if refused is not None:  # a resolver that returns refusals (``refused=True``)
+        return f"refused by {refused}" + (f" {CHANGED}" if cell.changed() else "")
     d = cell.resolution.decision
     text = f"{d.runner} {d.cudagraph}"
     if d.breakable:
@@ -160,6 +169,7 @@ def fleet_to_dict(table: Fleet) -> dict[str, Any]:
                     k: p.source for k, p in res.provenance.items()
                 },
                 "error": cell.error,
+                "refusal": None if res is None or res.refusal is None else res.refusal.to_dict(),
             }
             if table.base is not None:
                 entry["changed"] = cell.changed()

@@ -149,7 +149,7 @@ class Subject:
         overwritten: dict[str, dict[str, set[str]]] = {r.id: {} for r in self.policy.rules}
         rules = self.policy.rules
         for context in self.domain.contexts(with_env=False):
-            resolution = resolve(self.policy, context)
+            resolution = resolve(self.policy, context, refused=True)
             deciders = rule_deciders(resolution.provenance.values())
             # The matched rules alone: the whole trace would explain every rule that failed.
             for index in sorted(resolution.matched_rules):
@@ -189,9 +189,9 @@ def unknown_runners(subject: Subject) -> Iterator[Finding]:
     if setting is not None:
         yield from check(setting.value, setting.location, "defaults")
     for rule in policy.rules:
-        setting = rule.set.get("runner")
-        if setting is not None:
-            yield from check(setting.value, setting.location, f"rule {rule.id}")
+        for setting in (rule.set.get("runner"), rule.decided.get("runner")):
+            if setting is not None:
+                yield from check(setting.value, setting.location, f"rule {rule.id}")
     for name, binding in policy.env.items():
         if binding.field != "runner":
             continue
@@ -255,7 +255,7 @@ def dead_and_shadowed_rules(subject: Subject) -> Iterator[Finding]:
                 f"({len(domain.architectures)} architectures x {len(domain.platforms)} platforms "
                 "with their device archs and features), so it never applies",
             )
-        elif usage.decided == 0:
+        elif usage.decided == 0 and rule.refuse is None:  # a refusing rule sets nothing
             by = "; ".join(
                 f"{name} by {', '.join(sorted(who))}"
                 for name, who in sorted(usage.overwritten_by.items())
@@ -443,11 +443,51 @@ def _vague(reason: str) -> str:
 
 #: The checks that need only the policy, in order; the plugin layer adds its own
 #: (:mod:`interlock.plugins.checks`).
+def stale_deviations(subject: Subject) -> Iterator[Finding]:
+    """Warnings: a deviation that covers nothing any more: it applies to no context of the
+    domain (every env state), or it says the engine refuses where a rule of the policy
+    refuses every context it applies to (the policy and the engine agree there)."""
+    from interlock.core.decision import OUTCOME
+
+    policy = subject.policy
+    for dev in policy.deviations:
+        where = Location(dev.location.file, dev.location.line, dev.location.col)
+        contexts = [
+            c for c in subject.domain.contexts(with_env=True)
+            if dev.applies(context_facts(policy, c), c.env)
+        ]
+        if not contexts:
+            yield subject.finding(
+                where, WARNING, "stale-deviation",
+                f"deviation {dev.id} applies to no context of the domain, so it covers nothing",
+            )
+            continue
+        if dev.field != OUTCOME:
+            continue
+        refusals = set()
+        for context in contexts:
+            try:
+                refusal = resolve(policy, context, refused=True).refusal
+            except PolicyError:
+                refusal = None
+            if refusal is None:
+                break
+            refusals.add(refusal.rule.id)
+        else:
+            yield subject.finding(
+                where, WARNING, "stale-deviation",
+                f"deviation {dev.id} declares that the engine refuses where rule(s) "
+                f"{', '.join(sorted(refusals))} refuse every context it applies to: the "
+                "policy says so itself, so the deviation covers nothing; remove it",
+            )
+
+
 CHECKS: tuple[Check, ...] = (
     unknown_runners,
     unknown_architectures,
     bounded_domain,
     dead_and_shadowed_rules,
+    stale_deviations,
     near_miss_lists,
     reasons,
     evidence,

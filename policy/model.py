@@ -47,6 +47,16 @@ class Rule:
     location: Location
     #: Paths of the bench records the rule cites, as written (relative to its file).
     evidence: tuple[str, ...] = ()
+    #: A refusing rule's message (its ``set`` is empty): the context is refused.
+    refuse: str | None = None
+    #: With ``refuse``: the final decision's values it refuses (empty: every decision).
+    decided: dict[str, Setting] = field(default_factory=dict)
+
+    def refuses(self, values: Mapping[str, Any]) -> bool:
+        """Whether this refusing rule, its ``when`` holding, refuses the decision ``values``."""
+        return self.refuse is not None and all(
+            values.get(name) == s.value for name, s in self.decided.items()
+        )
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A case resolves its context through the whole pipeline, as `policy explain`
 does (stage 5 included when a capability stage is given). It passes when every
 expected field has the expected value (and, with ``rule``, was set by that
 rule), or, with ``error``, when resolution fails with a message containing it.
-A rule is covered when it decided at least one field of some case's decision.
+A rule is covered when it decided at least one field of some case's decision, or refused
+some case's context.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
 from interlock.policy.lint import rule_deciders
 from interlock.policy.model import Policy
-from interlock.policy.resolution import CapabilityCheck, Resolution, resolve
+from interlock.policy.resolution import CapabilityCheck, PolicyRefused, Resolution, resolve
 from interlock.policy.testfile import LoadedCase
 from interlock.policy.trace import ENV, RULES, Provenance, Step
 
@@ -48,7 +49,9 @@ class CaseResult:
     def covered(self) -> set[str]:
         if self.resolution is None:
             return set()
-        return rule_deciders(self.resolution.provenance.values())
+        refusal = self.resolution.refusal
+        refused = {refusal.rule.id} if refusal is not None else set()
+        return rule_deciders(self.resolution.provenance.values()) | refused
 
 
 @dataclass
@@ -134,7 +137,9 @@ def _run_case(
             problems.append(f"resolution failed: {message}")
         elif expect.error not in message:
             problems.append(f"expected an error containing {expect.error!r}, got: {message}")
-        return CaseResult(loaded, tuple(problems), error=message)
+        # A refusal keeps its resolution: the refusing rule is covered by the case.
+        refused = exc.resolution if isinstance(exc, PolicyRefused) else None
+        return CaseResult(loaded, tuple(problems), refused, error=message)
     if expect.error is not None:
         problems.append(f"expected an error containing {expect.error!r}, but the case resolves")
         return CaseResult(loaded, tuple(problems), resolution)

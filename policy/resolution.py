@@ -22,13 +22,21 @@ from interlock.core.decision import (
 )
 from interlock.core.errors import PolicyError
 from interlock.policy.conditions import Facts
-from interlock.policy.context import CATALOG, GIVEN, MODEL_CONFIG, Context
+from interlock.policy.context import (
+    ARCHITECTURE_NAME,
+    CATALOG,
+    GIVEN,
+    MODEL_CONFIG,
+    Context,
+    task_from_name,
+)
 from interlock.policy.model import Deviation, Policy, Rule
 from interlock.policy.trace import (
     DEFAULTS,
     ENV,
     IMPLIED,
     OVERRIDES,
+    REFUSAL,
     RULES,
     STAGES,
     Provenance,
@@ -63,6 +71,10 @@ class Draft:
         self.steps: dict[str, list[Step]] = {stage: [] for stage in STAGES}
         #: Indices of the rules that matched (failures are worked out when the trace is built).
         self.matched_rules: set[int] = set()
+        #: The refusing rule that refused the final decision, if one did.
+        self.refusal: Refusal | None = None
+        #: Indices of the matched rules with ``decided`` whose values the decision had.
+        self.decided_rules: set[int] = set()
 
     def assign(self, provenance: Provenance) -> None:
         self.values[provenance.field] = provenance.value
@@ -76,6 +88,72 @@ class Draft:
 CapabilityCheck = Callable[[Draft], None]
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A rule's ``refuse``: the policy says the context is not to be run, and why."""
+
+    rule: Rule
+    #: The decided fields the rule refuses, each with what decided its value.
+    decided: dict[str, Provenance]
+
+    @property
+    def message(self) -> str:
+        return self.rule.refuse or ""
+
+    def describe(self) -> str:
+        """``refused by rule R (file:line): MESSAGE [runner=mrv1 from VLLM_USE_V2_MODEL_RUNNER
+        (env)]``: one line naming the rule and what decided the refused values."""
+        text = f"refused by rule {self.rule.id} ({self.rule.location}): {self.message}"
+        if self.decided:
+            why = ", ".join(
+                f"{name}={_shown(p.value)} from {p.source} ({p.stage})"
+                for name, p in self.decided.items()
+            )
+            text += f" [{why}]"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule.id,
+            "message": self.message,
+            "reason": self.rule.reason,
+            "ref": self.rule.ref,
+            "location": self.rule.location.to_dict(),
+            "decided": {name: p.to_dict() for name, p in self.decided.items()},
+        }
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class PolicyRefused(PolicyError):
+    """The policy refuses the context (a rule's ``refuse``): exit code ``refused``.
+
+    ``resolution`` is the refused resolution, trace and all, for those who show it."""
+
+    kind = "refused"
+
+    def __init__(self, resolution: Resolution) -> None:
+        refusal = resolution.refusal
+        assert refusal is not None
+        # The rule's file:line is in the message, which names the rule.
+        super().__init__(refusal.describe(), details=(f"why: {refusal.rule.reason}",))
+        self.resolution = resolution
+        self.refusal = refusal
+
+
+def check_refusal(resolution: Resolution) -> None:
+    """Raise :class:`PolicyRefused` when a rule of the policy refuses ``resolution``.
+
+    The one call for code that holds a resolution and must not run a refused one (an
+    engine plugin, the ``LLM`` API); :func:`resolve` makes it unless asked not to."""
+    if resolution.refusal is not None:
+        raise PolicyRefused(resolution)
+
+
 @dataclass(frozen=True, eq=False)
 class Resolution:
     """A decision with its provenance, the facts it was made on, and its (lazily built) trace."""
@@ -86,6 +164,16 @@ class Resolution:
     traits: dict[str, TraitFact]
     policy: Policy
     _draft: Draft
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """The rule that refuses this context's decision, if one does."""
+        return self._draft.refusal
+
+    @property
+    def task(self) -> str:
+        """The model's task as the policy sees it (the ``task`` trait, always known)."""
+        return str(self.traits["task"].value)
 
     @property
     def in_catalog(self) -> bool:
@@ -108,6 +196,19 @@ class Resolution:
                 raise RuntimeError(f"the rule index skipped rule {rule.id!r}, which matches")
             sets = {name: s.value for name, s in rule.set.items()}
             overridden = {}
+            if rule.refuse is not None:
+                steps.append(_refusing_step(rule, matched, failure, draft))
+                continue
+            if matched and rule.decided and rule.index not in draft.decided_rules:
+                steps.append(
+                    Step(
+                        stage=RULES, name=rule.id, location=rule.location, sets=sets,
+                        matched=False, reason=rule.reason, ref=rule.ref,
+                        note=f"decided: wanted {_wanted(rule)}, the decision has "
+                        f"{_found(rule, draft)}",
+                    )
+                )
+                continue
             if matched:
                 for name in sets:
                     final = self.provenance[name]
@@ -146,6 +247,8 @@ class Resolution:
         context["in_catalog"] = self.in_catalog
         return {
             "decision": self.decision.to_dict(),
+            "refusal": self.refusal.to_dict() if self.refusal else None,
+            "task": self.task,
             "provenance": {k: p.to_dict() for k, p in self.provenance.items()},
             "trace": [step.to_dict() for step in self.trace],
             "deviations": [d.to_dict() for d in self.deviations],
@@ -160,19 +263,23 @@ def resolve(
     overrides: Mapping[str, Any] | None = None,
     *,
     capabilities: CapabilityCheck | None = None,
+    refused: bool = False,
 ) -> Resolution:
     """Decide for ``context`` under ``policy``; ``overrides`` (field -> typed value) win over all
-    policy stages. ``capabilities`` (stage 5) must be hashable. Raises :class:`PolicyError`."""
+    policy stages. ``capabilities`` (stage 5) must be hashable. Raises :class:`PolicyError`,
+    and :class:`PolicyRefused` where a rule refuses the context unless ``refused`` asks for
+    the refused resolution back (its ``refusal`` set) to show it."""
     frozen = _freeze(overrides) if overrides else None
     key = (context, frozen, capabilities)
     memo = policy.memo
-    hit = memo.get(key)
-    if hit is not None:
-        return hit
-    resolution = _resolve(policy, context, frozen or (), capabilities)
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[key] = resolution
+    resolution = memo.get(key)
+    if resolution is None:
+        resolution = _resolve(policy, context, frozen or (), capabilities)
+        if len(memo) >= _MEMO_LIMIT:
+            memo.clear()
+        memo[key] = resolution
+    if not refused:
+        check_refusal(resolution)
     return resolution
 
 
@@ -193,9 +300,11 @@ def _resolve(
     _apply_rules(draft)
     _apply_env(draft)
     _apply_overrides(draft, overrides)
+    _apply_decided_rules(draft)
     if capabilities is not None:
         capabilities(draft)
     _apply_implied(draft)
+    _apply_refusals(draft)
     decision = Decision(**draft.values)
     return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
 
@@ -236,6 +345,10 @@ def _traits(policy: Policy, context: Context) -> dict[str, TraitFact]:
             traits[name] = TraitFact(known.value, CATALOG, note)
     for name, value in context.traits.items():
         traits[name] = TraitFact(value, GIVEN)
+    if "task" not in traits:
+        # vLLM always settles on a task; without a reviewed or given one, its name decides.
+        task, why = task_from_name(context.architecture)
+        traits["task"] = TraitFact(task, ARCHITECTURE_NAME, why)
     return traits
 
 
@@ -261,8 +374,10 @@ def _apply_rules(draft: Draft) -> None:
         rule = rules[i]
         if rule.when.matches(facts):
             matched.add(i)
+            if rule.decided:  # applied on the decision, after env bindings and overrides
+                continue
             # Later wins per field: only the last setter of each field needs a provenance.
-            setters.update(dict.fromkeys(rule.set, rule))
+            setters.update(dict.fromkeys(rule.set, rule))  # a refusing rule sets nothing
     for name, rule in setters.items():
         setting = rule.set[name]
         draft.assign(
@@ -334,4 +449,63 @@ def _apply_implication(draft: Draft, implication: Implication) -> None:
             {then: False},
             note=reason,
         )
+    )
+
+
+def _apply_refusals(draft: Draft) -> None:
+    """The first refusing rule (file order) whose ``when`` held and whose ``decided`` values
+    the final decision has refuses the context."""
+    for index in sorted(draft.matched_rules):
+        rule = draft.policy.rules[index]
+        if rule.refuses(draft.values):
+            decided = {name: draft.provenance[name] for name in rule.decided}
+            draft.refusal = Refusal(rule, decided)
+            draft.record(
+                Step(REFUSAL, rule.id, rule.location, note=rule.refuse or "", refuse=rule.refuse)
+            )
+            return
+
+
+def _apply_decided_rules(draft: Draft) -> None:
+    """Rules with ``decided`` (and ``set``), in file order, on the decision after env bindings
+    and overrides: where it has their ``decided`` values they set their fields, except those
+    an env binding or an override forced (as an engine's defaults fill only what was not
+    given)."""
+    for index in sorted(draft.matched_rules):
+        rule = draft.policy.rules[index]
+        if not rule.decided or rule.refuse is not None:
+            continue
+        if not all(draft.values.get(k) == s.value for k, s in rule.decided.items()):
+            continue
+        draft.decided_rules.add(index)
+        for name, setting in rule.set.items():
+            if draft.provenance[name].forced:
+                continue
+            draft.assign(
+                Provenance(
+                    name, setting.value, RULES, rule.id, rule.reason, setting.location, rule.ref
+                )
+            )
+
+
+def _wanted(rule: Rule) -> str:
+    return " ".join(f"{k}={_shown(s.value)}" for k, s in rule.decided.items())
+
+
+def _found(rule: Rule, draft: Draft) -> str:
+    """The decision's values of the fields ``rule.decided`` names, as ``runner=mrv1``."""
+    return " ".join(f"{k}={_shown(draft.values.get(k))}" for k in rule.decided)
+
+
+def _refusing_step(rule: Rule, matched: bool, failure: Any, draft: Draft) -> Step:
+    """A refusing rule's trace entry: its ``when`` failed, or the decision it found."""
+    if not matched:
+        note = ""
+    elif rule.refuses(draft.values):
+        note = "refuses this decision"
+    else:
+        note = f"does not refuse: the decision has {_found(rule, draft)}"
+    return Step(
+        stage=RULES, name=rule.id, location=rule.location, sets={}, matched=matched,
+        failure=failure, reason=rule.reason, ref=rule.ref, note=note, refuse=rule.refuse,
     )

@@ -151,18 +151,50 @@ else:
 class RuleModel(_Model):
     id: RuleId
     when: WhenModel = WhenModel()
-    set: DecisionFields
+    set: DecisionFields = Field(  # type: ignore[assignment]
+        None, description="decision fields this rule sets (a rule sets or refuses)"
+    )
+    #: The context is refused, with this message (instead of ``set``).
+    refuse: Name = Field(  # type: ignore[assignment]
+        None,
+        description="refuse the context with this message, naming what the engine would "
+        "reject (a rule sets or refuses)",
+    )
+    #: Apply only where the decision has these values (``set``: after env bindings and
+    #: overrides; ``refuse``: the final decision).
+    decided: DecisionFields = Field(  # type: ignore[assignment]
+        None,
+        description="apply only where the decision has these values: with set, the decision "
+        "after env bindings and overrides (fields they forced stay); with refuse, the final "
+        "decision",
+    )
     reason: Name
     ref: Url = None  # type: ignore[assignment]
     #: Bench records (``policy bench --record``) behind the rule, relative to this file.
     evidence: Annotated[list[Name], Field(min_length=1)] = None  # type: ignore[assignment]
 
-    @field_validator("set")
+    @field_validator("set", "decided")
     @classmethod
     def _sets_something(cls, fields: BaseModel) -> BaseModel:
         if not fields.model_fields_set:
-            raise ValueError(f"a rule must set at least one of {', '.join(DECISION_FIELDS)}")
+            raise ValueError(f"name at least one of {', '.join(DECISION_FIELDS)}")
         return fields
+
+    @model_validator(mode="after")
+    def _sets_or_refuses(self) -> RuleModel:
+        if (self.set is None) == (self.refuse is None):
+            raise ValueError(
+                "a rule has exactly one of `set` (the fields it decides) and `refuse` "
+                "(the message it refuses the context with)"
+            )
+        if self.decided is not None and self.set is not None:
+            both = set(self.decided.model_fields_set) & set(self.set.model_fields_set)
+            if both:
+                raise ValueError(
+                    f"`decided` and `set` both name {', '.join(sorted(both))}: a rule on the "
+                    "decision sets other fields than those it tests"
+                )
+        return self
 
 
 class EnvBindingModel(_Model):

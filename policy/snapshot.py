@@ -2,13 +2,15 @@
 
 A snapshot (``conformance/vllm-<version>.jsonl``, written by ``tools/vllm_probe``)
 is JSON lines: a header ``{"snapshot": {...}}`` naming the engine version and the
-domain, then one object per context with what the engine decided there
-(``runner``, ``breakable``, ``cudagraph``, ``compile``, ``capture_sizes``) or the
-``error`` it refused the context with (``probe_error``: the probe could not run
-vLLM there; such rows are counted, never compared). Every row's context carries
+domain, then one object per context with its ``outcome``: ``decided``, with what the
+engine decided there (``runner``, ``breakable``, ``cudagraph``, ``compile``,
+``capture_sizes``) and the model's ``task`` as the engine took it, or ``refused``, with
+the engine's message (``refusal``); a ``probe_error`` row is one where the probe could not
+run vLLM (counted, never compared). Every row's context carries
 the snapshot's vLLM version as its engine fact, so one policy with ``engine:``
 conditions can be checked against every release. Conformance resolves the policy on every
-context and compares field by field: ``capture_sizes`` only where the policy sets
+context and compares the outcome (a rule's refusal against the engine's), the task and
+the decision field by field: ``capture_sizes`` only where the policy sets
 them (elsewhere it leaves them to the runner). A disagreement covered by one of
 the policy's ``deviations:`` is counted apart, never hidden; a deviation that
 covers no disagreement is stale and fails conformance like a disagreement.
@@ -23,18 +25,24 @@ from typing import Any
 
 from interlock.core.decision import OUTCOME, REQUIRED_FIELDS
 from interlock.core.errors import PolicyError
+from interlock.core.fields import TASKS
 from interlock.core.files import FileProblem, decode_utf8, load_json, read_regular
 from interlock.core.terminal import one_line
 from interlock.policy.conditions import Facts, check_version
 from interlock.policy.context import Context
 from interlock.policy.model import Deviation, Policy
-from interlock.policy.resolution import facts_of, resolve
+from interlock.policy.resolution import PolicyRefused, Resolution, facts_of, resolve
 
 SNAPSHOT_SOURCE = "snapshot"
 #: The engine a snapshot records; each row's context carries its version (``engine`` conditions).
 ENGINE = "vllm"
 #: Fields every row's decision carries; ``capture_sizes`` is compared only when the policy sets it.
 COMPARED = (*REQUIRED_FIELDS, "capture_sizes")
+#: A row's outcomes: the engine decided the context, or refused it.
+DECIDED = "decided"
+REFUSED = "refused"
+#: The model's task as the engine took it, compared with the policy's ``task`` trait.
+TASK = "task"
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,14 @@ class SnapshotRow:
     context: Context
     #: The engine's decision (field -> value), empty when it refused the context.
     decision: dict[str, Any]
-    error: str | None
+    #: The engine's message where it refused the context (outcome ``refused``), else None.
+    refusal: str | None
     surrogate: bool
     line: int
     #: The probe could not run vLLM's config path here (not a decision): never compared.
     probe_error: str | None = None
+    #: The model's task as the engine took it (decided rows).
+    task: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,17 +233,34 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
             raise PolicyError(f"{key} must be a string", file=name, line=line, path=key)
         if key in _NAMED and not data[key].strip():
             raise PolicyError(f"{key} must not be empty", file=name, line=line, path=key)
-    error = data.get("error")
     probe_error = data.get("probe_error")
-    for key in ("error", "probe_error"):
+    for key in ("refusal", "probe_error"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise PolicyError(f"{key} must be a string or null", file=name, line=line, path=key)
+    outcome = data.get("outcome")
+    if probe_error is None and outcome not in (DECIDED, REFUSED):
+        raise PolicyError(
+            f'outcome must be "{DECIDED}" or "{REFUSED}", not {_brief(outcome)}', file=name,
+            line=line, path="outcome",
+        )
+    refusal = data.get("refusal") if outcome == REFUSED else None
+    if outcome == REFUSED and not refusal:
+        raise PolicyError(
+            "a refused row needs the engine's message (refusal)", file=name, line=line,
+            path="refusal",
+        )
+    task = data.get(TASK)
+    if outcome == DECIDED and task not in TASKS:
+        raise PolicyError(
+            f"task must be one of {', '.join(TASKS)}, not {_brief(task)}", file=name,
+            line=line, path=TASK,
+        )
     decision = {}
-    if error is None and probe_error is None:
+    if outcome == DECIDED and probe_error is None:
         missing = [f for f in REQUIRED_FIELDS if f not in data]
         if missing:
             raise PolicyError(
-                f"a row without error needs {', '.join(missing)}", file=name, line=line
+                f"a decided row needs {', '.join(missing)}", file=name, line=line
             )
         decision = {f: data.get(f) for f in COMPARED}
         for key, types in _DECISION_TYPES.items():
@@ -274,7 +302,10 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
         )
     except PolicyError as exc:
         raise PolicyError(exc.message, file=name, line=line) from None
-    return SnapshotRow(context, decision, error, bool(data.get("surrogate")), line, probe_error)
+    return SnapshotRow(
+        context, decision, refusal, bool(data.get("surrogate")), line, probe_error,
+        task if outcome == DECIDED else None,
+    )
 
 
 def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
@@ -285,7 +316,7 @@ def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
             report.not_probed += 1
             continue
         found = _compare(policy, row)
-        if "capture_sizes" not in {d.field for d in found} and row.error is None:
+        if "capture_sizes" not in {d.field for d in found} and row.refusal is None:
             report.sizes_not_compared += _sizes_left_to_runner(policy, row)
         if found:
             report.disagreements.extend(found)
@@ -302,16 +333,30 @@ def _sizes_left_to_runner(policy: Policy, row: SnapshotRow) -> int:
 
 
 def _compare(policy: Policy, row: SnapshotRow) -> list[Disagreement]:
+    theirs_outcome = REFUSED if row.refusal is not None else DECIDED
     try:
         res = resolve(policy, row.context)
-    except PolicyError as exc:
-        if row.error is not None:
+    except PolicyRefused as exc:
+        if row.refusal is not None:
             return []
-        return [_disagree(policy, row, OUTCOME, f"error: {exc.message}", "decided", str(exc))]
-    if row.error is not None:
-        return [_disagree(policy, row, OUTCOME, "decided", f"error: {row.error}", "resolution")]
+        rule = exc.refusal.rule
+        return [
+            _disagree(
+                policy, row, OUTCOME, f"refused: {exc.refusal.message}", DECIDED,
+                f"{rule.id} (refusal) {rule.location}",
+            )
+        ]
+    except PolicyError as exc:
+        # An error is not a refusal: no rule of the policy says the engine refuses here.
+        return [
+            _disagree(policy, row, OUTCOME, f"error: {exc.message}", theirs_outcome, str(exc))
+        ]
+    if row.refusal is not None:
+        return [
+            _disagree(policy, row, OUTCOME, DECIDED, f"refused: {row.refusal}", "resolution")
+        ]
     ours = res.decision.to_dict()
-    found = []
+    found = _compare_task(policy, row, res)
     for name in COMPARED:
         prov = res.provenance.get(name)
         if prov is None:  # capture sizes left to the runner
@@ -323,6 +368,15 @@ def _compare(policy: Policy, row: SnapshotRow) -> list[Disagreement]:
             decider = f"{prov.source} ({prov.stage}){where}"
             found.append(_disagree(policy, row, name, mine, theirs, decider))
     return found
+
+
+def _compare_task(policy: Policy, row: SnapshotRow, res: Resolution) -> list[Disagreement]:
+    fact = res.traits[TASK]
+    # A surrogate row's task is that of Llama's class run under the name, not the model's.
+    if row.task is None or row.surrogate or fact.value == row.task:
+        return []
+    where = f" {fact.note}" if fact.note else ""
+    return [_disagree(policy, row, TASK, fact.value, row.task, f"{fact.origin}{where}")]
 
 
 def _disagree(

@@ -59,6 +59,8 @@ def policy_to_data(policy: Policy) -> dict[str, Any]:
                 "ref": r.ref,
                 "location": _loc(r.location),
                 "evidence": list(r.evidence),
+                "refuse": r.refuse,
+                "decided": _settings(r.decided),
             }
             for r in policy.rules
         ],
@@ -205,6 +207,8 @@ def _policy(data: Any) -> Policy:
                 ref=ref,
                 location=_location(r["location"]),
                 evidence=tuple(_str(path, "evidence") for path in evidence),
+                refuse=None if r["refuse"] is None else _str(r["refuse"], "refuse"),
+                decided=_setting_map(r["decided"]),
             )
         )
     deviations = []

@@ -19,7 +19,9 @@ ENV = "env"
 OVERRIDES = "overrides"
 CAPABILITIES = "capabilities"
 IMPLIED = "implied"
-STAGES = (DEFAULTS, RULES, ENV, OVERRIDES, CAPABILITIES, IMPLIED)
+#: Not a stage that sets fields: the refusing rules, checked on the final decision.
+REFUSAL = "refusal"
+STAGES = (DEFAULTS, RULES, ENV, OVERRIDES, CAPABILITIES, IMPLIED, REFUSAL)
 #: Stages whose values the user forced: stage 5 must refuse, not fall back, when unsupported.
 FORCED_STAGES = frozenset({ENV, OVERRIDES})
 
@@ -74,6 +76,8 @@ class Step:
     note: str = ""
     #: For a matched rule: field -> who set its final value instead ("rocm-no-breakable (rules)").
     overridden: dict[str, str] = field(default_factory=dict)
+    #: For a refusing rule: its message.
+    refuse: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class Step:
             "ref": self.ref,
             "note": self.note,
             "overridden": dict(self.overridden),
+            "refuse": self.refuse,
         }
 
 

@@ -314,18 +314,31 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve_args(args: argparse.Namespace) -> Any:
-    """Load, build the context and resolve: the shared body of explain and resolve."""
+    """Load, build the context and resolve: the shared body of explain and resolve. A
+    refused resolution is returned (its ``refusal`` set), for the command to show."""
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
     policy = load(args)
     context = context_of(args, policy)
     overrides = overrides_of(args)
-    resolution = resolve(policy, context, overrides, capabilities=capability_stage())
+    # A refused context is shown and recorded like any other; the command exits `refused`.
+    resolution = resolve(policy, context, overrides, capabilities=capability_stage(), refused=True)
     if getattr(args, "decision_log", None) is not None or _logging_by_env():
         record_decision(args, resolution, f"policy {args.command}", model=args.model,
                         overrides=overrides)
     return resolution
+
+
+def refused_exit(resolution: Any) -> int:
+    """A shown resolution's exit status: ``refused`` (5) where a rule refused it, else 0;
+    the refusal goes to stderr as well, for scripts that only read it."""
+    from interlock.core.errors import EXIT_CODES
+
+    if resolution.refusal is None:
+        return 0
+    print(f"policy: {resolution.refusal.describe()}", file=sys.stderr)
+    return EXIT_CODES["refused"]
 
 
 def _logging_by_env() -> bool:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import add_context_args, add_decision_log_args, resolve_args
+from interlock.commands.common import (
+    add_context_args,
+    add_decision_log_args,
+    refused_exit,
+    resolve_args,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,4 +35,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(explain.render_json(resolution))
     else:
         sys.stdout.write(explain.render_text(resolution, color=terminal.use_color(sys.stdout)))
-    return 0
+    return refused_exit(resolution)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import add_context_args, add_decision_log_args, resolve_args
+from interlock.commands.common import (
+    add_context_args,
+    add_decision_log_args,
+    refused_exit,
+    resolve_args,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,5 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from interlock.policy.explain import render_json
 
-    sys.stdout.write(render_json(resolve_args(args)))
+    resolution = resolve_args(args)
+    sys.stdout.write(render_json(resolution))
+    return refused_exit(resolution)
     return 0

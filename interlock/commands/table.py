@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                     config=None if config is None else dict(config),
                 )  # fmt: skip
                 try:
-                    rows.append(resolve(policy, context, capabilities=stage))
+                    # A refusal is the cell's outcome, shown with its rule; not an error.
+                    rows.append(resolve(policy, context, capabilities=stage, refused=True))
                 except PolicyError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), context.config))
     sys.stdout.write(render_table(rows, fmt))
@@ -170,7 +171,9 @@ def _fleet(
         check_target(target.platform, target.device_arch, "--target")
     table = fleet(
         policy, architectures, args.target,
-        lambda p, ctx: resolve(p, ctx, capabilities=stage), base=_base(args), **context,
+        # A refusal is the cell's outcome, shown with its rule; not an error.
+        lambda p, ctx: resolve(p, ctx, capabilities=stage, refused=True), base=_base(args),
+        **context,
     )
     sys.stdout.write(render_fleet(table, fmt))
     return 1 if table.failed else 0

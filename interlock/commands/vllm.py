@@ -182,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         sources=sources,
         engine=engine,
         model_id=args.model_id,
+        # --runner names the task vLLM runs the model for: a given fact.
+        traits={"task": user.task} if user.task is not None else None,
     )
     resolution = resolve(policy, context, user.overrides)
     by_level = level_overrides(resolution, user)

@@ -19,6 +19,7 @@ EXIT_CODES = {
     "plugin": 3,
     "model": 4,  # config.json, checkpoint, tokenizer: the model cannot run as given
     "runtime": 4,  # the run failed (out of memory, a failing step)
+    "refused": 5,  # a rule of the policy refuses the context (its `refuse:`)
     "internal": 70,  # a bug in interlock
     "interrupted": 130,
 }

@@ -6,6 +6,9 @@ The decision's fields are :mod:`interlock.core.decision`'s.
 from __future__ import annotations
 
 ATTENTION_KINDS = ("mha", "gqa", "mla", "dsa", "linear", "hybrid")
+#: What the engine runs the model for (vLLM's runner type, with encoder-decoder models apart):
+#: ``draft`` is a speculative-decoding draft loaded beside its target.
+TASKS = ("generate", "pooling", "draft", "encoder-decoder")
 
 #: Trait key -> allowed values (a tuple) or the Python type of a free value.
 TRAITS: dict[str, tuple[str, ...] | type] = {
@@ -14,6 +17,7 @@ TRAITS: dict[str, tuple[str, ...] | type] = {
     "mtp": bool,
     "quantized": bool,
     "family": str,
+    "task": TASKS,
 }
 
 

@@ -67,10 +67,27 @@ def test_explain_and_resolve_records_hold_every_field(
     assert first["runner"] == {"name": "mrv2", "plugin": "mrv2", "distribution": "interlock",
                                "version": first["runner"]["version"]}
     assert first["outcome"] is None and first["engine"] is None and "prompts" not in first
-    # An override is recorded (a replay needs it), and the deviations that apply.
+    # An override is recorded (a replay needs it), and the model's task.
     assert second["overrides"] == {"runner": "mrv1"}
     assert second["provenance"]["runner"]["stage"] == "overrides"
-    assert [d["id"] for d in second["deviations"]] == ["mtp-draft-served-alone-is-pooling"]
+    assert second["deviations"] == [] and second["refusal"] is None
+    assert (first["task"], second["task"]) == ("generate", "pooling")
+    assert second["decision"]["cudagraph"] == "piecewise"
+    assert second["provenance"]["cudagraph"]["source"] == "pooling-piecewise-graphs"
+
+
+def test_a_refused_context_is_recorded_with_its_rule(cli: Any, tmp_path: Path) -> None:
+    log = tmp_path / "decisions.jsonl"
+    result = cli("explain", "Step5ForCausalLM", "--platform", "cuda", "--device-arch", "sm_90",
+                 "--env", "VLLM_USE_V2_MODEL_RUNNER=0", "--decision-log", str(log))
+    assert result.code == 5
+    assert "REFUSED  by rule step5-refuses-mrv1" in result.out
+    assert "refused by rule step5-refuses-mrv1 (policies.yaml:" in result.err
+    (record,) = lines_of(log)
+    jsonschema.validate(record, SCHEMA)
+    assert record["refusal"]["rule"] == "step5-refuses-mrv1"
+    assert record["refusal"]["message"] == "Model Runner V1 does not support: Step5"
+    assert record["refusal"]["decided"]["runner"]["source"] == "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def test_a_new_log_is_created_0600_even_under_a_permissive_umask(tmp_path: Path) -> None:

@@ -78,7 +78,8 @@ def test_exactly_the_changed_deployments_are_listed(cli: Any, tmp_path: Path) ->
         (field,) = change["fields"]
         assert (field["field"], field["old"], field["new"]) == (
             "cudagraph", "full_and_piecewise", "piecewise")
-        assert field["old_rule"] == f"defaults ({SHIPPED}:80)"
+        line = load_policy([SHIPPED]).defaults["cudagraph"].location.line
+        assert field["old_rule"] == f"defaults ({SHIPPED}:{line})"
         assert field["new_rule"].startswith("rules site-llama-hopper-piecewise (")
         assert change["model"] == "/models/LlamaForCausalLM" and change["platform"] == "cuda"
     text = cli("impact", "--log", str(log), SHIPPED, stack, "--fail-on-change")

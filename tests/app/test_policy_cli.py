@@ -57,10 +57,16 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "rocm-no-default-breakable",
         "rocm-deepseek-v41-breakable",
         "longcat-ngram-full-graphs-eager-prefill",
+        "pooling-piecewise-graphs",
+        "encoder-decoder-full-decode-only",
         "vllm-without-triton-v1",
         "vllm-cpu-no-cuda-graphs",
+        "step5-refuses-mrv1",
+        "v2-without-triton-refused",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
+    assert rules[-2]["refuse"] == "Model Runner V1 does not support: Step5"
+    assert rules[-1]["refuse"] == "Model Runner V2 requires Triton."
 
 
 def test_env_flags_and_process_environment(cli, monkeypatch) -> None:
@@ -121,7 +127,7 @@ def test_model_flag(cli, tmp_path) -> None:
     [
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2_MODEL_RUNNER=2"],
-            "policies.yaml:86:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
+            "policies.yaml:92:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
         ),
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2=1"],

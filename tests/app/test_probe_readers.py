@@ -82,3 +82,48 @@ def test_the_snapshot_takes_moe_from_catalogs_that_agree(tmp_path: Path) -> None
     (tmp_path / "b.yaml").write_text(base + "  M: {moe: true}\n  X: {moe: false}\n  U: {}\n")
     paths = [tmp_path / "a.yaml", tmp_path / "b.yaml"]
     assert snapshot.moe_architectures(paths) == ["M"]
+
+
+def test_a_vllm_refusal_is_recorded_as_the_outcome_refused() -> None:
+    probe = _load("vllm_probe_outcomes", TOOLS / "probe.py")
+    refusal = "ValidationError: Value error, Model Runner V1 does not support: Step5"
+    assert probe.classify({"error": refusal}) == {"outcome": "refused", "refusal": refusal}
+    other = "ImportError: vllm.vllm_flash_attn requires the CUDA flash attention extensions"
+    assert probe.classify({"error": other}) == {"probe_error": other}
+    decided = {"outcome": "decided", "runner": "mrv2", "task": "generate"}
+    assert probe.classify(dict(decided)) == decided
+
+
+@pytest.mark.parametrize(
+    ("runner_type", "encoder_decoder", "task"),
+    [("generate", False, "generate"), ("pooling", False, "pooling"),
+     ("draft", False, "draft"), ("generate", True, "encoder-decoder")],
+)  # fmt: skip
+def test_the_task_is_vllms_runner_type_with_encoder_decoder_apart(
+    runner_type: str, encoder_decoder: bool, task: str
+) -> None:
+    probe = _load("vllm_probe_tasks", TOOLS / "probe.py")
+
+    class ModelConfig:
+        pass
+
+    config = ModelConfig()
+    config.runner_type = runner_type  # type: ignore[attr-defined]
+    config.is_encoder_decoder = encoder_decoder  # type: ignore[attr-defined]
+    assert probe.task_of(config) == task
+    with pytest.raises(probe.ProbeError, match="ModelConfig.runner_type"):
+        probe.task_of(object())
+
+
+def test_the_round_trip_compares_refusals() -> None:
+    roundtrip = _load("vllm_roundtrip_under_test", TOOLS / "roundtrip.py")
+    decided = {"runner": "mrv2", "breakable": False, "cudagraph": "piecewise", "compile": True}
+    refused = {"outcome": "refused"}
+    vllm_refused = {"outcome": "refused", "refusal": "ValidationError: ... does not support"}
+    assert roundtrip._differences(refused, vllm_refused) == []
+    assert roundtrip._differences(refused, {"outcome": "decided", **decided}) == ["outcome"]
+    assert roundtrip._differences(decided, vllm_refused) == ["outcome"]
+    assert roundtrip._differences(decided, {"probe_error": "ImportError"}) == ["outcome"]
+    assert roundtrip._differences(
+        decided, {"outcome": "decided", **decided, "cudagraph": "full_and_piecewise"}
+    ) == ["cudagraph"]

@@ -317,7 +317,9 @@ def test_a_forced_v2_without_triton_stops_the_engine_by_name(
         engine.stop()
     text = engine.log.read_text()
     assert code != 0
-    assert re.search(r"interlock: the vLLM plugin stops the engine: runner=mrv2 \(rules "
-                     r"site-force-v2, \S*force\.yaml:\d+\) cannot run on this engine: Model "
-                     r"Runner V2 requires Triton", text), text[-3000:]
+    # The shipped policy refuses it by rule (v2-without-triton-refused), naming what forced V2.
+    assert re.search(r"interlock: the vLLM plugin stops the engine: refused by rule "
+                     r"v2-without-triton-refused \(\S*policies\.yaml:\d+\): Model Runner V2 "
+                     r"requires Triton\. \[runner=mrv2 from site-force-v2 \(rules\)\]",
+                     text), text[-3000:]
     assert "Initializing a V1 LLM engine" not in text  # stopped before any engine was built

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from interlock.policy.loader import load_policy
+from interlock.policy.resolution import PolicyRefused
 from interlock.vllm_plugin import EngineFacts, PluginRefusal, decide, register
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
@@ -88,16 +89,41 @@ def test_v2_without_triton_is_refused_naming_the_rule(tmp_path: Path) -> None:
     site = tmp_path / "site.yaml"
     site.write_text(FORCE_V2)
     policy = load_policy([str(ROOT / "policies.yaml"), str(site)])
-    with pytest.raises(PluginRefusal) as caught:
+    with pytest.raises(PolicyRefused) as caught:
         decide(_facts(), policy, {})
     text = str(caught.value)
-    assert "runner=mrv2 (rules site-force-v2, " in text and "site.yaml:" in text
-    assert "Model Runner V2 requires Triton" in text and "HAS_TRITON" in text
+    assert text.startswith("refused by rule v2-without-triton-refused (")
+    assert "Model Runner V2 requires Triton" in text
+    assert "[runner=mrv2 from site-force-v2 (rules)]" in text
 
 
 def test_the_env_var_forcing_v2_without_triton_is_refused_too() -> None:
-    with pytest.raises(PluginRefusal, match=r"runner=mrv2 \(env VLLM_USE_V2_MODEL_RUNNER"):
+    with pytest.raises(PolicyRefused, match=r"runner=mrv2 from VLLM_USE_V2_MODEL_RUNNER \(env\)"):
         decide(_facts(), _shipped(), {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+
+
+NO_REFUSING_RULE = """\
+schema_version: 1
+version: "no-refusing-rule"
+catalog:
+  LlamaForCausalLM: {family: llama, attention: gqa, moe: false}
+defaults: {runner: mrv2, cudagraph: none, breakable: false, compile: true}
+rules: []
+"""
+
+
+def test_a_policy_without_the_refusing_rule_still_cannot_run_v2_without_triton(
+    tmp_path: Path,
+) -> None:
+    """The plugin checks the engine itself: a policy that decides V2 where vLLM has no
+    Triton stops the engine by the plugin's own word, naming what decided it."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(NO_REFUSING_RULE)
+    with pytest.raises(PluginRefusal) as caught:
+        decide(_facts(), load_policy([str(path)]), {})
+    text = str(caught.value)
+    assert "runner=mrv2 (defaults, " in text and "policy.yaml:" in text
+    assert "Model Runner V2 requires Triton" in text and "HAS_TRITON" in text
 
 
 def test_a_plugin_that_cannot_load_stops_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,14 @@ def test_diff_shipped_against_shipped_with_the_site_layered(cli, site) -> None:
     assert res.code == 0, res.err
     doc = res.json()
     changes = doc["changes"]
-    assert [(c["field"], c["old"], c["new"]) for c in changes] == [("runner", "mrv2", "mrv1")]
+    # MRV1 where the site decides it; Step5 there is refused (vLLM refuses MRV1 for it).
+    assert [(c["field"], c["old"], c["new"]) for c in changes] == [
+        ("outcome", "resolves", None), ("runner", "mrv2", "mrv1")
+    ]
+    refused = [ctx for d in changes[0]["deciders"] for ctx in d["contexts"]]
+    assert {ctx["architecture"] for ctx in refused} == {
+        "Step5ForCausalLM", "Step5ForConditionalGeneration"
+    }
     assert doc["new"]["files"][-1] == str(site)
     contexts = [ctx for c in changes for d in c["deciders"] for ctx in d["contexts"]]
     assert {(ctx["platform"], ctx["device_arch"]) for ctx in contexts} == {("rocm", "gfx950")}

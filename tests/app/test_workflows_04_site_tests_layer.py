@@ -38,7 +38,7 @@ def test_pytest_collects_a_layered_site_tests_file(site: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
     (coverage,) = [x for x in done.stdout.splitlines() if "rule coverage: " in x]
-    assert coverage.startswith("site.tests.yaml: rule coverage: ") and "/8 rules" in coverage
+    assert coverage.startswith("site.tests.yaml: rule coverage: ") and "/12 rules" in coverage
     (uncovered,) = [x for x in done.stdout.splitlines() if "not covered" in x]
     assert "site-mi355x-tp-mrv1" not in uncovered
 

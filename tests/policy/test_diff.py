@@ -85,10 +85,30 @@ def test_vllm_0_31_to_0_32_is_exactly_the_rocm_dsa_switch_to_mrv2() -> None:
     assert deciders.new.decider == "defaults"
 
 
-def test_vllm_0_30_and_0_31_decide_alike() -> None:
+def test_vllm_0_31_drops_only_0_30s_gfx950_deepseek_v4_default() -> None:
+    """0.30.0 -> 0.31.0 differs only where 0.30.0's rule on the decided runner applied:
+    DeepSeek V4 on gfx950 under MRV2 gets its CUDA graphs back."""
     history = BEFORE_53155.parent
     old, new = load(history / "vllm-0.30.0.yaml"), load(history / "vllm-0.31.0.yaml")
-    assert diff_policies(old, new).equal
+    diff = diff_policies(old, new)
+    assert {(c.field, c.old.value, c.new.value) for c in diff.changes} == {
+        ("cudagraph", "none", "full_and_piecewise")
+    }
+    contexts = {c.context for c in diff.changes}
+    assert {(c.architecture, c.platform, c.device_arch) for c in contexts} == {
+        ("DeepseekV4ForCausalLM", "rocm", "gfx950"),
+        ("DeepseekV4ForConditionalGeneration", "rocm", "gfx950"),
+    }
+    # Only where MRV2 runs: the V4 model stays on MRV1 unless the environment says V2.
+    assert all(
+        c.context.env.get("VLLM_USE_V2_MODEL_RUNNER") == "1"
+        for c in diff.changes
+        if c.context.architecture == "DeepseekV4ForCausalLM"
+    )
+    (group,) = diff.groups()
+    assert {d.old.decider for d in group.by_deciders} == {
+        "rule rocm-gfx950-deepseek-v4-eager-under-mrv2"
+    }
 
 
 def test_seed_2_moves_glm_to_mrv1_and_drops_rocm_breakable() -> None:

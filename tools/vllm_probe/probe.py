@@ -327,9 +327,9 @@ EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
         {"hc_count": 2, "ple_layer_ids": []},
     ),
 }
-#: vLLM refusing a runner for a model: a decision, recorded as the row's ``error``.
-#: Any other exception is the probe's limit (a config only a real checkpoint has),
-#: recorded as ``probe_error`` and never compared.
+#: vLLM refusing a runner for a model: an outcome, recorded as ``outcome: refused`` with
+#: vLLM's message as ``refusal``. Any other exception is the probe's limit (a config only
+#: a real checkpoint has), recorded as ``probe_error`` and never compared.
 REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support",
             "Model Runner V2 requires Triton")
 
@@ -363,7 +363,8 @@ class ServeConfig:
     def run(
         self, model: Path, env: dict[str, str], flags: list[str], base_env: dict[str, str]
     ) -> dict[str, Any]:
-        """One context: vLLM's decision, or the error it raises."""
+        """One context: vLLM's decision (``outcome: decided``), or the error it raises
+        (``error``, which :func:`classify` turns into a refusal or a probe error)."""
         os.environ.clear()
         os.environ.update(base_env)
         os.environ.update(env)
@@ -388,8 +389,31 @@ class ServeConfig:
         record["compile"] = cc.mode != self.none
         record["compile_mode"] = str(getattr(cc.mode, "name", cc.mode))
         record["capture_sizes"] = list(cc.cudagraph_capture_sizes or []) or None
-        record["pooling"] = config.model_config.runner_type == "pooling"
+        record["task"] = task_of(config.model_config)
+        record["outcome"] = "decided"
         return record
+
+
+def task_of(model_config: Any) -> str:
+    """The model's task as interlock names it: vLLM's runner type (generate, pooling,
+    draft), with an encoder-decoder generation model apart (``is_encoder_decoder``)."""
+    runner_type = getattr(model_config, "runner_type", None)
+    if not isinstance(runner_type, str):
+        raise ProbeError("vLLM moved ModelConfig.runner_type: the probe records the task from it")
+    if runner_type == "generate" and bool(getattr(model_config, "is_encoder_decoder", False)):
+        return "encoder-decoder"
+    return runner_type
+
+
+def classify(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's record with its error sorted: vLLM's refusal is the outcome ``refused`` with
+    vLLM's message; any other error is the probe's (``probe_error``, never compared)."""
+    if "error" not in result:
+        return result
+    error = result.pop("error")
+    if _is_refusal(error):
+        return {**result, "outcome": "refused", "refusal": error}
+    return {**result, "probe_error": error}
 
 
 def env_grid(kind: str) -> list[dict[str, str]]:
@@ -519,9 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.perf_counter()
             result = _quiet(serve.run, models[arch], request["env"], request["flags"], base_env)
-            if "error" in result and not _is_refusal(result["error"]):
-                result["probe_error"] = result.pop("error")
-            row.update(result)
+            row.update(classify(result))
             if arch in surrogates:
                 row["surrogate"] = surrogates[arch]
             if arch in moe:

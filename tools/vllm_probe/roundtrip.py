@@ -2,8 +2,10 @@
 context of a snapshot, and check that vLLM arrives at interlock's decision.
 
 Run with interlock's Python; the probe runs in the probe venv (``setup_venv.sh``).
-A context the policy declares a deviation for (on the field that differs) is counted
-apart, as ``policy conformance`` does; rows the probe could not run are skipped.
+A context the policy refuses has no command: vLLM gets the context's own environment and
+must refuse it too. A context the policy declares a deviation for (on the field that
+differs) is counted apart, as ``policy conformance`` does; rows the probe could not run
+are skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ sys.path.insert(0, str(HERE))
 from snapshot import PLATFORMS, REPO, SnapshotError, _last_json, _probe  # noqa: E402
 
 FIELDS = ("runner", "breakable", "cudagraph", "compile")
+#: What a row says besides the fields: decided or refused, vLLM's message, the probe's error.
+OUTCOME = ("outcome", "refusal", "probe_error")
 
 
 def round_trip(
@@ -30,7 +34,7 @@ def round_trip(
 ) -> dict[str, Any]:
     from interlock.core.errors import PolicyError
     from interlock.policy import load_policy
-    from interlock.policy.resolution import resolve
+    from interlock.policy.resolution import PolicyRefused, resolve
     from interlock.policy.snapshot import load_snapshot
     from interlock.vllm_serve import UserFlags, serve_command
 
@@ -40,7 +44,8 @@ def round_trip(
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     started = time.perf_counter()
-    archs = sorted({row.context.architecture for row in snapshot.rows})
+    # Llama's class is what a surrogate runs: its model info must be in the cache too.
+    archs = sorted({row.context.architecture for row in snapshot.rows} | {"LlamaForCausalLM"})
     surrogates = _last_json(_probe(python, env, "--inspect", "--archs", ",".join(archs)))[
         "not_inspected"
     ]
@@ -55,19 +60,18 @@ def round_trip(
             # The flags of the release the snapshot recorded (one that lacks a knob gets none).
             version = snapshot.engine_version
             command = serve_command(res, "MODEL", [], UserFlags(), version=version)
+            knobs, flags, decision = command.env, command.argv[3:], command.decision
+        except PolicyRefused as exc:
+            # No command to emit: vLLM, given what the user gave, must refuse as well.
+            knobs, flags, res = dict(ctx.env), [], exc.resolution
+            decision = {"outcome": "refused"}
         except PolicyError as exc:
             raise SnapshotError(f"policy vllm args fails for {ctx.to_dict()}: {exc}") from None
-        request = {"architecture": ctx.architecture, "env": command.env, "flags": command.argv[3:]}
+        request = {"architecture": ctx.architecture, "env": knobs, "flags": flags}
         key = json.dumps(
-            [
-                ctx.architecture,
-                ctx.platform,
-                ctx.device_arch,
-                sorted(command.env.items()),
-                request["flags"],
-            ]
+            [ctx.architecture, ctx.platform, ctx.device_arch, sorted(knobs.items()), flags]
         )
-        expected[key] = (command.decision, res)
+        expected[key] = (decision, res)
         requests.setdefault((ctx.platform, ctx.device_arch), []).append(request)
     counts: Counter[str] = Counter()
     failures = []
@@ -111,9 +115,10 @@ def round_trip(
                 counts["deviation"] += 1
             else:
                 counts["disagree"] += 1
-                failures.append({"request": {k: got[k] for k in ("architecture", "env", "flags")},
+                request = {k: got.get(k, []) for k in ("architecture", "env", "flags")}
+                failures.append({"request": request,
                                  "platform": f"{platform}/{device_arch}", "interlock": decision,
-                                 "vllm": {f: got.get(f) for f in (*FIELDS, "error")}})  # fmt: skip
+                                 "vllm": {f: got.get(f) for f in (*FIELDS, *OUTCOME)}})  # fmt: skip
     return {
         "snapshot": str(snapshot_path),
         "vllm": snapshot.engine_version,
@@ -125,9 +130,12 @@ def round_trip(
 
 
 def _differences(decision: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    if "error" in got or "probe_error" in got:
+    """The fields where vLLM did not arrive at interlock's decision; ``outcome`` when one
+    refused and the other did not, or the probe could not run."""
+    refused = decision.get("outcome") == "refused"
+    if "probe_error" in got or refused != (got.get("outcome") == "refused"):
         return ["outcome"]
-    return [f for f in FIELDS if decision[f] != got[f]]
+    return [] if refused else [f for f in FIELDS if decision[f] != got[f]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,10 @@ REPO = HERE.parents[1]
 PROBE = HERE / "probe.py"
 PLATFORMS = (("cuda", "sm_90"), ("cuda", "sm_100"), ("rocm", "gfx942"), ("rocm", "gfx950"))
 #: Fields a snapshot row carries besides its context (``seconds`` stays in the cache).
-RESULT_FIELDS = ("runner", "breakable", "cudagraph", "compile", "capture_sizes", "pooling", "error")
+RESULT_FIELDS = (
+    "outcome", "runner", "breakable", "cudagraph", "compile", "capture_sizes", "task", "refusal",
+    "probe_error",
+)
 
 
 class SnapshotError(RuntimeError):
