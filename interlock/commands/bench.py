@@ -25,8 +25,10 @@ from interlock.commands.common import (
     add_policy_args,
     context_flags_of,
     load,
+    natural,
     overrides_of,
     port,
+    positive,
     seconds,
     write_json,
 )
@@ -85,21 +87,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="measure on `policy serve` (interlock) or `vllm serve` (vllm); without it, "
         "interlock's runners in this process",
     )
-    group.add_argument("--concurrency", type=_positive, default=1, metavar="N",
+    group.add_argument("--concurrency", type=positive, default=1, metavar="N",
                        help="requests in flight at once (default: 1)")
-    group.add_argument("--input-len", type=_positive, default=32, metavar="N",
+    group.add_argument("--input-len", type=positive, default=32, metavar="N",
                        help="prompt tokens per request (default: 32)")
-    group.add_argument("--output-len", type=_positive, default=32, metavar="N",
+    group.add_argument("--output-len", type=positive, default=32, metavar="N",
                        help="tokens generated per request, end of sequence ignored (default: 32)")
     group.add_argument("--prompt-file", metavar="FILE",
                        help="prompts to send instead (one per line, or a JSON list)")
-    group.add_argument("--requests-per-stream", type=_positive, default=2, metavar="N",
+    group.add_argument("--requests-per-stream", type=positive, default=2, metavar="N",
                        help="requests each of the --concurrency streams sends per trial")
     group.add_argument("--accuracy-prompts", metavar="FILE",
                        help="the prompts every cell answers greedily (default: ~50 shipped)")
     group.add_argument("--accuracy-answers", metavar="FILE",
                        help="reference answers, one per accuracy prompt: scored by exact match")
-    group.add_argument("--accuracy-tokens", type=_positive, default=16, metavar="N",
+    group.add_argument("--accuracy-tokens", type=positive, default=16, metavar="N",
                        help="tokens compared per accuracy prompt (default: 16)")
     group.add_argument("--max-divergence", type=_share, default=0.1, metavar="SHARE",
                        help="flag a cell whose outputs differ from the first cell's on more "
@@ -139,19 +141,19 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument(
-        "--prompt-len", type=_positive, default=16, metavar="N",
+        "--prompt-len", type=positive, default=16, metavar="N",
         help="prompt length in tokens (default: 16)",
     )
     prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt (needs tokenizer.json)")
     parser.add_argument(
-        "--max-tokens", type=_positive, default=32, metavar="N",
+        "--max-tokens", type=positive, default=32, metavar="N",
         help="tokens generated per sequence (default: 32)",
     )
     parser.add_argument(
-        "--trials", type=_positive, default=5, metavar="K", help="measured blocks (default: 5)"
+        "--trials", type=positive, default=5, metavar="K", help="measured blocks (default: 5)"
     )
     parser.add_argument(
-        "--warmup", type=_natural, default=1, metavar="W",
+        "--warmup", type=natural, default=1, metavar="W",
         help="warm-up blocks, run and recorded but not analysed (default: 1)",
     )
     parser.add_argument("--seed", type=int, default=0, help="order and bootstrap seed")
@@ -161,7 +163,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
         help="weights: the checkpoint's, or seeded dummy values (speed does not depend on them)",
     )
     parser.add_argument(
-        "--threads", type=_positive, metavar="N",
+        "--threads", type=positive, metavar="N",
         help="torch CPU threads (default: torch's; 1 is steadier on a busy machine)",
     )
 
@@ -228,16 +230,6 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return int(text)
-
-
-def _natural(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:

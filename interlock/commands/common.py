@@ -45,6 +45,20 @@ def percent(text: str) -> float:
     return value
 
 
+def positive(text: str) -> int:
+    """argparse type for a count of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def natural(text: str) -> int:
+    """argparse type for a count of at least 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
 def port(text: str) -> int:
     """argparse type for a TCP port (1 to 65535)."""
     try:

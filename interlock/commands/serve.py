@@ -24,7 +24,9 @@ from interlock.commands.common import (
     add_policy_args,
     context_flags_of,
     load,
+    natural,
     overrides_of,
+    positive,
     record_decision,
 )
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
@@ -61,14 +63,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY_ENV}, else "
         "none); prefer the variable: a command line is visible to other users",
     )
-    parser.add_argument("--max-num-seqs", type=_positive, default=16, metavar="N",
+    parser.add_argument("--max-num-seqs", type=positive, default=16, metavar="N",
                         help="requests in the running batch at most (default: 16)")
-    parser.add_argument("--max-queue", type=_natural, default=64, metavar="N",
+    parser.add_argument("--max-queue", type=natural, default=64, metavar="N",
                         help="requests admitted beyond the running batch; past that a request "
                         "is answered 503 (default: 64)")
-    parser.add_argument("--max-model-len", type=_positive, metavar="N",
+    parser.add_argument("--max-model-len", type=positive, metavar="N",
                         help="prompt plus generated tokens at most (default: the model's)")
-    parser.add_argument("--drain-timeout", type=_positive, default=60, metavar="S",
+    parser.add_argument("--drain-timeout", type=positive, default=60, metavar="S",
                         help="seconds SIGTERM waits for requests in flight before aborting "
                         "them (default: 60)")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
@@ -166,16 +168,4 @@ def _load(args: argparse.Namespace, model: str, resolution: Any) -> Any:
 def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535)")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return int(text)
-
-
-def _natural(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
     return int(text)
