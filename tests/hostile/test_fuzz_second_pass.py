@@ -166,12 +166,12 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
     max_leaves=12)
 ROW = {"architecture": "LlamaForCausalLM", "platform": "cuda", "device_arch": "sm_90",
        "env": {}, "runner": "mrv2", "cudagraph": "full_and_piecewise", "breakable": False,
-       "compile": True, "capture_sizes": None}
+       "compile": True, "capture_sizes": None, "outcome": "decided", "task": "generate"}
 
 
 @FUZZ
 @given(
-    st.lists(st.dictionaries(st.sampled_from(sorted({*ROW, "error", "probe_error",
+    st.lists(st.dictionaries(st.sampled_from(sorted({*ROW, "refusal", "probe_error",
                                                       "surrogate"})), VALUES, max_size=4),
              max_size=4),
     st.one_of(st.none(), st.binary(max_size=200)),

@@ -13,7 +13,7 @@ HEADER = json.dumps({"snapshot": {"vllm": "0.0.0"}})
 ROW = {
     "architecture": "LlamaForCausalLM", "platform": "cuda", "device_arch": "sm_90", "env": {},
     "runner": "mrv2", "cudagraph": "full_and_piecewise", "breakable": False, "compile": True,
-    "capture_sizes": None,
+    "capture_sizes": None, "outcome": "decided", "task": "generate",
 }
 SPOOF = "X\nrunner        mrv1                 spoofed"
 
@@ -96,11 +96,11 @@ def test_c10_snapshot_link_to_dev_zero_is_refused(cli, tmp_path: Path) -> None:
          ":2", "capture_sizes"),
         (HEADER.encode() + b"\n" + json.dumps(dict(ROW, breakable="no")).encode(), ":2",
          "breakable must be a bool"),
-        (HEADER.encode() + b"\n" + json.dumps(dict(ROW, error=7)).encode(), ":2",
-         "error must be a string or null"),
+        (HEADER.encode() + b"\n" + json.dumps(dict(ROW, outcome="refused", refusal=7)).encode(),
+         ":2", "refusal must be a string"),
     ],
     ids=["non-utf8", "utf16", "5000-digits", "deep-nesting", "capture-sizes-int",
-         "capture-sizes-str", "breakable-str", "error-int"],
+         "capture-sizes-str", "breakable-str", "refusal-int"],
 )
 def test_c10_malformed_snapshots_exit_1_with_file_and_line(
     cli, tmp_path: Path, raw: bytes, where: str, words: str
