@@ -142,3 +142,23 @@ def test_goal_ratios_are_interlock_over_llama() -> None:
     assert got["requests_throughput_vs_llama.cpp"] == pytest.approx(1.5)
     assert got["memory_vs_llama.cpp"] == pytest.approx(2.0)
     assert bench.ratios({"interlock": table["interlock"]})["decode_time_vs_llama.cpp"] is None
+
+
+def test_a_servers_memory_sums_its_process_tree() -> None:
+    """A server's RSS is its process and its children's (vLLM runs its engine in a child)."""
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        def status_mb(pid: int) -> float:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            return next(int(x.split()[1]) for x in lines if x.startswith("VmRSS:")) / 1024
+
+        alone = status_mb(os.getpid())
+        assert bench.tree_rss_mb(child.pid) == pytest.approx(status_mb(child.pid), abs=1)
+        assert bench.tree_rss_mb(os.getpid()) >= alone + status_mb(child.pid) - 1
+    finally:
+        child.communicate(b"")
