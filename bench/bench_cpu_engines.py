@@ -483,6 +483,12 @@ def main() -> None:
                         result["load_before"] = load
                         result["load_after"] = load_average()
                         runs[threads][engine].append(result)
+                        print(f"{time.strftime('%H:%M:%S', time.gmtime())} {threads} thread(s) "
+                              f"rep {rep} {engine}: " + ", ".join(
+                                  f"{k} {result[k]:.1f}" for k in KEYS
+                                  if result.get(k) is not None)
+                              + f"; load {load:.1f}-{result['load_after']:.1f}",
+                              file=sys.stderr, flush=True)
             finally:
                 for server in servers.values():
                     server.stop()
