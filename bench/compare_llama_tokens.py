@@ -3,8 +3,8 @@ the same file (issue 29): the first divergence of each parity prompt, and interl
 log-probabilities of its own token and of llama.cpp's there (an end-of-sequence token,
 which has no text, is left out of interlock's count).
 
-llama.cpp runs when ``LLAMA_SIMPLE`` names its ``llama-simple`` (built beside
-``llama-bench``, see bench/bench_cpu_engines.py), which decodes greedily and prints the
+llama.cpp runs when ``LLAMA_SIMPLE`` names its ``llama-simple`` (built by
+bench/build_llama_cpp.sh), which decodes greedily and prints the
 text; interlock's tokenizer turns that text back into tokens (the prompts' continuations
 retokenize to llama.cpp's tokens wherever the texts agree, so the first differing token
 is where the decoders first chose differently).

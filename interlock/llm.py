@@ -51,6 +51,7 @@ from interlock.app.outputs import (
 )
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
+from interlock.bench.metrics import RequestTimes, tpot_s, ttft_s
 from interlock.core.errors import InputError
 from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
@@ -396,17 +397,19 @@ class LLM:
         first = group[0]
         outputs = [self.completion_output(index, r) for index, r in enumerate(group)]
         started = first.first_token_time
-        ttft = 0.0 if started is None else started - first.arrival_time
-        decode_time = 0.0 if started is None else (first.finish_time or started) - started
-        count = len(first.output_token_ids)
+        times = None if started is None else RequestTimes(
+            arrival=first.arrival_time, first_token=started,
+            finish=first.finish_time or started, output_tokens=len(first.output_token_ids),
+            prompt_tokens=len(first.prompt_token_ids))
         return RequestOutput(
             request_id=first.request_id,
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_token_ids=first.prompt_token_ids,
             outputs=outputs,
             finished=all(o.finished() for o in outputs),
-            ttft_s=ttft,
-            tpot_s=decode_time / (count - 1) if count > 1 else 0.0,
+            ttft_s=0.0 if times is None else ttft_s(times),
+            tpot_s=(0.0 if times is None else tpot_s(times)) or 0.0,
+            times=times,
         )
 
     def completion_output(self, index: int, request: Request) -> CompletionOutput:

@@ -1,9 +1,10 @@
 """The HTTP client of ``policy bench --engine vllm|interlock``: one way of driving an
 OpenAI-compatible server (``vllm serve`` or ``policy serve``), so both are measured alike.
 
-Times are taken per streamed chunk, as ``vllm bench serve`` takes them: TTFT is the first
-chunk's arrival after the request, TPOT the rest of the request's time per output token
-after the first, ITL the gaps between chunks.
+Times are taken per streamed chunk, as ``vllm bench serve`` takes them: the request's
+arrival is when it is sent, its first token the first chunk's arrival, its finish the
+last's; TTFT, TPOT and tokens/s are :mod:`interlock.bench.metrics`'s, as for every engine;
+ITL the gaps between chunks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ import threading
 import time
 from typing import Any, Protocol
 
+from interlock.bench.metrics import (
+    RequestTimes,
+    decode_ms_per_token,
+    mean_ttft_ms,
+    output_tokens_per_s,
+    tpot_s,
+    ttft_s,
+)
 from interlock.core.errors import InputError, PolicyError
 from interlock.vllm_engine import Deadline
 
@@ -96,7 +105,7 @@ def stream_request(
     })
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     chunks: list[float] = []
-    tokens = None
+    tokens = prompt_tokens = None
     with Deadline(conn, REQUEST_TIMEOUT_S, "/v1/completions"):
         start = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -128,17 +137,20 @@ def stream_request(
                 tokens = _field(usage["completion_tokens"], "usage.completion_tokens", int)
                 if tokens < 1:
                     raise ValueError(f"/v1/completions counted {tokens} completion tokens")
+            if usage.get("prompt_tokens") is not None:
+                prompt_tokens = _field(usage["prompt_tokens"], "usage.prompt_tokens", int)
     if not chunks:
         raise PolicyError("/v1/completions streamed no text")
     count = tokens if tokens is not None else len(chunks)
-    ttft = chunks[0] - start
-    latency = chunks[-1] - start
+    times = RequestTimes(arrival=start, first_token=chunks[0], finish=chunks[-1],
+                         output_tokens=count, prompt_tokens=prompt_tokens or 0)
     return {
-        "ttft_s": ttft,
-        "tpot_s": (latency - ttft) / (count - 1) if count > 1 else 0.0,
+        "ttft_s": ttft_s(times),
+        "tpot_s": tpot_s(times) or 0.0,
         "itl_s": [b - a for a, b in zip(chunks, chunks[1:], strict=False)],
         "tokens": count,
-        "latency_s": latency,
+        "latency_s": times.finish - times.arrival,
+        "times": times,
     }
 
 
@@ -196,12 +208,13 @@ def run_trial(port: int, model: str, workload: Workload) -> dict[str, Any]:
     if errors:
         raise PolicyError(f"a request failed: {errors[0]}")
     itl = sorted(gap for r in results for gap in r["itl_s"])
-    tokens = sum(r["tokens"] for r in results)
+    times = [r["times"] for r in results]
+    decode = decode_ms_per_token(times)
     return {
-        "ttft_ms": round(1e3 * sum(r["ttft_s"] for r in results) / len(results), 4),
-        "tpot_ms": round(1e3 * sum(r["tpot_s"] for r in results) / len(results), 4),
+        "ttft_ms": round(mean_ttft_ms(times), 4),
+        "tpot_ms": None if decode is None else round(decode, 4),
         "itl_ms": round(1e3 * itl[len(itl) // 2], 4) if itl else None,
-        "throughput_tok_s": round(tokens / wall, 3),
+        "throughput_tok_s": round(output_tokens_per_s(times), 3),
         "wall_ms": round(1e3 * wall, 3),
         "requests": len(results),
     }

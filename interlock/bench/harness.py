@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from interlock.bench.design import block_order, combinations
+from interlock.bench.metrics import RequestTimes, decode_ms_per_token, mean_ttft_ms
 from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
 
@@ -194,13 +195,15 @@ def _trial(
     wall = clock() - start
     measured = sum(steps)
     tokens = sum(len(r.output_token_ids) for r in requests)
-    ttft = [r.first_token_time - r.arrival_time for r in requests]
-    tpot = [
-        (r.finish_time - r.first_token_time) / (len(r.output_token_ids) - 1) for r in requests
-    ]
+    times = [RequestTimes(arrival=r.arrival_time, first_token=r.first_token_time,
+                          finish=r.finish_time, output_tokens=len(r.output_token_ids))
+             for r in requests]
+    decode = decode_ms_per_token(times)
+    if decode is None:
+        raise InputError("max_tokens must be >= 2: TPOT needs a decode step")
     return {
-        "ttft_ms": _ms(sum(ttft) / len(ttft)),
-        "tpot_ms": _ms(sum(tpot) / len(tpot)),
+        "ttft_ms": round(mean_ttft_ms(times), 4),
+        "tpot_ms": round(decode, 4),
         "throughput_tok_s": round(tokens / measured, 3),
         "wall_ms": _ms(wall),
         "overhead_ms": _ms(wall - measured),

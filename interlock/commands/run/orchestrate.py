@@ -6,10 +6,16 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from typing import Any
 
+from interlock.bench.metrics import (
+    RequestTimes,
+    decode_ms_per_token,
+    mean_ttft_ms,
+    output_tokens_per_s,
+)
 from interlock.commands.common import (
     context_flags_of,
     load,
@@ -190,21 +196,27 @@ def _execute(
     if device == "cuda":
         torch.cuda.synchronize()
     done = time.perf_counter()
-    generated = sum(len(o.token_ids) for o in outputs)
-    decoding = [o for o in outputs if len(o.token_ids) > 1]
-    metrics = {
-        "ttft_ms": round(1e3 * sum(o.ttft_s for o in outputs) / len(outputs), 3),
-        "tpot_ms": round(1e3 * sum(o.tpot_s for o in decoding) / len(decoding), 3)
-        if decoding else None,
-        "requests": len(outputs),
-        "output_tokens": generated,
-        "generate_s": round(done - loaded, 4),
-        "output_tokens_per_s": round(generated / (done - loaded), 2),
-        "load_s": round(loaded - start, 4),
-    }
+    metrics = {**run_metrics([o.times for o in outputs if o.times is not None]),
+               "requests": len(outputs),
+               "output_tokens": sum(len(o.token_ids) for o in outputs),
+               "generate_s": round(done - loaded, 4),
+               "load_s": round(loaded - start, 4)}
     report = llm.report()
     llm.close()  # the other tensor-parallel ranks, if any
     return outputs, report, metrics, trace
+
+
+def run_metrics(times: Sequence[RequestTimes]) -> dict[str, float | None]:
+    """A run's TTFT, TPOT and output tokens/s, as :mod:`interlock.bench.metrics` defines
+    them for every engine (the bench's figures on the same requests are these)."""
+    if not times:
+        return {"ttft_ms": None, "tpot_ms": None, "output_tokens_per_s": None}
+    decode = decode_ms_per_token(times)
+    return {
+        "ttft_ms": round(mean_ttft_ms(times), 3),
+        "tpot_ms": None if decode is None else round(decode, 3),
+        "output_tokens_per_s": round(output_tokens_per_s(times), 2),
+    }
 
 
 class RunFailed(InterlockError):

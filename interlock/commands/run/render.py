@@ -60,6 +60,15 @@ def run_document(
     resolved = resolution.to_dict()
     graphs = report.graphs.to_dict() if report.graphs is not None else {}
     rows = [output_dict(o) for o in outputs]
+    # Each request's clock readings, from the run's first arrival: what the metrics are
+    # computed from (interlock.bench.metrics), so that any reader can recompute them.
+    times = [o.times for o in outputs]
+    origin = min((t.arrival for t in times if t is not None), default=0.0)
+    for row, t in zip(rows, times, strict=True):
+        row["times_s"] = None if t is None else {
+            "arrival": round(t.arrival - origin, 6),
+            "first_token": round(t.first_token - origin, 6),
+            "finish": round(t.finish - origin, 6)}
     for row, text in zip(rows[len(rows) - len(prompts):], prompts, strict=True):
         row["prompt"], row["chat"] = text, chat  # text prompts follow the token-id ones
     document: dict[str, Any] = {
@@ -129,10 +138,13 @@ def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -
     from interlock.policy.explain import render_trace
 
     graphs, metrics = doc["graphs"], doc["metrics"]
-    tpot = "-" if metrics["tpot_ms"] is None else f"{metrics['tpot_ms']:.2f} ms"
+    def shown(key: str, unit: str, digits: int = 2) -> str:
+        return "-" if metrics[key] is None else f"{metrics[key]:.{digits}f}{unit}"
+
     lines = [
-        f"ttft {metrics['ttft_ms']:.2f} ms, tpot {tpot}, {metrics['output_tokens']} tokens in "
-        f"{metrics['generate_s']:.3f} s ({metrics['output_tokens_per_s']:.1f} tokens/s); "
+        f"ttft {shown('ttft_ms', ' ms')}, tpot {shown('tpot_ms', ' ms')}, "
+        f"{metrics['output_tokens']} tokens in {metrics['generate_s']:.3f} s "
+        f"({shown('output_tokens_per_s', ' tokens/s', 1)}); "
         f"load {metrics['load_s']:.2f} s",
     ]
     if verbose:

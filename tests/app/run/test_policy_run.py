@@ -178,3 +178,25 @@ def test_a_deepseek_model_runs_as_decided_and_reports_its_latent_cache(policy_ru
             input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
             max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
     assert doc["outputs"][0]["token_ids"] == expected[0, len(prompt):].tolist()
+
+
+def test_json_metrics_are_the_benchs_on_the_same_requests(policy_run, tiny_llama):
+    """`policy run --json`'s TTFT, TPOT and tokens/s are what bench/bench_cpu_engines.py
+    computes (interlock/bench/metrics.py) from the run's own request times."""
+    from interlock.bench.metrics import (
+        RequestTimes,
+        decode_ms_per_token,
+        mean_ttft_ms,
+        output_tokens_per_s,
+    )
+
+    doc = policy_run("--model", tiny_llama, "--prompt-token-ids", "5,9,2",
+                     "--prompt-token-ids", "17", "--prompt-token-ids", "3,4", "--max-tokens",
+                     "4", "--ignore-eos", "--json").json()
+    times = [RequestTimes(output_tokens=len(o["token_ids"]), **o["times_s"])
+             for o in doc["outputs"]]
+    assert [t.arrival for t in times][0] == 0.0 and all(t.finish > 0 for t in times)
+    metrics = doc["metrics"]
+    assert metrics["ttft_ms"] == pytest.approx(mean_ttft_ms(times), abs=1e-2)
+    assert metrics["tpot_ms"] == pytest.approx(decode_ms_per_token(times), abs=1e-2)
+    assert metrics["output_tokens_per_s"] == pytest.approx(output_tokens_per_s(times), rel=1e-3)
