@@ -318,7 +318,10 @@ def _serve(
     path = decision_log.log_path(args.decision_log)
 
     def on_verdict(verdict: Verification) -> None:
-        print(verdict.line(), file=sys.stderr, flush=True)
+        # One write with its line break: the engine's output is copied to stderr from another
+        # thread, and print's separate write of the end would let a copied line in between.
+        sys.stderr.write(verdict.line() + "\n")
+        sys.stderr.flush()
         engine = {"name": "vllm", "argv": command.argv, "env": command.env,
                   "target": command.decision, **verdict.to_dict()}
         decision_log.write(
