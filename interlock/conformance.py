@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from interlock.plugins.discovery import PluginSource, Settings, discover, summarize
 from interlock.plugins.registry import PluginRecord, PluginRegistry
-from interlock.plugins.spec import load_import_path
+from interlock.plugins.spec import RunnerSpec, load_import_path
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -117,6 +117,44 @@ def check_factories(record: PluginRecord) -> list[Finding]:
                 )
             )
     return found
+
+
+def check_inherited_claims(record: PluginRecord) -> list[Finding]:
+    """A runner whose class subclasses another runner's (a built-in's: docs/plugins.md,
+    "Building on a built-in runner") claims no more than the base's spec serves: the
+    subclass runs the base's code, and its ``load()`` judges decisions by the subclass's
+    spec, so stage 5 would hand it what that code cannot serve. A factory that does not
+    import is :func:`check_factories`' finding."""
+    found = []
+    for spec in record.runners:
+        try:
+            factory = load_import_path(spec.factory)
+        except Exception:
+            continue
+        base = _inherited_spec(factory)
+        if base is None or base.name == spec.name:
+            continue
+        claims = spec.claims_beyond(base)
+        if claims:
+            found.append(Finding(
+                "claims", spec.name,
+                f"{spec.factory} runs {base.name}'s code but its spec claims more than "
+                f"{base.name} serves: {'; '.join(claims)}; declare no more than its spec "
+                f"does (its platforms= and unsupported=, as examples/wrapped-runner-plugin "
+                "does)",
+            ))
+    return found
+
+
+def _inherited_spec(factory: object) -> RunnerSpec | None:
+    """The ``runner_spec`` of the nearest base class of ``factory`` (a class) that sets one."""
+    if not isinstance(factory, type):
+        return None
+    for cls in factory.__mro__[1:]:
+        spec = cls.__dict__.get("runner_spec")
+        if isinstance(spec, RunnerSpec):
+            return spec
+    return None
 
 
 def check_kernels(record: PluginRecord) -> list[Finding]:

@@ -31,6 +31,7 @@ from interlock.conformance import (
     Finding,
     check_capabilities,
     check_factories,
+    check_inherited_claims,
     check_kernels,
     check_loads,
     load_for_conformance,
@@ -85,6 +86,9 @@ class RunnerPluginConformance:
 
     def test_factories_importable(self, record: PluginRecord) -> None:
         _assert_none(check_factories(record))
+
+    def test_claims_no_more_than_its_base(self, record: PluginRecord) -> None:
+        _assert_none(check_inherited_claims(record))
 
     def test_kernel_specs(self, record: PluginRecord) -> None:
         if not record.kernels:

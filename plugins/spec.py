@@ -344,6 +344,34 @@ class RunnerSpec:
                                       implication.what(), "", IMPLICATION))
         return items
 
+    def claims_beyond(self, base: RunnerSpec) -> list[str]:
+        """What this spec serves that ``base`` does not, one phrase per claim (empty: it claims
+        no more): platforms, each field's values per platform, a fact ``base`` requires that
+        this does not, a larger tensor-parallel size, and features ``base`` declares
+        unsupported that this does not. For a runner class subclassing ``base``'s, whose
+        code is ``base``'s unless it overrides it."""
+        claims = [f"platform {p}" for p in self.platforms if p not in base.platforms]
+        for platform, support in self.platforms.items():
+            below = base.platforms.get(platform)
+            if below is None:
+                continue
+            for name in SERVED_FIELDS:
+                declared = getattr(support, name)
+                # A switch offers its one value (False is served by every runner).
+                offered = (declared,) if isinstance(declared, bool) else declared
+                claims += [f"{FIELDS[name].what(v)} on {platform}" for v in offered
+                           if not below._offers(name, v)]
+            claims += [f"{platform} without {REQUIRABLE_FACTS[fact]}" for fact in below.requires
+                       if fact not in support.requires]
+            limit, base_limit = support.max_tensor_parallel_size, below.max_tensor_parallel_size
+            if base_limit is not None and (limit is None or limit > base_limit):
+                size = "any" if limit is None else str(limit)
+                claims.append(f"tensor_parallel_size {size} on {platform} ({base.name}: at "
+                              f"most {base_limit})")
+        declared = [u.to_dict() for u in self.unsupported]
+        claims += [u.feature for u in base.unsupported if u.to_dict() not in declared]
+        return claims
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -33,6 +33,10 @@ class _Layer:
     catalog: dict[str, CatalogEntry] = field(default_factory=dict)
     defaults: dict[str, Setting] = field(default_factory=dict)
     env: dict[str, EnvBinding] = field(default_factory=dict)
+    #: Bindings of earlier files this one drops (``NAME: null``), at their key.
+    dropped: dict[str, Location] = field(default_factory=dict)
+    #: Bindings later files may neither replace nor drop (``locked: true``).
+    locked: set[str] = field(default_factory=set)
     rules: list[Rule] = field(default_factory=list)
     deviations: list[Deviation] = field(default_factory=list)
 
@@ -67,6 +71,11 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
         )
     layer.defaults = _settings(doc, model.defaults, ("defaults",))
     for name, binding in model.env.items():
+        if binding is None:
+            layer.dropped[name] = _loc(doc, ("env", name), key=True)
+            continue
+        if binding.locked:
+            layer.locked.add(name)
         values = {}
         for text, value in binding.values.items():
             try:
@@ -108,20 +117,49 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
     return layer
 
 
+def _layer_env(env: dict[str, EnvBinding], locked: dict[str, Location], layer: _Layer) -> None:
+    """Apply one file's env bindings over the earlier files': replace, drop (``null``) and
+    lock (``locked: true``), refusing a change to a locked binding or a drop of nothing."""
+    changed = {**{n: b.location for n, b in layer.env.items()}, **layer.dropped}
+    for name, where in changed.items():
+        if name in locked:
+            verb = "drop" if name in layer.dropped else "replace"
+            raise PolicyError(
+                f"the binding is locked at {locked[name]} (locked: true), so a later file "
+                f"cannot {verb} it",
+                file=where.file, line=where.line, col=where.col, path=f"env.{name}",
+            )
+    for name, where in layer.dropped.items():
+        if name not in env:
+            from interlock.core.suggest import hint
+
+            bound = ", ".join(env) or "none"
+            raise PolicyError(
+                f"null drops a binding of an earlier file, but none binds {name} "
+                f"(bound: {bound}){hint(name, env)}",
+                file=where.file, line=where.line, col=where.col, path=f"env.{name}",
+            )
+        del env[name]
+    env.update(layer.env)
+    locked.update({name: layer.env[name].location for name in layer.locked})
+
+
 def _merge(layers: list[_Layer], revision: str) -> Policy:
     """Later files append rules and deviations and replace defaults fields, env bindings and
-    catalog entries."""
+    catalog entries; they drop env bindings (``NAME: null``) unless locked."""
     catalog: dict[str, CatalogEntry] = {}
     defaults: dict[str, Setting] = {}
     env: dict[str, EnvBinding] = {}
     rules: list[Rule] = []
     deviations: list[Deviation] = []
     seen_ids: dict[str, Rule] = {}
+    #: Locked binding -> where it was locked.
+    locked: dict[str, Location] = {}
     for layer in layers:
         deviations.extend(layer.deviations)
         catalog.update(layer.catalog)
         defaults.update(layer.defaults)
-        env.update(layer.env)
+        _layer_env(env, locked, layer)
         for rule in layer.rules:
             if rule.id in seen_ids:
                 first = seen_ids[rule.id]

@@ -12,7 +12,7 @@ import itertools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS, show_scalar
 from interlock.core.suggest import hint
 from interlock.policy.conditions import ConfigMatch, Facts, NameMatch, TraitMatch, When, is_glob
+from interlock.policy.diff import show_value
 from interlock.policy.domain import Domain, predicate_text
 from interlock.policy.model import Location, Policy, Rule
 from interlock.policy.resolution import context_facts, resolve
@@ -82,6 +83,11 @@ class RuleUsage:
     decided: int
     #: Field -> the deciders that overwrote this rule's value where it matched.
     overwritten_by: dict[str, set[str]]
+    #: Where it matched and some field it sets had another value before it (the defaults'
+    #: and the earlier matched rules'): 0 makes it a pin (:func:`pinned_rules`).
+    changed: int = 0
+    #: Field -> the deciders whose value it found there, where it changed nothing.
+    pinned_from: dict[str, set[str]] = field(default_factory=dict)
 
 
 class Subject:
@@ -147,10 +153,16 @@ class Subject:
         matched = dict.fromkeys((r.id for r in self.policy.rules), 0)
         decided = dict(matched)
         overwritten: dict[str, dict[str, set[str]]] = {r.id: {} for r in self.policy.rules}
+        changed = dict(matched)
+        pinned_from: dict[str, dict[str, set[str]]] = {r.id: {} for r in self.policy.rules}
         rules = self.policy.rules
+        defaults = {name: (s.value, "defaults") for name, s in self.policy.defaults.items()}
         for context in self.domain.contexts(with_env=False):
             resolution = resolve(self.policy, context, refused=True)
             deciders = rule_deciders(resolution.provenance.values())
+            # Each field's value and decider so far in the rules stage, to tell a rule that
+            # changes a value from one that restates it.
+            before = dict(defaults)
             # The matched rules alone: the whole trace would explain every rule that failed.
             for index in sorted(resolution.matched_rules):
                 rule = rules[index]
@@ -161,7 +173,21 @@ class Subject:
                     final = resolution.provenance[name]
                     if final.source != rule.id:
                         overwritten[rule.id].setdefault(name, set()).add(final.source)
-        return {rid: RuleUsage(matched[rid], decided[rid], overwritten[rid]) for rid in matched}
+                if rule.decided:  # applied after env bindings and overrides: not judged here
+                    changed[rule.id] += 1
+                    continue
+                found = {name: before.get(name, (None, "")) for name in rule.set}
+                if any(found[n][0] != s.value for n, s in rule.set.items()):
+                    changed[rule.id] += 1
+                else:
+                    for name, (_, source) in found.items():
+                        pinned_from[rule.id].setdefault(name, set()).add(source)
+                before.update({n: (s.value, rule.id) for n, s in rule.set.items()})
+        return {
+            rid: RuleUsage(matched[rid], decided[rid], overwritten[rid], changed[rid],
+                           pinned_from[rid])
+            for rid in matched
+        }
 
 
 Check = Callable[[Subject], Iterable[Finding]]
@@ -267,6 +293,30 @@ def dead_and_shadowed_rules(subject: Subject) -> Iterator[Finding]:
                 f"rule {rule.id} matches {usage.matched} contexts but never decides anything: "
                 f"everywhere it matches, later steps overwrite what it sets ({by})",
             )
+
+
+def pinned_rules(subject: Subject) -> Iterator[Finding]:
+    """Notes: a rule that changes nothing, a pin: wherever it matches in the domain, every
+    field it sets already has that value from the defaults and the earlier rules that match
+    there. Removing it changes no decision (the domain stands for every context), so it is
+    either left over or meant to hold the values against a change below it (a site pinning
+    the shipped default); a note says which, not a warning. Judged on the rules stage, env
+    unset; rules on the decided values (``decided:``), refusing, dead and shadowed rules
+    are not pins (the last two have their warnings)."""
+    for rule in subject.policy.rules:
+        usage = subject.usage[rule.id]
+        if rule.refuse is not None or usage.decided == 0 or usage.changed:
+            continue
+        found = "; ".join(
+            f"{name}={show_value(rule.set[name].value)} from {', '.join(sorted(who))}"
+            for name, who in sorted(usage.pinned_from.items())
+        )
+        yield subject.finding(
+            subject.at(rule, "set", key=True), NOTE, "pin-rule",
+            f"rule {rule.id} changes nothing: in the {usage.matched} contexts it matches, "
+            f"every field it sets already has that value ({found}); it pins them against a "
+            "change of the files or rules before it, or it can go",
+        )
 
 
 def near_miss_lists(subject: Subject) -> Iterator[Finding]:
@@ -487,6 +537,7 @@ CHECKS: tuple[Check, ...] = (
     unknown_architectures,
     bounded_domain,
     dead_and_shadowed_rules,
+    pinned_rules,
     stale_deviations,
     near_miss_lists,
     reasons,

@@ -7,6 +7,7 @@ no pydantic are imported on that path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -31,6 +32,14 @@ def shipped_policy_path() -> Path:
     """The default policy: ``policy/policies.yaml``, a link to the repository's top-level file
     in a checkout, a regular file in an installed wheel."""
     return _PACKAGE_DIR / SHIPPED_NAME
+
+
+@functools.cache
+def shipped_sha256() -> str:
+    """The shipped policy's content hash: a layer with this content is the shipped policy,
+    whatever it was named by (``@shipped``, ``policies.yaml`` in a checkout, a copy)."""
+    path = shipped_policy_path()
+    return hashlib.sha256(read_source(path, SHIPPED_NAME)).hexdigest()
 
 
 #: Names the shipped policy wherever a policy path is taken (``--policy @shipped``,

@@ -5,7 +5,8 @@ does (stage 5 included when a capability stage is given). It passes when every
 expected field has the expected value (and, with ``rule``, was set by that
 rule), or, with ``error``, when resolution fails with a message containing it.
 A rule is covered when it decided at least one field of some case's decision, or refused
-some case's context.
+some case's context. Coverage is per file of the stack; the counted files are the site's
+(:meth:`TestRun.files`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
 from interlock.policy.lint import rule_deciders
+from interlock.policy.loader import shipped_sha256
 from interlock.policy.model import Policy
 from interlock.policy.resolution import CapabilityCheck, PolicyRefused, Resolution, resolve
 from interlock.policy.testfile import LoadedCase
@@ -54,6 +56,39 @@ class CaseResult:
         return rule_deciders(self.resolution.provenance.values()) | refused
 
 
+@dataclass(frozen=True)
+class FileCoverage:
+    """The rule coverage of one file of the tested stack."""
+
+    file: str
+    covered: tuple[str, ...]
+    uncovered: tuple[str, ...]
+    #: Its content is the shipped policy's (:func:`interlock.policy.loader.shipped_sha256`).
+    shipped: bool
+    #: Counted: ``--min-coverage`` applies to it (see :meth:`TestRun.files`).
+    gated: bool
+
+    @property
+    def rules(self) -> int:
+        return len(self.covered) + len(self.uncovered)
+
+    @property
+    def percent(self) -> float:
+        """Percentage of the file's rules covered (100 for a file without rules)."""
+        return 100.0 if self.rules == 0 else 100.0 * len(self.covered) / self.rules
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "percent": round(self.percent, 2),
+            "covered": list(self.covered),
+            "uncovered": list(self.uncovered),
+            "rules": self.rules,
+            "shipped": self.shipped,
+            "gated": self.gated,
+        }
+
+
 @dataclass
 class TestRun:
     policy: Policy
@@ -67,19 +102,42 @@ class TestRun:
     def failed(self) -> int:
         return len(self.results) - self.passed
 
-    def covered(self) -> list[str]:
-        """Ids of the rules that decided a field in some case, in policy order."""
+    def files(self) -> list[FileCoverage]:
+        """Coverage per file of the stack, bottom first. A site's tests are about its own
+        layers, so every file but the shipped policy is counted (gated: ``--min-coverage``
+        applies to each); the shipped policy is counted only when it is the whole stack (its
+        own tests), as the shipped rules a site's cases happen to reach measure nothing of
+        the site's."""
         decided = set().union(*(r.covered for r in self.results))
-        return [rule.id for rule in self.policy.rules if rule.id in decided]
+        shipped_sha = shipped_sha256()
+        shipped = [f.sha256 == shipped_sha for f in self.policy.files]
+        out = []
+        for file, is_shipped in zip(self.policy.files, shipped, strict=True):
+            ids = [r.id for r in self.policy.rules if r.location.file == file.path]
+            out.append(FileCoverage(
+                file.path,
+                tuple(i for i in ids if i in decided),
+                tuple(i for i in ids if i not in decided),
+                shipped=is_shipped,
+                gated=all(shipped) or not is_shipped,
+            ))
+        return out
+
+    def covered(self) -> list[str]:
+        """Ids of the counted files' rules that decided a field in some case, in policy order."""
+        return [rule for f in self.files() if f.gated for rule in f.covered]
 
     def uncovered(self) -> list[str]:
-        covered = set(self.covered())
-        return [rule.id for rule in self.policy.rules if rule.id not in covered]
+        return [rule for f in self.files() if f.gated for rule in f.uncovered]
 
     def coverage(self) -> float:
-        """Percentage of rules covered (100 for a policy without rules)."""
-        total = len(self.policy.rules)
+        """Percentage of the counted files' rules covered (100 when they have none)."""
+        total = len(self.covered()) + len(self.uncovered())
         return 100.0 if total == 0 else 100.0 * len(self.covered()) / total
+
+    def below(self, percent: float) -> list[FileCoverage]:
+        """The counted files whose coverage is under ``percent`` (``--min-coverage``)."""
+        return [f for f in self.files() if f.gated and f.percent < percent]
 
 
 def run_cases(
@@ -253,11 +311,14 @@ def result_to_dict(result: CaseResult) -> dict[str, Any]:
 
 
 def coverage_to_dict(run: TestRun) -> dict[str, Any]:
+    """The counted files' coverage together, and each file's (``files``)."""
+    files = run.files()
     return {
         "percent": round(run.coverage(), 2),
         "covered": run.covered(),
         "uncovered": run.uncovered(),
-        "rules": len(run.policy.rules),
+        "rules": sum(f.rules for f in files if f.gated),
+        "files": [f.to_dict() for f in files],
     }
 
 
@@ -274,11 +335,24 @@ def render_summary(run: TestRun, invariants: Sequence[Any] = ()) -> list[str]:
 
 
 def render_coverage(run: TestRun) -> list[str]:
-    lines = [
-        f"rule coverage: {len(run.covered())}/{len(run.policy.rules)} rules "
-        f"({run.coverage():.1f} %)"
-    ]
-    uncovered = run.uncovered()
-    if uncovered:
-        lines.append(f"not covered: {', '.join(uncovered)}")
+    """One file: its coverage and uncovered rules. A stack: a line per file, the uncovered
+    rules of the counted ones (a shipped layer's would bury the site's)."""
+    files = run.files()
+    if len(files) == 1:
+        (only,) = files
+        return [f"rule coverage: {_fraction(only)}", *_uncovered(only, "not covered")]
+    lines = []
+    for f in files:
+        tag = "" if f.gated else " (shipped, not counted)"
+        lines.append(f"rule coverage of {f.file}{tag}: {_fraction(f)}")
+        if f.gated:
+            lines += _uncovered(f, f"not covered in {f.file}")
     return lines
+
+
+def _fraction(f: FileCoverage) -> str:
+    return f"{len(f.covered)}/{f.rules} rules ({f.percent:.1f} %)"
+
+
+def _uncovered(f: FileCoverage, head: str) -> list[str]:
+    return [f"{head}: {', '.join(f.uncovered)}"] if f.uncovered else []

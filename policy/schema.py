@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, TypeVar, Union
 
 from pydantic import (
     AfterValidator,
@@ -200,6 +200,8 @@ class RuleModel(_Model):
 class EnvBindingModel(_Model):
     field: Literal[DECISION_FIELDS]  # type: ignore[valid-type]
     values: Annotated[dict[StrictStr, Any], Field(min_length=1)]
+    #: Later files may neither replace nor drop the binding (a site keeps a switch honoured).
+    locked: StrictBool = False
 
 
 #: What a deviation names: a decision field, or the outcome (the engine refuses the context).
@@ -223,7 +225,8 @@ class PolicyFileModel(_Model):
     version: Name
     catalog: dict[Identifier, TraitsModel] = {}
     defaults: DecisionFields = DecisionFields()
-    env: dict[EnvName, EnvBindingModel] = {}
+    #: ``null`` drops an earlier file's binding: the variable is no longer honoured.
+    env: dict[EnvName, Optional[EnvBindingModel]] = {}  # noqa: UP045
     rules: list[RuleModel] = []
     deviations: list[DeviationModel] = []
 

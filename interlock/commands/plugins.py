@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "incompatible: ...), runners with their capabilities, and kernel implementations. "
         "Each runner's factory is imported (as a run would), and a plugin providing nothing "
         "gets a warning naming the missing @hookimpl marker. Exit 1 when a plugin failed, a "
-        "factory does not import, or the registry is inconsistent (e.g. two plugins "
+        "factory does not import, a runner subclassing another runner's class claims more "
+        "than that runner's spec serves, or the registry is inconsistent (e.g. two plugins "
         "registering one runner name).",
     )
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         for p in registry.plugins for name, why in factories.get(p.name, {}).items()
         if why != "ok"
     ]
+    problems += [f"plugin {p.provider}: {f}" for p in registry.plugins if p.status == "ok"
+                 for f in _claims(p)]
     warnings = [w for p in registry.plugins if (w := _provides_nothing(p)) is not None]
     if args.json:
         doc = {
@@ -72,6 +75,18 @@ def _factories(plugin: Any) -> dict[str, str]:
     except PluginCrash as exc:  # SystemExit and the like from the plugin's import
         return {spec.name: f"importing the factory crashed: {exc}" for spec in plugin.runners}
     return {spec.name: found.get(spec.name, "ok") for spec in plugin.runners}
+
+
+def _claims(plugin: Any) -> list[Any]:
+    """Runners subclassing another runner's class that claim more than its spec serves."""
+    from interlock.conformance import check_inherited_claims
+    from interlock.plugins.isolation import PluginCrash, plugin_code
+
+    try:
+        with plugin_code():
+            return check_inherited_claims(plugin)
+    except PluginCrash:  # reported by the factory import already
+        return []
 
 
 def _provides_nothing(plugin: Any) -> str | None:

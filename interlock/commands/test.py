@@ -25,8 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "counterexample: the context, its decision and the rule that decided it; the text "
         "report shows the simplest witness of each distinct violation first and at most "
         f"{SHOWN} per invariant, saying how many there are ({ALL_FLAG}: all). Exit 1 "
-        "when a case or an invariant fails (or a case warns, under --strict) or coverage is "
-        "below --min-coverage.",
+        "when a case or an invariant fails (or a case warns, under --strict) or a counted "
+        "file's coverage is below --min-coverage (coverage is reported per file of a stack; "
+        "every file but the shipped policy is counted, the shipped policy only alone).",
     )
     parser.add_argument("files", nargs="*", metavar="FILE", help="policy tests files")
     add_policy_args(parser)
@@ -35,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=_percent,
         default=0.0,
         metavar="PCT",
-        help="fail when fewer than PCT %% of the rules decided a field in some case",
+        help="fail when fewer than PCT %% of the rules of a site file decided a field in "
+        "some case: each file of the stack but the shipped policy, which counts only alone",
     )
     parser.add_argument("--strict", action="store_true", help="fail a case that warns")
     parser.add_argument(
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     warned = sum(bool(r.warnings) for run in runs for r in run.results if r.passed)
     if args.strict:
         failed += warned
-    below = [run for run in runs if run.coverage() < args.min_coverage]
+    below = [f for run in runs for f in run.below(args.min_coverage)]
     if args.json:
         write_json(_document(runs, checked, args, failed, below, coverage_to_dict))
     else:
@@ -122,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
         if warned and args.strict:
             print(f"policy: error: {warned} case(s) warn, and --strict fails them",
                   file=sys.stderr)
-    for run in below:
+    for file in below:
         print(
-            f"policy: error: rule coverage {run.coverage():.1f} % is below "
+            f"policy: error: rule coverage of {file.file} is {file.percent:.1f} %, below "
             f"--min-coverage {args.min_coverage:g} %",
             file=sys.stderr,
         )
