@@ -435,7 +435,13 @@ def run_server(llm: LLM, options: ServeOptions, sock: socket.socket) -> bool:
     try:
         uv.run(sockets=[sock])
     finally:
+        # What uvicorn's graceful shutdown left unfinished (its drain timed out) is aborted
+        # by close(): say so rather than claim a drain that did not happen.
+        unfinished = server.loop.in_flight()
         server.loop.close()
-    if uv.signals:
+    if uv.signals and unfinished:
+        options.announce(f"drain timed out after {options.drain_timeout:g} s: {unfinished} "
+                         "request(s) in flight aborted; stopped")
+    elif uv.signals:
         options.announce("drained: the requests in flight finished; stopped")
     return signal.SIGINT in uv.signals

@@ -80,7 +80,9 @@ class ServerMetrics:
         self.ttft = Histogram("interlock:time_to_first_token_seconds",
                               "Arrival to first token, per request.", labels,
                               buckets=TTFT_BUCKETS, registry=r).labels(**name)
-        self.tpot = Histogram("interlock:time_per_output_token_seconds",
+        # vLLM's name for this gap since its v1 metrics (vllm:inter_token_latency_seconds);
+        # its time_per_output_token is a per-request average, not this.
+        self.tpot = Histogram("interlock:inter_token_latency_seconds",
                               "Gap between a request's consecutive tokens after the first.",
                               labels, buckets=TPOT_BUCKETS, registry=r).labels(**name)
         self.e2e = Histogram("interlock:e2e_request_latency_seconds",

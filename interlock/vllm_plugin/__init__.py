@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
 from interlock.vllm_engine import compile_mode_name
 
 #: Where each vLLM release applies its per-architecture config hooks first in
@@ -222,12 +223,16 @@ def register() -> None:
 
 
 def _stop(exc: BaseException) -> None:
+    """Log the one line, write it to stderr, and exit with interlock's documented code: 5
+    for a rule's refusal, 1 for a policy error or a decision the engine cannot run, 3 for
+    any other failure of the plugin."""
     if isinstance(exc, SystemExit):
         raise exc
     text = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
     message = f"interlock: the vLLM plugin stops the engine: {text}"
     _logger.error("%s", message)
-    raise SystemExit(message)
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CODES[error_kind(exc) or "plugin"])
 
 
 def _install() -> None:

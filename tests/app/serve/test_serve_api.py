@@ -255,7 +255,7 @@ def test_metrics_parse_with_vllm_names_and_the_decision(server: ServeProcess) ->
                  "interlock:kv_cache_usage_perc{}", "interlock:prompt_tokens_total{}",
                  "interlock:generation_tokens_total{}",
                  "interlock:time_to_first_token_seconds_count{}",
-                 "interlock:time_per_output_token_seconds_count{}",
+                 "interlock:inter_token_latency_seconds_count{}",
                  "interlock:e2e_request_latency_seconds_count{}"):
         assert name in samples, name
     assert samples["interlock:time_to_first_token_seconds_count{}"] >= 8
