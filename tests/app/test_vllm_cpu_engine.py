@@ -316,7 +316,7 @@ def test_a_forced_v2_without_triton_stops_the_engine_by_name(
     finally:
         engine.stop()
     text = engine.log.read_text()
-    assert code != 0
+    assert code == 5, code  # refused: interlock's exit code for a rule's refusal
     # The shipped policy refuses it by rule (v2-without-triton-refused), naming what forced V2.
     assert re.search(r"interlock: the vLLM plugin stops the engine: refused by rule "
                      r"v2-without-triton-refused \(\S*policies\.yaml:\d+\): Model Runner V2 "
