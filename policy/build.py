@@ -64,7 +64,7 @@ def _settings(doc: SourceDoc, fields: Any, path: Path_) -> dict[str, Setting]:
 
 
 def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
-    layer = _Layer(PolicyFile(doc.name, model.version, sha))
+    layer = _Layer(PolicyFile(doc.name, model.version, sha, _loc(doc, ("version",)).line))
     for arch, traits in model.catalog.items():
         layer.catalog[arch] = CatalogEntry(
             arch, traits.model_dump(exclude_none=True), _loc(doc, ("catalog", arch), key=True)

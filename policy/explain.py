@@ -11,6 +11,7 @@ from interlock.core.decision import DECISION_FIELDS
 from interlock.core.terminal import color, one_line
 from interlock.policy.conditions import ConfigMatch, Failure
 from interlock.policy.model import Policy
+from interlock.policy.release import describe
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import REFUSAL, RULES, Provenance, Step
 
@@ -45,6 +46,7 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
             f"{stamp['revision']}) from {', '.join(stamp['files'])}",
             "dim",
         ),
+        s(describe(res.policy), "dim"),
         "",
     ]
     refusal = res.refusal

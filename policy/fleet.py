@@ -1,7 +1,8 @@
 """The fleet view of ``policy table``: architectures x the machines an operator runs.
 
 Rows are architectures, columns are targets (a platform and a device arch, e.g.
-``rocm:gfx950``), each cell the decision there. Given a base policy (the shipped
+``rocm:gfx950``, and the engine releases the machine runs, e.g.
+``rocm:gfx942@vllm=0.31.0``), each cell the decision there. Given a base policy (the shipped
 one, for a site policy layered on it), a cell records which fields the layered
 policy changes, so the table shows what the site policy does to the fleet.
 """
@@ -9,7 +10,7 @@ policy changes, so the table shows what the site policy does to the fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,22 @@ CHANGED = "*"
 class Target:
     platform: str
     device_arch: str = ""
+    #: ``(engine, version)`` pairs the column's contexts have as facts, over the table's own:
+    #: two hosts on different releases are two columns of one table.
+    engine: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{self.platform}:{self.device_arch}" if self.device_arch else self.platform
+        name = f"{self.platform}:{self.device_arch}" if self.device_arch else self.platform
+        return name + "".join(f"@{engine}={version}" for engine, version in self.engine)
+
+    def engine_facts(
+        self, engine: Mapping[str, str], sources: Mapping[str, str]
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """The column's engine versions over the table's, and where each was given."""
+        own = dict(self.engine)
+        given = {f"engine.{name}": f"given with --target {self.name}" for name in own}
+        return {**engine, **own}, {**sources, **given}
 
 
 @dataclass(frozen=True)
@@ -95,9 +108,10 @@ def fleet(
     for arch in architectures:
         cells = []
         for target in targets:
+            column_engine, column_sources = target.engine_facts(engine or {}, sources or {})
             context = Context(
                 arch, target.platform, target.device_arch, features=dict(features or {}),
-                env=dict(env or {}), engine=dict(engine or {}), sources=dict(sources or {}),
+                env=dict(env or {}), engine=column_engine, sources=column_sources,
             )
             res, err = one(policy, context)
             if base is not None:
@@ -179,7 +193,8 @@ def fleet_to_dict(table: Fleet) -> dict[str, Any]:
         rows.append({"architecture": arch, "cells": out})
     return {
         "targets": [
-            {"name": t.name, "platform": t.platform, "device_arch": t.device_arch}
+            {"name": t.name, "platform": t.platform, "device_arch": t.device_arch,
+             "engine": dict(t.engine)}
             for t in table.targets
         ],
         "policy": table.policy.stamp(),

@@ -115,6 +115,8 @@ class PolicyFile:
     path: str
     version: str
     sha256: str
+    #: The line of its ``version:``, which the release it names is cited by.
+    version_line: int
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,6 +31,7 @@ from interlock.policy.context import (
     task_from_name,
 )
 from interlock.policy.model import Deviation, Policy, Rule
+from interlock.policy.release import releases
 from interlock.policy.trace import (
     DEFAULTS,
     ENV,
@@ -254,6 +255,8 @@ class Resolution:
             "deviations": [d.to_dict() for d in self.deviations],
             "context": context,
             "policy": self.policy.stamp(),
+            # The vLLM releases the policy's files are written for (policy/release.py).
+            "releases": [r.to_dict() for r in releases(self.policy)],
         }
 
 

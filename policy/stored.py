@@ -43,7 +43,7 @@ def policy_to_data(policy: Policy) -> dict[str, Any]:
         "schema_version": policy.schema_version,
         "version": policy.version,
         "revision": policy.revision,
-        "files": [[f.path, f.version, f.sha256] for f in policy.files],
+        "files": [[f.path, f.version, f.sha256, f.version_line] for f in policy.files],
         "catalog": [[e.architecture, e.traits, _loc(e.location)] for e in policy.catalog.values()],
         "defaults": _settings(policy.defaults),
         "env": [
@@ -233,8 +233,8 @@ def _policy(data: Any) -> Policy:
         version=_str(data["version"], "version"),
         revision=_str(data["revision"], "revision"),
         files=tuple(
-            PolicyFile(_str(p, "file"), _str(v, "file"), _str(s, "file"))
-            for p, v, s in data["files"]
+            PolicyFile(_str(p, "file"), _str(v, "file"), _str(s, "file"), _int(n, "file"))
+            for p, v, s, n in data["files"]
         ),
         catalog=catalog,
         defaults=_setting_map(data["defaults"]),

@@ -193,23 +193,26 @@ def env_of(
 def engine_of(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
     """``--engine-version`` values as ``(engine, sources)``; an unknown engine or a version
     that is not PEP 440 is an error naming it."""
-    from interlock.core.errors import InputError
-    from interlock.policy.conditions import ENGINES, check_version
-
     engine: dict[str, str] = {}
     sources: dict[str, str] = {}
     for name, text in args.engine_version:
-        if name not in ENGINES:
-            raise InputError(
-                f"--engine-version {name}={text}: unknown engine {name!r}; known: "
-                + ", ".join(ENGINES)
-            )
-        try:
-            engine[name] = check_version(text.strip())
-        except ValueError as exc:
-            raise InputError(f"--engine-version {name}={text}: {exc}") from None
+        engine[name] = engine_version(name, text, f"--engine-version {name}={text}")
         sources[f"engine.{name}"] = GIVEN_ENGINE
     return engine, sources
+
+
+def engine_version(name: str, text: str, given: str) -> str:
+    """``text`` as engine ``name``'s version; an unknown engine or a version that is not
+    PEP 440 is an :class:`InputError` naming ``given`` (what the command line said)."""
+    from interlock.core.errors import InputError
+    from interlock.policy.conditions import ENGINES, check_version
+
+    if name not in ENGINES:
+        raise InputError(f"{given}: unknown engine {name!r}; known: " + ", ".join(ENGINES))
+    try:
+        return check_version(text.strip())
+    except ValueError as exc:
+        raise InputError(f"{given}: {exc}") from None
 
 
 def check_target(platform: str | None, device_arch: str | None, flag: str = "--platform") -> None:

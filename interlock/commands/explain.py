@@ -27,10 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.commands.release_check import warn_outside
     from interlock.core import terminal
     from interlock.policy import explain
 
     resolution = resolve_args(args)
+    context = resolution.context
+    warn_outside("policy explain", resolution.policy, context.engine.get("vllm"),
+                 context.source("engine.vllm"))
     if args.json:
         sys.stdout.write(explain.render_json(resolution))
     else:

@@ -11,6 +11,7 @@ from interlock.commands.common import (
     add_env_args,
     add_policy_args,
     engine_of,
+    engine_version,
     env_of,
     load,
     pair,
@@ -26,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="The decision (policy stages and runner capabilities) for every catalog "
         "architecture on each platform (--device-arch and --feature apply to every context). "
         "With --target P:ARCH (repeatable, e.g. --target cuda:sm_90 --target rocm:gfx950), a "
-        "fleet view: rows are architectures, columns the targets, each cell the decision; on "
+        "fleet view: rows are architectures, columns the targets, each cell the decision (a "
+        "target's @vllm=X decides its column for that release: one table across releases); on "
         "a layered policy (@shipped:site.yaml) the cells the last file changes against the "
         "layers below it are marked (--against STACK names another base). When the policy "
         "has config conditions, one row per distinct truth assignment of its config "
@@ -46,8 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="device arch of every --platform context, e.g. gfx950",
     )
     parser.add_argument(
-        "--target", action="append", type=_target, metavar="P[:ARCH]",
-        help="a column of the fleet view: platform and device arch, e.g. rocm:gfx950; repeatable",
+        "--target", action="append", type=_target, metavar="P[:ARCH][@vllm=X]",
+        help="a column of the fleet view: platform, device arch and, after @, the engine "
+        "release the column is decided for (over --engine-version), e.g. rocm:gfx950 or "
+        "rocm:gfx942@vllm=0.31.0; repeatable",
     )
     parser.add_argument(
         "--architecture", "-a", action="append", metavar="NAME|GLOB",
@@ -71,18 +75,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _target(text: str) -> Any:
+    """argparse type for ``P[:ARCH][@ENGINE=VERSION]...``; a malformed engine part is a usage
+    error naming it (exit 2)."""
+    from interlock.core.errors import InputError
     from interlock.policy.fleet import Target
 
-    platform, _, arch = text.partition(":")
+    where, *releases = text.split("@")
+    platform, _, arch = where.partition(":")
     if not platform:
         raise argparse.ArgumentTypeError(
-            f"expected PLATFORM[:ARCH], e.g. rocm:gfx950, got {text!r}"
+            f"expected PLATFORM[:ARCH][@ENGINE=VERSION], e.g. rocm:gfx942@vllm=0.31.0, got "
+            f"{text!r}"
         )
-    return Target(platform, arch)
+    engine: dict[str, str] = {}
+    for part in releases:
+        name, sep, version = part.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(
+                f"{text}: expected @ENGINE=VERSION, e.g. @vllm=0.31.0, got {'@' + part!r}"
+            )
+        if name in engine:
+            raise argparse.ArgumentTypeError(f"{text}: engine {name!r} is given twice")
+        try:
+            engine[name] = engine_version(name, version, text)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return Target(platform, arch, tuple(engine.items()))
 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import check_target, features_of
+    from interlock.commands.release_check import warn_outside
     from interlock.core.errors import PolicyError
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.context import Context
@@ -119,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 except PolicyError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), context.config))
     sys.stdout.write(render_table(rows, fmt))
+    warn_outside("policy table", policy, engine.get("vllm"), sources.get("engine.vllm", ""))
     if fmt == "text":
         for line in domain.describe_enumeration()[len(domain.bounded):][:1] if (
             domain.config_predicates
@@ -160,6 +184,7 @@ def _fleet(
     **context: Any,
 ) -> int:
     from interlock.commands.common import check_target
+    from interlock.commands.release_check import warn_outside
     from interlock.core.errors import InputError
     from interlock.policy.fleet import fleet, render_fleet
     from interlock.policy.resolution import resolve
@@ -176,6 +201,15 @@ def _fleet(
         **context,
     )
     sys.stdout.write(render_fleet(table, fmt))
+    # Each column's vLLM against the policy's release: a 0.31 column under a policy for 0.33
+    # shows 0.33's decisions, which its cells alone do not say.
+    checked: set[tuple[str | None, str]] = set()
+    for target in args.target:
+        engine, sources = target.engine_facts(context["engine"], context["sources"])
+        given = (engine.get("vllm"), sources.get("engine.vllm", ""))
+        if given not in checked:
+            checked.add(given)
+            warn_outside("policy table", policy, *given)
     return 1 if table.failed else 0
 
 

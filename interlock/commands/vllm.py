@@ -7,7 +7,9 @@ is checked against the decision (:mod:`interlock.vllm_engine`): one line says ve
 warns loudly what the engine did instead. Options of this command come before MODEL;
 everything after MODEL is ``vllm serve``'s. Exit status: the engine's own (128 + N when a
 signal N killed it); 4 with ``--strict`` when the engine does not run the decision (it is
-stopped); 1 on a policy or input error (and when ``vllm`` is not on PATH), 2 on usage errors.
+stopped); 5 when a rule refuses the context, or the vLLM detected or given is outside the
+release the policy's ``version:`` names (``--allow-version-mismatch`` goes on); 1 on a policy
+or input error (and when ``vllm`` is not on PATH), 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from interlock.commands.common import (
     seconds,
     write_json,
 )
+from interlock.commands.release_check import add_allow_arg
 
 #: This command's options; after MODEL they would silently go to vllm serve.
 OWN_OPTIONS = (
     "--platform", "--device-arch", "--policy", "--json", "--feature", "--decision-log",
     "--strict", "--startup-timeout", "--vllm-version", "--vllm", "--engine-version",
-    "--model-id",
+    "--model-id", "--allow-version-mismatch",
 )
 #: How long ``serve`` waits for the engine to come up before the check fails (a large model's
 #: load and compilation take minutes).
@@ -87,6 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "are run as `python -m vllm.entrypoints.openai.api_server`",
         )
         add_engine_args(sub)
+        add_allow_arg(sub)
         add_model_id_arg(sub)
         add_policy_args(sub)
         add_decision_log_args(sub)
@@ -130,6 +134,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import check_target, features_of
+    from interlock.commands.release_check import engine_lines
     from interlock.core.errors import PolicyError
     from interlock.model_run import decided_by, model_context, process_env
     from interlock.policy.resolution import resolve
@@ -163,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
     if "vllm" not in engine and install is not None:
         engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
+    # Before anything is decided: a policy for another release has no decision to give here.
+    release = engine_lines(policy, engine.get("vllm"), engine_sources.get("engine.vllm", ""),
+                           allow=args.allow_version_mismatch)
     triton = None
     if install is not None and args.platform is None and "has_triton" not in given:
         # vLLM's Triton, not interlock's: read from the engine's environment (this machine).
@@ -200,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
         f"({context.source('engine.vllm') if version else 'no vllm found; every flag is set'})",
         file=sys.stderr,
     )
+    for line in release:
+        print(f"policy vllm: {line}", file=sys.stderr)
     print(
         f"policy vllm: {context.architecture} on {where}: {decided_by(resolution)}",
         file=sys.stderr,

@@ -105,8 +105,9 @@ def test_policy_vllm_emits_only_what_the_detected_release_reads(cli: Any, tmp_pa
     assert new.code == 0, new.err
     assert "VLLM_USE_BREAKABLE_CUDAGRAPH=0" in new.out
     assert "policy vllm: vLLM 0.33.0 (detected (importlib.metadata of" in new.err
+    # The shipped policy is written for 0.33.0: the flag table is reached past that refusal.
     old = cli("vllm", "args", "--json", "--vllm", _fake_vllm(tmp_path / "b", "0.21.0"),
-              "--platform", "cuda", model)  # fmt: skip
+              "--platform", "cuda", "--allow-version-mismatch", model)  # fmt: skip
     assert old.code == 0, old.err
     doc = old.json()
     # 0.21.0 has no breakable CUDA graphs, so no VLLM_USE_BREAKABLE_CUDAGRAPH to set.
@@ -119,7 +120,7 @@ def test_a_decision_the_release_cannot_run_is_refused_naming_it(
 ) -> None:
     model = _model(tmp_path, "GlmMoeDsaForCausalLM")
     result = cli("vllm", "args", "--vllm", _fake_vllm(tmp_path, "0.21.0"), "--platform", "cuda",
-                 model)  # fmt: skip
+                 "--allow-version-mismatch", model)  # fmt: skip
     assert result.code == 1 and result.out == ""
     assert (
         "vLLM 0.21.0 does not read VLLM_USE_BREAKABLE_CUDAGRAPH (>=0.22.0; vllm/envs.py: "
@@ -134,10 +135,11 @@ def test_a_given_version_wins_over_detection_and_an_old_release_is_refused(
     model = _model(tmp_path, "LlamaForCausalLM")
     vllm = _fake_vllm(tmp_path, "0.33.0")
     given = cli("vllm", "args", "--json", "--vllm", vllm, "--engine-version", "vllm=0.29.0",
-                "--platform", "cuda", model)  # fmt: skip
+                "--platform", "cuda", "--allow-version-mismatch", model)  # fmt: skip
     assert given.json()["resolution"]["context"]["engine"] == {"vllm": "0.29.0"}
     assert "given with --engine-version" in given.err
-    older = cli("vllm", "args", "--engine-version", "vllm=0.15.1", "--platform", "cuda", model)
+    older = cli("vllm", "args", "--engine-version", "vllm=0.15.1", "--platform", "cuda",
+                "--allow-version-mismatch", model)  # fmt: skip
     assert older.code == 1 and "older than the oldest release" in older.err
     bad = cli("vllm", "args", "--engine-version", "vllm=newest", "--platform", "cuda", model)
     assert bad.code != 0 and "not a PEP 440 version" in bad.err and "Traceback" not in bad.err

@@ -239,7 +239,8 @@ def test_context_validation() -> None:
 def test_json_document_shape(policy) -> None:
     doc = resolve(policy, Context("DsaModel", "cuda")).to_dict()
     assert set(doc) == {
-        "decision", "refusal", "task", "provenance", "trace", "deviations", "context", "policy"
+        "decision", "refusal", "task", "provenance", "trace", "deviations", "context", "policy",
+        "releases",
     }
     # "DsaModel" is not in the catalog: vLLM's name suffixes make a `*Model` a pooling model.
     assert doc["refusal"] is None and doc["task"] == "pooling"
