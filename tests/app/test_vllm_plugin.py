@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from interlock.core.errors import EXIT_CODES, PolicyError
 from interlock.policy.loader import load_policy
 from interlock.policy.resolution import PolicyRefused
-from interlock.core.errors import EXIT_CODES, PolicyError
 from interlock.vllm_plugin import EngineFacts, PluginRefusal, _stop, decide, register
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
