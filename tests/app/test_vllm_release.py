@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from .planted_vllm import planted_venv
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_RELEASE = "vLLM 0.33.0 (version: policies.yaml:11)"
 
@@ -25,24 +27,6 @@ def _model(tmp_path: Path) -> Path:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"architectures": ["GlmMoeDsaForCausalLM"]}))
     return path
-
-
-def _venv(root: Path, version: str) -> Path:
-    """A virtual environment with vLLM ``version``'s dist-info and a `vllm` script; its
-    interpreter leaves a mark if anything runs it."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    python = bin_dir / "python3"
-    python.write_text(f"#!/bin/sh\ntouch {root / 'RAN'}\n")
-    python.chmod(0o755)
-    vllm = bin_dir / "vllm"
-    vllm.write_text(f"#!{python}\nimport sys\n")
-    vllm.chmod(0o755)
-    info = root / "lib" / "python3.11" / "site-packages" / f"vllm-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    return vllm
 
 
 def test_explain_names_the_release_and_warns_on_another(cli: Any) -> None:
@@ -124,7 +108,7 @@ def test_vllm_args_without_a_version_warns_that_nothing_was_checked(
 def test_vllm_serve_refuses_a_detected_release_before_running_anything(
     cli: Any, tmp_path: Path
 ) -> None:
-    vllm = _venv(tmp_path / "venv", "0.31.0")
+    vllm = planted_venv(tmp_path / "venv", "vllm", "0.31.0")
     result = cli("vllm", "serve", "--platform", "rocm", "--vllm", vllm, _model(tmp_path))
     assert result.code == 5
     assert "vLLM 0.31.0 (detected (package metadata " in result.err
