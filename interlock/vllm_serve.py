@@ -26,11 +26,14 @@ from interlock.core.errors import PolicyError
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
 from interlock.vllm_flags import UserFlags
+from interlock.vllm_version import knob
 
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
-#: interlock's runner names -> VLLM_USE_V2_MODEL_RUNNER (vLLM has these two runners only).
-RUNNER_VALUES = {"mrv1": "0", "mrv2": "1"}
+RUNNER_KNOB = knob("VLLM_USE_V2_MODEL_RUNNER")
+BREAKABLE_KNOB = knob("VLLM_USE_BREAKABLE_CUDAGRAPH")
+RUNNER_ENV = RUNNER_KNOB.name
+BREAKABLE_ENV = BREAKABLE_KNOB.name
+#: interlock's runner names -> VLLM_USE_V2_MODEL_RUNNER, from the knob table.
+RUNNER_VALUES = dict(RUNNER_KNOB.values)
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,14 @@ def serve_command(
     ``extra`` are flags for features given with ``--feature`` only. ``triton``: whether the
     engine has a Triton for its platform and how that is known (None: not known); Model
     Runner V2 without one is refused naming who chose it."""
-    from interlock.vllm_version import check_known, unsupported
+    from interlock.vllm_version import binding_problems, check_known, unsupported
 
+    # The policy reads the variables this command sets: read otherwise than vLLM reads them,
+    # the engine would run something other than what the policy decides from them.
+    problems = binding_problems(resolution.policy.env)
+    if problems:
+        raise PolicyError("the policy's env bindings disagree with vLLM's knobs "
+                          "(interlock/vllm_version.py VLLM_KNOBS): " + "; ".join(problems))
     values = resolution.decision.to_dict()
     # vLLM captures a pooling model piecewise whether --runner said so or its task is pooling.
     final, adjustments = target_profile(
@@ -189,7 +198,7 @@ def serve_command(
         )
     env = {
         RUNNER_ENV: RUNNER_VALUES[runner],
-        BREAKABLE_ENV: "1" if final["breakable"] else "0",
+        BREAKABLE_ENV: BREAKABLE_KNOB.text(bool(final["breakable"])),
     }
     env = {name: value for name, value in env.items() if name not in skipped}
     flags = []

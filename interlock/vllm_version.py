@@ -72,19 +72,30 @@ class Knob:
     without: Any
     #: Where the range was established.
     evidence: str
+    #: An env knob's text for each value of its field, as vLLM reads it (empty for a flag,
+    #: whose text is the value itself): the one place `vllm serve`'s env, the plugin and the
+    #: check of a policy's env bindings (:func:`binding_problems`) take them from.
+    values: tuple[tuple[Any, str], ...] = ()
 
     def read_by(self, version: str) -> bool:
         return SpecifierSet(self.releases).contains(version, prereleases=True)
+
+    def text(self, value: Any) -> str:
+        """The knob's text for a decided ``value`` (KeyError for one vLLM cannot take)."""
+        return dict(self.values)[value]
 
 
 VLLM_KNOBS: tuple[Knob, ...] = (
     Knob(
         "VLLM_USE_V2_MODEL_RUNNER", "env", "runner", ">=0.16.0", None,
         "vllm/envs.py of 0.16.0, 0.19.0-0.22.0 and 0.26.0-0.33.0",
+        # vLLM has these two runners only.
+        (("mrv1", "0"), ("mrv2", "1")),
     ),
     Knob(
         "VLLM_USE_BREAKABLE_CUDAGRAPH", "env", "breakable", ">=0.22.0", False,
         "vllm/envs.py: absent in 0.16.0, 0.19.0, 0.20.2 and 0.21.0, read from 0.22.0 on",
+        ((False, "0"), (True, "1")),
     ),
     Knob(
         "-cc.cudagraph_mode", "flag", "cudagraph", ">=0.16.0", None,
@@ -99,6 +110,27 @@ VLLM_KNOBS: tuple[Knob, ...] = (
 
 def knob(name: str) -> Knob:
     return next(k for k in VLLM_KNOBS if k.name == name)
+
+
+def binding_problems(bindings: Mapping[str, Any]) -> list[str]:
+    """Where a policy's env bindings (``policy.env``) read one of vLLM's env knobs otherwise
+    than vLLM does (another field, or a text mapped to another value): the policy would
+    decide from the variable what the engine does not do with it."""
+    problems = []
+    for k in VLLM_KNOBS:
+        binding = bindings.get(k.name)
+        if k.kind != "env" or binding is None:
+            continue
+        where = f"{binding.location}: env binding {k.name}"
+        if binding.field != k.field:
+            problems.append(f"{where} sets {binding.field}; vLLM reads it as {k.field}")
+            continue
+        meaning = {text: value for value, text in k.values}
+        for text, value in binding.values.items():
+            if text in meaning and meaning[text] != value:
+                problems.append(f'{where} maps "{text}" to {value}; vLLM reads "{text}" as '
+                                f"{k.field}={meaning[text]}")
+    return problems
 
 
 def unsupported(version: str | None, decision: Mapping[str, Any]) -> list[tuple[Knob, str]]:

@@ -32,6 +32,7 @@ from typing import Any
 
 from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
 from interlock.vllm_engine import compile_mode_name
+from interlock.vllm_version import knob
 
 #: Where each vLLM release applies its per-architecture config hooks first in
 #: ``VllmConfig.__post_init__`` (read in the wheels): the method the plugin wraps.
@@ -46,13 +47,13 @@ SEAM_METHOD = "try_verify_and_update_config"
 LOGGER = "vllm.interlock"
 #: Who a decision record names as the resolver.
 RECORD_COMMAND = "vllm plugin"
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
 #: A line the plugin logs first once it governs a config: `policy vllm verify` and the
 #: startup-log check look for it.
 ACTIVE_PREFIX = "interlock: governing "
 FIELD_PREFIX = "interlock: decided "
 
+RUNNER_ENV = knob("VLLM_USE_V2_MODEL_RUNNER").name
+BREAKABLE_ENV = knob("VLLM_USE_BREAKABLE_CUDAGRAPH").name
 _logger = logging.getLogger(LOGGER)
 
 
