@@ -10,6 +10,7 @@ bench, and an engine the plugin refuses. Every test checks that nothing it start
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -88,6 +89,14 @@ def _messages(log: Path) -> list[str]:
     return [m["message"] for m in map(LOG_LINE.search, log.read_text().splitlines()) if m]
 
 
+def _end_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (killed, or its run
+    stopped), so an engine of several GB is never left behind by a run that ends
+    abruptly; vLLM's API server then stops its engine core itself."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Started:
     """A process group started for a test, its output in ``log``; :meth:`stop` ends it."""
 
@@ -97,6 +106,7 @@ class Started:
             self.proc = subprocess.Popen(
                 argv, env={**env, "INTERLOCK_TEST_RUN": self.marker}, stdout=sink,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_end_with_parent,
                 # Not the checkout: `python -m` puts the working directory on sys.path, where
                 # the repository's kernels/ folder would shadow Hugging Face's `kernels`.
                 cwd=log.parent,
