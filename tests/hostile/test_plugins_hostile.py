@@ -100,7 +100,18 @@ def test_11_real_ctrl_c_during_plugin_import_still_stops(install, tmp_path: Path
     assert "Traceback" not in err and "policy: interrupted" in err
 
 
-NOISY = specs("noisy", "hostile_noisy_runner:Runner", before="print('hello from the hook')")
+NOISY = """
+from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
+from interlock.runners.mrv1.plugin import SPEC as MRV1
+
+@hookimpl
+def interlock_runner_specs():
+    print('hello from the hook')
+    # A subclass of MRV1Runner claims no more than mrv1 serves (`policy plugins` checks it).
+    return [RunnerSpec(name="noisy", description="hostile", plugin_api=">=1.0,<2",
+                       platforms={"cpu": PlatformSupport(cudagraph={"none"})},
+                       unsupported=MRV1.unsupported, factory="hostile_noisy_runner:Runner")]
+"""
 NOISY_RUNNER = """
 print("hello from the import")
 from interlock.runners.mrv1.runner import MRV1Runner
