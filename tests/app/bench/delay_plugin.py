@@ -1,9 +1,7 @@
 """A test-only runner plugin with known costs: the example eager runner plus one sleep per
 step whose length depends on the decision (5 ms, 30 ms more for runner ``slow``, 12 ms
 more with ``breakable``, nothing for the cudagraph mode, no interaction), so a bench
-must find exactly those effects. Every configuration sleeps once per step, so the
-wake-up latency of a sleep (milliseconds on a busy machine) is common to all of them
-and cancels out of every effect. Runner ``rigid`` serves neither breakable nor
+must find exactly those effects. Runner ``rigid`` serves neither breakable nor
 piecewise."""
 
 from __future__ import annotations
@@ -49,15 +47,11 @@ class DelayPlugin:
         ]
 
 
-#: The last stretch of a delay is spun, not slept: how late a sleeper wakes up on a busy
-#: machine grows with how long it slept, which would add an interaction of its own.
-SPIN_S = 0.002
-
-
-def sleep_until(deadline: float) -> None:
-    """Sleep until ``SPIN_S`` before ``deadline`` (perf_counter), then spin to it."""
-    while (left := deadline - time.perf_counter()) > SPIN_S:
-        time.sleep(left - SPIN_S)
+def spin_until(deadline: float) -> None:
+    """Busy-wait until ``deadline`` (perf_counter). A delay is spun, never slept: a core
+    left idle runs the next step slower the longer it idled (the tiny model's step took
+    1.8 ms after sleeps against 1.45 ms after spins, and unevenly), which gave the delays
+    an interaction of -0.2 to -0.4 ms that made the two-by-two test fail in CI."""
     while time.perf_counter() < deadline:
         pass
 
@@ -73,7 +67,7 @@ class FastRunner(EagerRunner):
 
     def execute(self, batch):  # type: ignore[no-untyped-def]
         output = super().execute(batch)
-        sleep_until(time.perf_counter() + self.delay_s)
+        spin_until(time.perf_counter() + self.delay_s)
         return output
 
 
