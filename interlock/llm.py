@@ -32,14 +32,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from interlock.app.arguments import check_kv_cache_fits, check_llm_arguments
 from interlock.app.outputs import (
+    CompletionDelta,
     CompletionOutput,
     GenerationInterrupted,
     Logprob,
@@ -47,6 +48,8 @@ from interlock.app.outputs import (
     OnTokens,
     Prompt,
     RequestOutput,
+    SentText,
+    StreamOutput,
     as_prompt_list,
 )
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
@@ -68,8 +71,8 @@ if TYPE_CHECKING:
     from interlock.policy.resolution import Resolution
 
 __all__ = [
-    "LLM", "CompletionOutput", "GenerationInterrupted", "Logprob", "Message", "OnTokens",
-    "Prompt", "RequestOutput", "install_plugin_kernels",
+    "LLM", "CompletionDelta", "CompletionOutput", "GenerationInterrupted", "Logprob", "Message",
+    "OnTokens", "Prompt", "RequestOutput", "StreamOutput", "install_plugin_kernels",
 ]
 
 LOG = logging.getLogger("interlock")
@@ -91,8 +94,10 @@ class LLM:
     ``generate(prompts, sampling_params)`` takes token-id lists or, with a tokenizer,
     text, and returns one vLLM-shaped ``RequestOutput`` per prompt (``outputs``: its
     ``n`` ``CompletionOutput``s); ``chat(messages)`` applies the model's chat
-    template. Calls are serialised: one ``LLM`` is safe to share between threads, one
-    call at a time. ``llm.resolution`` is the decision with its trace.
+    template. ``stream(prompts)`` and ``stream_chat(messages)`` yield what is new after
+    each step instead (vLLM's ``RequestOutputKind.DELTA``). Calls are serialised: one
+    ``LLM`` is safe to share between threads, one call (or stream) at a time.
+    ``llm.resolution`` is the decision with its trace.
 
     ``from interlock import LLM, SamplingParams`` imports both, as from vLLM.
     ``SamplingParams`` (``interlock.runners.engine.sampling``) has vLLM's common fields
@@ -236,8 +241,9 @@ class LLM:
         on_tokens callback) it is refused, as it would corrupt the running batch."""
         if self._owner == threading.get_ident():
             raise InputError(
-                "generate() or chat() called while this thread's generate() is running (from "
-                "an on_tokens callback?); call it after it returns"
+                "generate(), chat() or stream() called while this thread's generate() or "
+                "stream() is running (from an on_tokens callback, or inside a stream's loop?); "
+                "call it after that one returns or its stream is exhausted or closed"
             )
         with self._lock:
             self._owner = threading.get_ident()
@@ -252,6 +258,77 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         on_tokens: OnTokens | None,
     ) -> list[RequestOutput]:
+        batch, groups = self._requests(prompts, sampling_params, streaming=on_tokens is not None)
+        requests = [r for group in groups for r in group]
+        try:
+            with closing(self._steps(requests)) as steps:
+                for advanced in steps:
+                    if on_tokens is None:
+                        continue
+                    for index in advanced:
+                        request = requests[index]
+                        reason = request.finish_reason
+                        on_tokens(index, tuple(request.output_token_ids),
+                                  None if reason is None else reason.value)
+        except KeyboardInterrupt as exc:
+            raise GenerationInterrupted(self._outputs(batch, groups)) from exc
+        return self._outputs(batch, groups)
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamOutput]:
+        """``generate``, yielding after each step one ``StreamOutput`` per prompt that
+        advanced, with only what is new (vLLM's ``RequestOutputKind.DELTA``); ``n`` > 1
+        streams each completion (``CompletionDelta.index``). Joined, a completion's
+        deltas are ``generate``'s output. Text is held back while a stop string could
+        still cut it, or a UTF-8 sequence is unfinished (``settled_text``).
+
+        Nothing runs, and nothing is checked, before the first ``next()``. The ``LLM``
+        is held until the stream is exhausted or closed (``break`` out of a ``for`` loop
+        closes it once the iterator is dropped; ``close()`` at once), and closing it
+        aborts the completions still running."""
+        with self._serialised():
+            batch, groups = self._requests(prompts, sampling_params, streaming=False)
+            requests = [r for group in groups for r in group]
+            # Each request's prompt, its completion index in that prompt, what it has sent.
+            where = [(p, c) for p, group in enumerate(groups) for c in range(len(group))]
+            sent = [SentText() for _ in requests]
+            with closing(self._steps(requests)) as steps:
+                for advanced in steps:
+                    deltas: dict[int, list[CompletionDelta]] = {}
+                    for index in advanced:
+                        prompt, completion = where[index]
+                        deltas.setdefault(prompt, []).append(
+                            self._delta(completion, requests[index], sent[index]))
+                    for prompt, outputs in sorted(deltas.items()):
+                        first = groups[prompt][0]
+                        yield StreamOutput(
+                            prompt_index=prompt,
+                            request_id=first.request_id,
+                            prompt=p if isinstance(p := batch[prompt], str) else None,
+                            prompt_token_ids=first.prompt_token_ids,
+                            outputs=outputs,
+                            finished=all(r.finish_reason is not None for r in groups[prompt]),
+                        )
+
+    def stream_chat(
+        self,
+        conversations: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamOutput]:
+        """``stream`` for conversations, rendered as ``chat`` renders them."""
+        yield from self.stream(self._chat_prompts(conversations), sampling_params)
+
+    def _requests(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        streaming: bool,
+    ) -> tuple[list[Prompt], list[list[Request]]]:
+        """The prompts as a list and, per prompt, its ``n`` completions' requests, every one
+        checked before any is added to the engine (``streaming``: for ``on_tokens``)."""
         batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
@@ -259,7 +336,7 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(batch):
                 raise InputError(f"{len(params)} sampling params for {len(batch)} prompts")
-        groups: list[list[Request]] = []  # per prompt, its n completions' requests
+        groups: list[list[Request]] = []
         for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
             try:  # errors name the caller's position, not the engine's request id
                 if not isinstance(p, SamplingParams):
@@ -269,10 +346,10 @@ class LLM:
                         f"stop={list(p.stop)!r}: stop strings are matched in the text, and "
                         "this model has no tokenizer.json; use stop_token_ids"
                     )
-                if p.n > 1 and on_tokens is not None:
+                if p.n > 1 and streaming:
                     raise InputError(
-                        f"n={p.n} with on_tokens: streaming reports one completion per prompt; "
-                        "use n=1 or no on_tokens"
+                        f"n={p.n} with on_tokens: on_tokens reports one completion per "
+                        "prompt; use n=1, or stream() (which streams every completion)"
                     )
                 token_ids = self.encode(prompt)
                 groups.append(
@@ -280,30 +357,60 @@ class LLM:
                 )
             except InputError as exc:
                 raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
-        requests = [r for group in groups for r in group]
+        return batch, groups
+
+    def _steps(self, requests: list[Request]) -> Generator[list[int], None, None]:
+        """Add ``requests`` and step the engine until none is unfinished, yielding after
+        each step the positions (in ``requests``) of those that got a token. However it
+        ends (an error, Ctrl-C, the iterator closed), none of them stays running."""
         for request in requests:
             self.engine.add_request(request)
         seen = [0] * len(requests)
         try:
             while self.engine.has_unfinished():
                 self.engine.step()
+                advanced = []
                 for index, request in enumerate(requests):
                     if len(request.output_token_ids) == seen[index]:
                         continue
                     seen[index] = len(request.output_token_ids)
                     if request.params.stop:
                         self.check_stop_strings(request)
-                    if on_tokens is not None:
-                        reason = request.finish_reason
-                        on_tokens(index, tuple(request.output_token_ids),
-                                  None if reason is None else reason.value)
-        except BaseException as exc:
-            # Every request of the call ends here, one way or the other: none stays running.
+                    advanced.append(index)
+                yield advanced
+        except BaseException:
             self.engine.abort(requests)
-            if isinstance(exc, KeyboardInterrupt):
-                raise GenerationInterrupted(self._outputs(batch, groups)) from exc
             raise
-        return self._outputs(batch, groups)
+
+    def _delta(self, completion: int, request: Request, sent: SentText) -> CompletionDelta:
+        tokens = request.output_token_ids
+        reason = request.finish_reason
+        text, new = sent.advance(
+            "" if self.tokenizer is None else self.settled_text(request, len(tokens)),
+            len(tokens),
+        )
+        logprobs = None
+        if request.params.logprobs is not None:
+            logprobs = [self._logprobs(tokens[i], request.logprobs[i]) for i in new]
+        return CompletionDelta(
+            index=completion,
+            text=None if self.tokenizer is None else text,
+            token_ids=tuple(tokens[new.start:new.stop]),
+            logprobs=logprobs,
+            finish_reason=None if reason is None else reason.value,
+            stop_reason=None if reason is None else request.stop_reason,
+        )
+
+    def settled_text(self, request: Request, num_tokens: int) -> str:
+        """The text of ``request``'s first ``num_tokens`` tokens that later tokens cannot
+        change: once it has finished, its answer as ``completion_output`` cuts it; while it
+        runs, less an unfinished UTF-8 sequence and the last (longest stop string - 1)
+        characters, which a stop string may yet cut from the answer."""
+        if request.finish_reason is not None and num_tokens == len(request.output_token_ids):
+            return self._text(request)
+        text = self.decode(request.output_token_ids[:num_tokens]).rstrip("\ufffd")
+        holdback = max((len(s) for s in request.params.stop), default=1) - 1
+        return text[: max(len(text) - holdback, 0)]
 
     def check_stop_strings(self, request: Request) -> None:
         """Finish ``request`` if its text now holds one of its stop strings (vLLM's
@@ -326,6 +433,12 @@ class LLM:
     ) -> list[RequestOutput]:
         """``generate`` for one conversation (a list of messages) or several, each rendered
         with the model's chat template and an assistant turn to answer."""
+        return self.generate(self._chat_prompts(conversations), sampling_params,
+                             on_tokens=on_tokens)
+
+    def _chat_prompts(
+        self, conversations: Sequence[Message] | Sequence[Sequence[Message]]
+    ) -> list[Prompt]:
         if not isinstance(conversations, (list, tuple)):
             raise InputError(
                 f"chat() takes a list of messages or of conversations, got "
@@ -336,8 +449,7 @@ class LLM:
             batch = [cast(Sequence[Message], conversations)]
         else:
             batch = cast(Sequence[Sequence[Message]], conversations)
-        prompts = [self.apply_chat_template(c) for c in batch]
-        return self.generate(prompts, sampling_params, on_tokens=on_tokens)
+        return [self.apply_chat_template(c) for c in batch]
 
     def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
         """The token ids of ``messages`` rendered by the chat template, ready for the reply."""

@@ -75,6 +75,54 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
 
+@dataclass(frozen=True)
+class CompletionDelta:
+    """What one completion gained in a step of ``LLM.stream``, as vLLM's
+    ``CompletionOutput`` under ``RequestOutputKind.DELTA``: only the new text, token ids
+    and logprobs. Joined, a completion's deltas are ``generate``'s ``CompletionOutput``."""
+
+    index: int  # which of the prompt's ``n`` completions
+    text: str | None  # the new text; None without a tokenizer
+    token_ids: tuple[int, ...]  # the new tokens
+    logprobs: list[dict[int, Logprob]] | None  # per new token; None unless asked for
+    finish_reason: str | None  # None while the completion runs
+    stop_reason: int | str | None
+
+
+@dataclass(frozen=True)
+class StreamOutput:
+    """One prompt's progress in a step of ``LLM.stream``: a delta for each of its
+    completions that advanced. ``finished``: every completion of the prompt has ended
+    (its last ``StreamOutput``)."""
+
+    prompt_index: int  # the prompt's position in the call
+    request_id: str
+    prompt: str | None  # the prompt's text; None for a prompt given as token ids
+    prompt_token_ids: tuple[int, ...]
+    outputs: list[CompletionDelta]
+    finished: bool
+
+
+class SentText:
+    """What of one completion has been handed out already: its text and its number of
+    tokens (``advance`` returns what is new)."""
+
+    def __init__(self) -> None:
+        self.text, self.tokens = "", 0
+
+    def advance(self, text: str, num_tokens: int) -> tuple[str, range]:
+        """The text and the token positions new since the last call, given the text that
+        can be shown now (``LLM.settled_text``) and the number of tokens. Text that no
+        longer extends what was sent (a tokenizer that rewrote earlier text) waits until
+        it does."""
+        delta = ""
+        if text.startswith(self.text):
+            delta, self.text = text[len(self.text):], text
+        positions = range(self.tokens, num_tokens)
+        self.tokens = num_tokens
+        return delta, positions
+
+
 class GenerationInterrupted(KeyboardInterrupt):
     """Ctrl-C during ``generate``: ``outputs`` holds what each prompt generated so far
     (unfinished ones with finish reason ``aborted``)."""

@@ -30,6 +30,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from interlock.app.outputs import SentText
 from interlock.core.errors import InputError, ModelError
 from interlock.llm import LLM, completion_params
 from interlock.runners.engine.request import FinishReason, Request
@@ -63,30 +64,19 @@ class ServeOptions:
 
 
 class _Choice:
-    """One completion as it streams: the text and tokens already sent. While it runs, the
-    text is held back by one character less than the longest stop string (a stop string
-    is cut from the answer) and by an unfinished UTF-8 sequence."""
+    """One completion as it streams: what of it was sent (``LLM.settled_text`` says what
+    can be)."""
 
     def __init__(self, llm: LLM, request: Request, index: int, completion: int) -> None:
         self.llm, self.request, self.index, self.completion = llm, request, index, completion
-        self.holdback = max((len(s) for s in request.params.stop), default=1) - 1
-        self.text, self.tokens = "", 0
+        self.sent = SentText()
 
     def advance(self, update: Update) -> tuple[str, list[int]]:
         """The new text and the new tokens' positions since the last call."""
-        request = self.request
-        if update.finished:
-            text = self.llm.completion_output(self.completion, request).text or ""
-        else:
-            text = self.llm.decode(request.output_token_ids[:update.num_tokens])
-            text = text.rstrip("\ufffd")
-            text = text[: max(len(text) - self.holdback, 0)]
-        delta = ""
-        if text.startswith(self.text):
-            delta, self.text = text[len(self.text):], text
-        positions = list(range(self.tokens, update.num_tokens))
-        self.tokens = update.num_tokens
-        return delta, positions
+        # The engine thread may have stepped on since the update: read its token count.
+        text = self.llm.settled_text(self.request, update.num_tokens)
+        delta, positions = self.sent.advance(text, update.num_tokens)
+        return delta, list(positions)
 
 
 class Generation:

@@ -174,6 +174,28 @@ def test_a_chat_answer_stops_at_im_end_and_reads_as_text(llm):
     assert len(longer.token_ids) == 12 and longer.token_ids[:8] == out.token_ids
 
 
+def test_a_streamed_chat_answer_joins_to_the_chat_answer(llm, prompts):
+    """A real byte-level tokenizer: every delta is text already settled (no half UTF-8
+    sequence, nothing a stop string could cut), and the deltas join to the answer."""
+    stream = list(llm.stream_chat(QUESTION, SamplingParams(temperature=0, max_tokens=64)))
+    deltas = [d for s in stream for d in s.outputs]
+    assert sum((d.token_ids for d in deltas), ()) == tuple(EXPECTED["chat"])
+    assert "".join(d.text or "" for d in deltas) == "The capital of France is Paris."
+    assert [d.finish_reason for d in deltas][-2:] == [None, "stop"] and stream[-1].finished
+    # n=2 with a stop string of two words over the story prompt, batched with the code one.
+    params = [SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=24, stop=[" the sea"]),
+              SamplingParams(temperature=0, max_tokens=MAX_TOKENS)]
+    batch = [prompts["story"], prompts["code"]]
+    expected = llm.generate(batch, params)
+    texts: dict[tuple[int, int], str] = {}
+    for step in llm.stream(batch, params):
+        for delta in step.outputs:
+            assert "\ufffd" not in (delta.text or "") and " the sea" not in (delta.text or "")
+            key = (step.prompt_index, delta.index)
+            texts[key] = texts.get(key, "") + (delta.text or "")
+    assert texts == {(p, c.index): c.text for p, out in enumerate(expected) for c in out.outputs}
+
+
 def test_policy_explain_and_run_with_the_named_model(cli, monkeypatch):
     doc = cli("explain", "--model", "smollm2", "--platform", "rocm", "--json").json()
     assert doc["context"]["architecture"] == "LlamaForCausalLM"
