@@ -26,7 +26,7 @@ from interlock.core.errors import PolicyError
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
 from interlock.vllm_flags import UserFlags
-from interlock.vllm_version import knob
+from interlock.vllm_version import binding_problems, check_known, knob, unsupported
 
 RUNNER_KNOB = knob("VLLM_USE_V2_MODEL_RUNNER")
 BREAKABLE_KNOB = knob("VLLM_USE_BREAKABLE_CUDAGRAPH")
@@ -150,8 +150,6 @@ def serve_command(
     ``extra`` are flags for features given with ``--feature`` only. ``triton``: whether the
     engine has a Triton for its platform and how that is known (None: not known); Model
     Runner V2 without one is refused naming who chose it."""
-    from interlock.vllm_version import binding_problems, check_known, unsupported
-
     # The policy reads the variables this command sets: read otherwise than vLLM reads them,
     # the engine would run something other than what the policy decides from them.
     problems = binding_problems(resolution.policy.env)
