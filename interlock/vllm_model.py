@@ -24,8 +24,6 @@ from pathlib import Path
 
 from interlock.core.errors import PolicyError
 
-#: ``org/name`` as the Hugging Face hub spells repository ids.
-HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 FORMS = (
     "a local model directory (or its config.json), a GGUF file, a named model (smollm2), "
     "or a cached Hugging Face id (org/name in the local Hugging Face cache)"
@@ -75,7 +73,7 @@ def cached_snapshot(model_id: str) -> Path | None:
 
 def vllm_model(model: str) -> VllmModel:
     """Read MODEL (see the module docstring); raises :class:`PolicyError` naming the forms."""
-    from interlock.runners.model.sources import DEMO, NAMED_MODELS, named_file
+    from interlock.runners.model.sources import DEMO, HF_ID, NAMED_MODELS, named_file
 
     if model == DEMO:
         raise PolicyError(

@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -104,23 +105,19 @@ def model_directory(model: str | os.PathLike[str]) -> Path | None:
         raise UnknownModel(
             f"model {name!r} is neither {DEMO!r}, a named model "
             f"({', '.join(NAMED_MODELS)}), a .gguf file nor a directory containing config.json"
-            + (_HUB_HINT.format(name=name) if _looks_like_hub_id(name, path) else "")
+            + (_HUB_HINT.format(name=name) if not path.exists() and HF_ID.fullmatch(name) else "")
         )
     return path
 
 
+#: ``org/name`` as the Hugging Face hub spells repository ids.
+HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 #: Said for a Hugging Face id: interlock reads models from disk only, so that what it
 #: decides and runs for is the file an operator can read (and nothing is fetched at run time).
 _HUB_HINT = (
     "; it looks like a Hugging Face model id, and interlock never downloads a model: fetch "
     "it first (hf download {name} --local-dir DIR) and pass DIR"
 )
-
-
-def _looks_like_hub_id(name: str, path: Path) -> bool:
-    """``org/name`` with no such folder here: how vLLM is usually given a model."""
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith(".") and not path.exists()
 
 
 def named_file(name: str) -> Path:
