@@ -258,7 +258,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         on_tokens: OnTokens | None,
     ) -> list[RequestOutput]:
-        batch, groups = self._requests(prompts, sampling_params, streaming=on_tokens is not None)
+        batch, groups = self._requests(prompts, sampling_params, callback=on_tokens is not None)
         requests = [r for group in groups for r in group]
         try:
             with closing(self._steps(requests)) as steps:
@@ -290,7 +290,7 @@ class LLM:
         closes it once the iterator is dropped; ``close()`` at once), and closing it
         aborts the completions still running."""
         with self._serialised():
-            batch, groups = self._requests(prompts, sampling_params, streaming=False)
+            batch, groups = self._requests(prompts, sampling_params, callback=False)
             requests = [r for group in groups for r in group]
             # Each request's prompt, its completion index in that prompt, what it has sent.
             where = [(p, c) for p, group in enumerate(groups) for c in range(len(group))]
@@ -325,10 +325,11 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        streaming: bool,
+        callback: bool,
     ) -> tuple[list[Prompt], list[list[Request]]]:
         """The prompts as a list and, per prompt, its ``n`` completions' requests, every one
-        checked before any is added to the engine (``streaming``: for ``on_tokens``)."""
+        checked before any is added to the engine (``callback``: an ``on_tokens`` will
+        see them, which takes one completion per prompt)."""
         batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(batch)
@@ -346,7 +347,7 @@ class LLM:
                         f"stop={list(p.stop)!r}: stop strings are matched in the text, and "
                         "this model has no tokenizer.json; use stop_token_ids"
                     )
-                if p.n > 1 and streaming:
+                if p.n > 1 and callback:
                     raise InputError(
                         f"n={p.n} with on_tokens: on_tokens reports one completion per "
                         "prompt; use n=1, or stream() (which streams every completion)"

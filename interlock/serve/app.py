@@ -73,7 +73,7 @@ class _Choice:
 
     def advance(self, update: Update) -> tuple[str, list[int]]:
         """The new text and the new tokens' positions since the last call."""
-        # The engine thread may have stepped on since the update: read its token count.
+        # The update's token count, not the request's: the engine thread may have stepped on.
         text = self.llm.settled_text(self.request, update.num_tokens)
         delta, positions = self.sent.advance(text, update.num_tokens)
         return delta, list(positions)
