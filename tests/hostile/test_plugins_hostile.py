@@ -15,18 +15,26 @@ from interlock import plugins
 
 SPECS = """
 from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
-
+{imports}
 @hookimpl
 def interlock_runner_specs():
     {before}
     return [RunnerSpec(name={name!r}, description="hostile", plugin_api=">=1.0,<2",
                        platforms={{"cpu": PlatformSupport(cudagraph={{"none"}})}},
-                       factory={factory!r})]
+                       factory={factory!r}{fields})]
 """
 
 
-def specs(name: str, factory: str = "nowhere:Runner", before: str = "pass") -> str:
-    return SPECS.format(name=name, factory=factory, before=before)
+def specs(
+    name: str, factory: str = "nowhere:Runner", before: str = "pass", base: str | None = None
+) -> str:
+    """A plugin module declaring runner ``name``. ``base``: the built-in runner (``mrv1``)
+    its factory subclasses, whose unsupported set it then declares too, since `policy
+    plugins` flags a subclass claiming more than its base serves."""
+    imports = f"from interlock.runners.{base}.plugin import SPEC as BASE" if base else ""
+    fields = ", unsupported=BASE.unsupported" if base else ""
+    return SPECS.format(name=name, factory=factory, before=before, imports=imports,
+                        fields=fields)
 
 
 def test_09_runner_factory_that_fails_to_import_is_a_plugin_error(install, cli) -> None:
@@ -100,18 +108,8 @@ def test_11_real_ctrl_c_during_plugin_import_still_stops(install, tmp_path: Path
     assert "Traceback" not in err and "policy: interrupted" in err
 
 
-NOISY = """
-from interlock.plugins import PlatformSupport, RunnerSpec, hookimpl
-from interlock.runners.mrv1.plugin import SPEC as MRV1
-
-@hookimpl
-def interlock_runner_specs():
-    print('hello from the hook')
-    # A subclass of MRV1Runner claims no more than mrv1 serves (`policy plugins` checks it).
-    return [RunnerSpec(name="noisy", description="hostile", plugin_api=">=1.0,<2",
-                       platforms={"cpu": PlatformSupport(cudagraph={"none"})},
-                       unsupported=MRV1.unsupported, factory="hostile_noisy_runner:Runner")]
-"""
+NOISY = specs("noisy", "hostile_noisy_runner:Runner", before="print('hello from the hook')",
+              base="mrv1")
 NOISY_RUNNER = """
 print("hello from the import")
 from interlock.runners.mrv1.runner import MRV1Runner
