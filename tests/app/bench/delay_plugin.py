@@ -1,4 +1,4 @@
-"""A test-only runner plugin with known costs: the example eager runner plus one sleep per
+"""A test-only runner plugin with known costs: the example eager runner plus one busy-wait per
 step whose length depends on the decision (5 ms, 30 ms more for runner ``slow``, 12 ms
 more with ``breakable``, nothing for the cudagraph mode, no interaction), so a bench
 must find exactly those effects. Runner ``rigid`` serves neither breakable nor
