@@ -73,7 +73,7 @@ def resolve_for_device(
     given feature."""
     import torch
 
-    from interlock.core.platform import platform_named_by_device
+    from interlock.core.platform import TRITON_FACT, platform_named_by_device
     from interlock.plugins.capabilities import TENSOR_PARALLEL
     from interlock.policy.context import has_triton_fact
     from interlock.policy.loader import load_policy
@@ -90,7 +90,7 @@ def resolve_for_device(
         platform = named
         sources["platform"] = f"given (device={device!r})"
         # This machine runs it, so Triton is probed, not assumed as for a named platform.
-        features["has_triton"], sources["features.has_triton"] = has_triton_fact(True)
+        features[TRITON_FACT], sources[f"features.{TRITON_FACT}"] = has_triton_fact(True)
     return resolve_model_run(
         policy, model, overrides, platform=platform, features=features, env=env, sources=sources
     )

@@ -25,7 +25,7 @@ from interlock.core.decision import (
     Decision,
     FieldSpec,
 )
-from interlock.core.platform import PLATFORM_NAMES, platform_problem
+from interlock.core.platform import PLATFORM_NAMES, TRITON_FACT, platform_problem
 from interlock.plugins.api import check_api_range
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # Boolean facts of the context a runner may require on a platform, with what
 # each one means in a message ("mrv2 requires Triton on cuda").
-REQUIRABLE_FACTS: dict[str, str] = {"has_triton": "Triton"}
+REQUIRABLE_FACTS: dict[str, str] = {TRITON_FACT: "Triton"}
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PLATFORM = re.compile(r"^[a-z][a-z0-9_]*$")

@@ -21,7 +21,7 @@ from typing import Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS
-from interlock.core.platform import detect_platform
+from interlock.core.platform import TRITON_FACT, detect_platform
 from interlock.core.terminal import shown
 from interlock.policy.conditions import ENGINES, check_version, flatten_config
 
@@ -242,8 +242,8 @@ def make_context(
         device_arch = ""
         facts["device_arch"] = f"{ASSUMED} (not given; detected only with the platform)"
     features = dict(features or {})
-    if "has_triton" not in features:
-        features["has_triton"], facts["features.has_triton"] = has_triton_fact(detected)
+    if TRITON_FACT not in features:
+        features[TRITON_FACT], facts[f"features.{TRITON_FACT}"] = has_triton_fact(detected)
     return Context(
         architecture=architecture,
         platform=platform,

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from interlock.core.platform import TRITON_FACT
 from interlock.kernels.triton import unavailable as triton_unavailable
 
 #: Each requirable fact: a function of the platform giving why it does not hold here, or
 #: None when it does.
-MACHINE_FACTS: Mapping[str, Callable[[str], str | None]] = {"has_triton": triton_unavailable}
+MACHINE_FACTS: Mapping[str, Callable[[str], str | None]] = {TRITON_FACT: triton_unavailable}
 
 
 def why_missing(requires: Iterable[str], platform: str) -> dict[str, str | None]:

@@ -25,7 +25,7 @@ from interlock.bench.metrics import (
     ttft_s,
 )
 from interlock.core.errors import InputError, PolicyError
-from interlock.vllm_engine import Deadline
+from interlock.vllm.engine import Deadline
 
 #: Seconds a request may take, from sending it to its last byte, before the trial fails: a
 #: total deadline, not one per read (a server dripping a byte a second would never trip that).

@@ -4,7 +4,7 @@ Each cell of the design is a decision with its varied fields forced, turned into
 ``vllm serve`` command ``policy vllm args`` emits (env and flags), on a port of its own.
 Trials run in the blocks of :mod:`interlock.bench.design`; each trial starts the cell's
 server, waits for ``/health`` (bounded), checks its startup log against the cell's
-decision (:class:`interlock.vllm_engine.EngineCheck`: an engine that does not run the
+decision (:class:`interlock.vllm.engine.EngineCheck`: an engine that does not run the
 cell's decision stops the bench, naming the cell), drives it with streaming
 ``/v1/completions`` requests at ``concurrency`` and stops it before the next trial. Times
 are taken per streamed chunk, as ``vllm bench serve`` takes them: TTFT is the first
@@ -154,8 +154,8 @@ def resolve_cells(
     or vLLM's adjustments refuse is skipped with why."""
     from interlock.bench.design import combinations
     from interlock.policy.resolution import resolve
-    from interlock.vllm_flags import read_user_flags
-    from interlock.vllm_serve import serve_command
+    from interlock.vllm.command import serve_command
+    from interlock.vllm.flags import read_user_flags
 
     user = read_user_flags(vllm_args)
     clashing = sorted(set(factors) & set(user.overrides))
@@ -187,8 +187,8 @@ def compare_cells(
     on vLLM, as the cells ``old`` and ``new`` of a factor ``policy`` (none when vLLM would be
     started alike)."""
     from interlock.policy.resolution import resolve
-    from interlock.vllm_flags import read_user_flags
-    from interlock.vllm_serve import serve_command
+    from interlock.vllm.command import serve_command
+    from interlock.vllm.flags import read_user_flags
 
     user = read_user_flags(vllm_args)
     cells = []
@@ -229,7 +229,7 @@ def measure_engine(
     from interlock import decision_log as records
     from interlock.bench.analysis import analyse
     from interlock.bench.design import block_order
-    from interlock.vllm_engine import EngineCheck, EngineFailed, EngineProcess, log_formats
+    from interlock.vllm.engine import EngineCheck, EngineFailed, EngineProcess, log_formats
 
     log_formats(vllm_version)  # a version that is not one is refused before anything starts
     if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):

@@ -132,7 +132,7 @@ def measure_serve(
     from interlock.bench.design import block_order
     from interlock.bench.engine import _config_sha, _interlock_version, _jsonable, gpu_name
     from interlock.bench.harness import config_hash
-    from interlock.vllm_engine import EngineFailed, EngineProcess
+    from interlock.vllm.engine import EngineFailed, EngineProcess
 
     if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
         raise PolicyError(

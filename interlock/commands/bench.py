@@ -34,6 +34,7 @@ from interlock.commands.common import (
 )
 from interlock.core.decision import DTYPE_CHOICES, LOAD_FORMATS
 from interlock.core.errors import InputError
+from interlock.core.platform import TRITON_FACT
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -412,8 +413,8 @@ def engine_setup(
     from interlock.commands.vllm import engine_facts
     from interlock.core.errors import PolicyError
     from interlock.model_run import model_context, process_env
-    from interlock.vllm_model import vllm_model
-    from interlock.vllm_version import find_install, find_vllm
+    from interlock.vllm.model import vllm_model
+    from interlock.vllm.version import find_install, find_vllm
 
     given = getattr(args, "vllm", None)
     if given is not None and not os.access(given, os.X_OK):
@@ -431,14 +432,9 @@ def engine_setup(
     engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
     features = dict(flags.get("features", {}))
-    triton = None
-    if flags.get("platform") is None and "has_triton" not in features:
-        # vLLM's Triton, not interlock's: read from the engine's environment (this machine).
-        from interlock.core.platform import detect_platform
-
-        triton = install.has_triton(detect_platform()[0])
-        features["has_triton"] = triton[0]
-        sources["features.has_triton"] = triton[1]
+    triton = install.triton_fact(flags.get("platform") is not None, features)
+    if triton is not None:
+        features[TRITON_FACT], sources[f"features.{TRITON_FACT}"] = triton
     context = model_context(model.readable, platform=flags.get("platform"),
                             device_arch=flags.get("device_arch"),
                             features=features, env=env, sources=sources,

@@ -3,7 +3,7 @@
 ``args`` prints the command (``--json``: the decision, its adjustments, env and
 argv); ``serve`` logs the one-line provenance and runs ``vllm serve`` as its child:
 signals (SIGINT, SIGTERM) are passed on, its output is copied through, and its startup log
-is checked against the decision (:mod:`interlock.vllm_engine`): one line says verified, or
+is checked against the decision (:mod:`interlock.vllm.engine`): one line says verified, or
 warns loudly what the engine did instead. Options of this command come before MODEL;
 everything after MODEL is ``vllm serve``'s. Exit status: the engine's own (128 + N when a
 signal N killed it); 4 with ``--strict`` when the engine does not run the decision (it is
@@ -33,6 +33,7 @@ from interlock.commands.common import (
     write_json,
 )
 from interlock.commands.release_check import add_allow_arg
+from interlock.core.platform import TRITON_FACT
 
 #: This command's options; after MODEL they would silently go to vllm serve.
 OWN_OPTIONS = (
@@ -60,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "applied and reported; one that would undo a flag you gave is refused.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    # verify: a saved engine log or decision log checked after the fact (interlock.vllm_verify)
+    # verify: a saved engine log or decision log checked after the fact (interlock.vllm.verify)
     for name, text in (
         ("args", "print the command"),
         ("serve", "run vllm serve, checking its startup log against the decision"),
@@ -138,10 +139,10 @@ def run(args: argparse.Namespace) -> int:
     from interlock.core.errors import PolicyError
     from interlock.model_run import decided_by, model_context, process_env
     from interlock.policy.resolution import resolve
-    from interlock.vllm_flags import flags_for_features, level_overrides, read_user_flags
-    from interlock.vllm_model import vllm_model
-    from interlock.vllm_serve import serve_command
-    from interlock.vllm_version import find_install, find_vllm
+    from interlock.vllm.command import serve_command
+    from interlock.vllm.flags import flags_for_features, level_overrides, read_user_flags
+    from interlock.vllm.model import vllm_model
+    from interlock.vllm.version import find_install, find_vllm
 
     own = [a for a in args.vllm_args if a.split("=")[0] in OWN_OPTIONS]
     if own:
@@ -171,14 +172,10 @@ def run(args: argparse.Namespace) -> int:
     # Before anything is decided: a policy for another release has no decision to give here.
     release = engine_lines(policy, engine.get("vllm"), engine_sources.get("engine.vllm", ""),
                            allow=args.allow_version_mismatch)
-    triton = None
-    if install is not None and args.platform is None and "has_triton" not in given:
-        # vLLM's Triton, not interlock's: read from the engine's environment (this machine).
-        from interlock.core.platform import detect_platform
-
-        triton = install.has_triton(detect_platform()[0])
-        given = {**given, "has_triton": triton[0]}
-        sources["features.has_triton"] = triton[1]
+    triton = None if install is None else install.triton_fact(args.platform is not None, given)
+    if triton is not None:
+        given = {**given, TRITON_FACT: triton[0]}
+        sources[f"features.{TRITON_FACT}"] = triton[1]
     if args.model_id is not None:
         sources["model_id"] = "given with --model-id"
     context = model_context(
@@ -218,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"policy vllm: {name} given by {flag}", file=sys.stderr)
     for key in sorted(context.features):
         origin = context.source(f"features.{key}")
-        if key != "has_triton":
+        if key != TRITON_FACT:
             print(f"policy vllm: feature {key}={context.features[key]} ({origin})",
                   file=sys.stderr)
     for adj in command.adjustments:
@@ -251,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from interlock.core.errors import InputError
-    from interlock.vllm_verify import (
+    from interlock.vllm.verify import (
         MISMATCH_EXIT,
         is_decision_log,
         plugin_decision,
@@ -305,7 +302,7 @@ def engine_facts(install: Any) -> tuple[dict[str, str], dict[str, str]]:
 
 def detected_engine(executable: str) -> tuple[dict[str, str], dict[str, str]]:
     """The version of the vLLM ``executable`` runs, as context facts (none if it has none)."""
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     return engine_facts(find_install(executable))
 
@@ -321,7 +318,7 @@ def _serve(
     model: str, install: Any, version: str | None,
 ) -> int:
     from interlock import decision_log
-    from interlock.vllm_engine import EngineCheck, Verification, supervise
+    from interlock.vllm.engine import EngineCheck, Verification, supervise
 
     check = EngineCheck(command.decision, args.vllm_version or version,
                         platform=resolution.context.platform)

@@ -3,7 +3,7 @@ mode stage 5 tries when a runner does not serve it.
 
 The one table of it: the decision's fallback chain (``interlock.core.decision``), the
 runners' per-batch strategy (``interlock.runners.graphs.modes``) and what vLLM runs a
-mode as without piecewise graphs (``interlock.vllm_serve``) are all read from
+mode as without piecewise graphs (``interlock.vllm.command``) are all read from
 :data:`MODES`. A batch is ``decode`` (every sequence decodes one token) or ``mixed``
 (some prefill); each gets a ``full`` graph (the whole forward, attention included), a
 ``piecewise`` one (split at attention before capture, attention eager between the

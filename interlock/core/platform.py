@@ -13,6 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+#: The context fact saying whether Triton kernels can run on the platform: what a runner may
+#: require (``PlatformSupport.requires``), what the context probes, and, under vLLM, what
+#: the engine's own environment says. The one spelling of its name.
+TRITON_FACT = "has_triton"
+
 
 @dataclass(frozen=True)
 class Platform:

@@ -6,13 +6,13 @@ it requires Triton, and an automatic choice without it falls back to mrv1.
 
 from __future__ import annotations
 
-from interlock.core.platform import PLATFORMS
+from interlock.core.platform import PLATFORMS, TRITON_FACT
 from interlock.plugins import RunnerSpec, hookimpl
 from interlock.runners.mrv1.plugin import NOT_YET_SUPPORTED, graph_support
 
 #: What mrv2 requires where its input preparation runs Triton kernels (GPU platforms):
 #: the one statement of that need; its runner reads it back from the spec.
-TRITON = frozenset({"has_triton"})
+TRITON = frozenset({TRITON_FACT})
 
 SPEC = RunnerSpec(
     name="mrv2",

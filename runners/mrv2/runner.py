@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from interlock.core.platform import TRITON_FACT
 from interlock.kernels import REGISTRY, KernelChoice, KernelError
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, ScheduledBatch
 from interlock.runners.dispatch import platform_of
@@ -46,7 +47,7 @@ class MRV2Runner(GraphRunner):
         # Where the spec requires Triton (GPU platforms; load checked that it runs here),
         # the inputs are prepared with it.
         requires = SPEC.platforms[platform].requires
-        preference = ["triton"] if "has_triton" in requires else ["torch"]
+        preference = ["triton"] if TRITON_FACT in requires else ["torch"]
         try:
             self.prepare: KernelChoice = REGISTRY.select(
                 PREPARE_OP, platform, model.dtype, preference

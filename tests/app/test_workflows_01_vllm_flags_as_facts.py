@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from interlock.vllm_flags import read_user_flags
+from interlock.vllm.flags import read_user_flags
 
 
 @pytest.fixture

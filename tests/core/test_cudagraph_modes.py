@@ -8,7 +8,7 @@ import pytest
 from interlock.core.cudagraph import CUDAGRAPH_MODES, MODES, graph_for, without_piecewise
 from interlock.core.decision import FIELDS
 from interlock.runners.graphs.modes import Strategy, eager_reason, strategy_for
-from interlock.vllm_serve import target_profile
+from interlock.vllm.command import target_profile
 
 
 def test_the_decision_falls_back_along_the_table() -> None:

@@ -17,7 +17,7 @@ from interlock.bench import client as bench_client
 from interlock.bench.client import complete, run_trial, stream_request
 from interlock.bench.engine import EngineWorkload
 from interlock.core.errors import PolicyError
-from interlock.vllm_engine import MAX_LINE_BYTES, output_lines
+from interlock.vllm.engine import MAX_LINE_BYTES, output_lines
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 

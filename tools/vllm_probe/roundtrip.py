@@ -36,7 +36,7 @@ def round_trip(
     from interlock.policy import load_policy
     from interlock.policy.resolution import PolicyRefused, resolve
     from interlock.policy.snapshot import load_snapshot
-    from interlock.vllm_serve import UserFlags, serve_command
+    from interlock.vllm.command import UserFlags, serve_command
 
     policy = load_policy(policy_paths)
     snapshot = load_snapshot(snapshot_path)

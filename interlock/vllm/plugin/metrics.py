@@ -1,6 +1,6 @@
 """The decision on vLLM's ``/metrics``: a stat-logger plugin (entry-point group
 ``vllm.stat_logger_plugins``, loaded by the API server process, where the config was built
-and :mod:`interlock.vllm_plugin` decided). It exports one info metric,
+and :mod:`interlock.vllm.plugin` decided). It exports one info metric,
 ``interlock_decision_info{runner, cudagraph_mode, compile_mode, breakable, rule,
 policy_revision} 1``, through prometheus_client's registry, which vLLM serves. Imports
 vLLM: loaded only inside it.
@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import Gauge
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from interlock.vllm_plugin import APPLIED, PluginRefusal, compile_mode_name
+from interlock.vllm.plugin import APPLIED, PluginRefusal, compile_mode_name
 
 METRIC = "interlock_decision_info"
 LABELS = ("runner", "cudagraph_mode", "compile_mode", "breakable", "rule", "policy_revision")

@@ -16,7 +16,7 @@ without Triton, CUDA graphs on a platform without them) stops the engine naming 
 so does any failure of the plugin itself: vLLM logs and ignores an entry point that fails
 to load, so a failure here exits rather than leave the engine running ungoverned.
 
-The decision is also exported on ``/metrics`` by :mod:`interlock.vllm_plugin.metrics`
+The decision is also exported on ``/metrics`` by :mod:`interlock.vllm.plugin.metrics`
 (entry-point group ``vllm.stat_logger_plugins``). Everything that does not need vLLM is
 here and testable without it (:func:`decide`); the adapter reads vLLM's objects.
 """
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
-from interlock.vllm_engine import compile_mode_name
-from interlock.vllm_version import knob
+from interlock.core.platform import TRITON_FACT
+from interlock.vllm.engine import compile_mode_name
+from interlock.vllm.version import knob
 
 #: Where each vLLM release applies its per-architecture config hooks first in
 #: ``VllmConfig.__post_init__`` (read in the wheels): the method the plugin wraps.
@@ -127,14 +128,14 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     from interlock.model_run import _chooser
     from interlock.policy.context import make_context
     from interlock.policy.resolution import resolve
-    from interlock.vllm_flags import UserFlags, level_overrides
-    from interlock.vllm_serve import serve_command
+    from interlock.vllm.command import serve_command
+    from interlock.vllm.flags import UserFlags, level_overrides
 
     env = {name: environ[name] for name in policy.env if name in environ}
     sources = {f"env.{name}": "process environment of the vLLM engine" for name in env}
     sources["platform"] = "vLLM's current_platform"
     sources["device_arch"] = "vLLM's current_platform"
-    sources["features.has_triton"] = facts.triton_source
+    sources[f"features.{TRITON_FACT}"] = facts.triton_source
     sources["engine.vllm"] = "the running vLLM (vllm.__version__)"
     sources.update({f"features.{k}": "vLLM's engine config" for k in facts.features})
     if facts.model_id is not None:
@@ -144,7 +145,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         platform=facts.platform,
         device_arch=facts.device_arch,
         model=facts.model_dir,
-        features={**facts.features, "has_triton": facts.has_triton},
+        features={**facts.features, TRITON_FACT: facts.has_triton},
         env=env,
         sources=sources,
         model_id=facts.model_id,
@@ -204,7 +205,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     header = (
         f"{ACTIVE_PREFIX}{context.architecture} on {facts.platform}"
         f"{' ' + facts.device_arch if facts.device_arch else ''}, vLLM {facts.vllm_version}, "
-        f"has_triton={'true' if facts.has_triton else 'false'} ({facts.triton_source}); "
+        f"{TRITON_FACT}={'true' if facts.has_triton else 'false'} ({facts.triton_source}); "
         f"policy {policy.version} revision {policy.revision} from {files}"
     )
     return PluginDecision(resolution, dict(final), out_env, compilation, tuple(settings), header)

@@ -31,6 +31,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from interlock.core.errors import PolicyError
+from interlock.core.platform import TRITON_FACT
 
 #: Seconds the interpreter may take to report a version when it must be asked (importlib.metadata
 #: is fast; a stalled interpreter must not hold `policy vllm` forever).
@@ -207,6 +208,18 @@ class VllmInstall:
         if self.runs_module:
             return [self.interpreter, "-m", API_SERVER_MODULE, "--model", argv[2], *argv[3:]]
         return [self.executable, *argv[1:]]
+
+    def triton_fact(
+        self, platform_given: bool, features: Mapping[str, object]
+    ) -> tuple[bool, str] | None:
+        """The context's Triton fact as vLLM's, not interlock's: read from the engine's
+        environment when the engine runs here (no platform given) and the fact was not given,
+        else None (the given fact, or the context's assumption for another machine, stands)."""
+        if platform_given or TRITON_FACT in features:
+            return None
+        from interlock.core.platform import detect_platform
+
+        return self.has_triton(detect_platform()[0])
 
     def has_triton(self, platform: str) -> tuple[bool, str]:
         """Whether this environment has a Triton vLLM uses on ``platform``: the package with

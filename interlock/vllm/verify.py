@@ -7,7 +7,7 @@ FILE is either a saved engine log or a decision log.
   ``interlock: governing ...`` and ``interlock: decided FIELD=VALUE (...)`` lines), or the
   one of a decision record (``--record LOG`` with ``--id``, else its last record that
   carries an engine target). The log's own lines are read by the same check as a live
-  ``policy vllm serve`` (:class:`interlock.vllm_engine.EngineCheck`): the config line's
+  ``policy vllm serve`` (:class:`interlock.vllm.engine.EngineCheck`): the config line's
   ``mode`` and ``cudagraph_mode``, the V2 runner line, the breakable lines, the ready line.
 - **A decision log**: every record that says what an engine did (``policy vllm serve``,
   ``policy bench --engine vllm``) is checked again: its expected values must be what its
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock.core.errors import InputError
-from interlock.vllm_engine import EngineCheck, Verification, expected_from
+from interlock.vllm.engine import EngineCheck, Verification, expected_from
 
 #: Exit status when the log or record shows something else than the decision.
 MISMATCH_EXIT = 4
 MAX_LINE = 1 << 20
 MAX_BYTES = 1 << 30
-#: The plugin's lines (interlock.vllm_plugin): ``interlock: decided runner=mrv1 (...)``.
+#: The plugin's lines (interlock.vllm.plugin): ``interlock: decided runner=mrv1 (...)``.
 _DECIDED = re.compile(r"^interlock: decided (?P<field>[a-z_]+)=(?P<value>\S+) \((?P<why>.*)$")
 _GOVERNING = re.compile(r"^interlock: governing (?P<arch>\S+) on (?P<platform>[a-z]+)[ ,]")
 _FIELDS = ("runner", "cudagraph", "breakable", "compile")
@@ -78,7 +78,7 @@ def is_decision_log(lines: Sequence[str]) -> bool:
 def plugin_decision(lines: Iterable[str]) -> tuple[dict[str, Any], str] | None:
     """The decision the interlock plugin logged in an engine log, and its platform; None
     when the log has no plugin lines. The last governed model wins (a restart in one file)."""
-    from interlock.vllm_engine import _ANSI, _LOG_LINE
+    from interlock.vllm.engine import _ANSI, _LOG_LINE
 
     decision: dict[str, Any] = {}
     platform = ""

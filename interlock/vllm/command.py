@@ -7,7 +7,7 @@ command sets all of them: ``VLLM_USE_V2_MODEL_RUNNER``,
 ``VLLM_USE_BREAKABLE_CUDAGRAPH`` (even 0), ``-cc.cudagraph_mode`` and ``-cc.mode``.
 
 The user's own env vars and ``vllm serve`` flags win: they enter the resolution
-as env bindings, overrides and given features (:mod:`interlock.vllm_flags` reads
+as env bindings, overrides and given features (:mod:`interlock.vllm.flags` reads
 them; ``policy explain`` would show them) and pass through unchanged. vLLM still
 adjusts some explicit values after reading them; the target profile below applies
 those adjustments, so the decision printed is the one vLLM runs. An adjustment to a
@@ -23,10 +23,11 @@ from typing import Any
 
 from interlock.core.cudagraph import without_piecewise
 from interlock.core.errors import PolicyError
+from interlock.core.platform import TRITON_FACT
 from interlock.policy.resolution import Resolution
 from interlock.policy.trace import OVERRIDES
-from interlock.vllm_flags import UserFlags
-from interlock.vllm_version import binding_problems, check_known, knob, unsupported
+from interlock.vllm.flags import UserFlags
+from interlock.vllm.version import binding_problems, check_known, knob, unsupported
 
 RUNNER_KNOB = knob("VLLM_USE_V2_MODEL_RUNNER")
 BREAKABLE_KNOB = knob("VLLM_USE_BREAKABLE_CUDAGRAPH")
@@ -118,11 +119,11 @@ def _known_triton(resolution: Resolution) -> tuple[bool, str] | None:
     """The context's ``has_triton`` where it speaks of the engine: given, or read from the
     engine's environment (not an assumption, nor interlock's own environment)."""
     context = resolution.context
-    source = context.source("features.has_triton")
-    if "has_triton" not in context.features:
+    source = context.source(f"features.{TRITON_FACT}")
+    if TRITON_FACT not in context.features:
         return None
     if source.startswith("given") or "engine" in source:
-        return bool(context.features["has_triton"]), source
+        return bool(context.features[TRITON_FACT]), source
     return None
 
 
@@ -146,7 +147,7 @@ def serve_command(
 ) -> ServeCommand:
     """The ``vllm serve`` command (argv and env additions) that runs ``resolution`` on vLLM
     ``version`` (None: unknown, every knob is set): only the env vars and flags that release
-    reads (:data:`interlock.vllm_version.VLLM_KNOBS`); a decision it cannot run is refused.
+    reads (:data:`interlock.vllm.version.VLLM_KNOBS`); a decision it cannot run is refused.
     ``extra`` are flags for features given with ``--feature`` only. ``triton``: whether the
     engine has a Triton for its platform and how that is known (None: not known); Model
     Runner V2 without one is refused naming who chose it."""
@@ -155,7 +156,7 @@ def serve_command(
     problems = binding_problems(resolution.policy.env)
     if problems:
         raise PolicyError("the policy's env bindings disagree with vLLM's knobs "
-                          "(interlock/vllm_version.py VLLM_KNOBS): " + "; ".join(problems))
+                          "(interlock/vllm/version.py VLLM_KNOBS): " + "; ".join(problems))
     values = resolution.decision.to_dict()
     # vLLM captures a pooling model piecewise whether --runner said so or its task is pooling.
     final, adjustments = target_profile(
