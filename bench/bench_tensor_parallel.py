@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
+from interlock.core.env import TP_THREADS
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.parallel.distributed import THREADS_ENV
 from interlock.runners.parallel.group import CollectiveTimes
 
 PROMPT = list(range(1, 33))
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    os.environ[THREADS_ENV] = "1"  # one thread per rank, whatever the core count
+    os.environ[TP_THREADS.name] = "1"  # one thread per rank, whatever the core count
     torch.set_num_threads(1)
     decision = None
     if args.runner or args.cudagraph:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.env import DECISION_LOG
 from interlock.core.errors import InputError
 from interlock.core.terminal import one_line
 from interlock.policy.context import Context
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 #: The environment variable naming the log when ``--decision-log`` / ``decision_log=`` is not
 #: given.
-LOG_ENV = "INTERLOCK_DECISION_LOG"
 #: The record format; a reader refuses other values.
 RECORD_VERSION = 1
 #: The longest record line written or read (bytes, newline included).
@@ -61,7 +61,7 @@ def log_path(given: str | os.PathLike[str] | None) -> str | None:
         if not path:
             raise DecisionLogError("--decision-log '': an empty path names no file")
         return path
-    return os.environ.get(LOG_ENV) or None
+    return os.environ.get(DECISION_LOG.name) or None
 
 
 def build_record(

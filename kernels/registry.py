@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from interlock.core.decision import DTYPES
+from interlock.core.env import KERNELS
 from interlock.core.errors import InterlockError
 from interlock.core.platform import GPU_PLATFORMS, PLATFORM_NAMES
 
-FORCE_ENV = "INTERLOCK_KERNELS"
 #: The backend of the torch references (``interlock.kernels.reference``): an op exists
 #: because its reference does; every other backend implements some of those ops.
 REFERENCE_BACKEND = "torch"
@@ -155,13 +155,14 @@ class KernelRegistry:
         reason says so.
         """
         impls = self.implementations(op)
-        force = force or os.environ.get(FORCE_ENV) or None
+        force = force or os.environ.get(KERNELS.name) or None
         rejected: list[str] = []
         if force is not None:
             backends = self.backends()
             if force not in backends:
                 raise KernelError(
-                    f"{FORCE_ENV}={force!r} is not a kernel backend; known: {', '.join(backends)}"
+                    f"{KERNELS.name}={force!r} is not a kernel backend; known: "
+                    f"{', '.join(backends)}"
                 )
             impl = next((i for i in impls if i.backend == force), None)
             if impl is not None:

@@ -27,7 +27,6 @@ from interlock.plugins.spec import SERVED_FIELDS, KernelSpec, RunnerSpec
 if TYPE_CHECKING:
     from interlock.plugins.discovery import Discovery
 
-NO_CACHE_ENV = "INTERLOCK_NO_PLUGIN_CACHE"
 #: Bump when the stored form changes in a way file stats would not reveal.
 CACHE_FORMAT = 2
 

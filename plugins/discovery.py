@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from interlock.core.env import DISABLE_PLUGINS, PLUGINS_STRICT
 from interlock.plugins.api import ENTRY_POINT_GROUP, api_incompatibility
 from interlock.plugins.isolation import PluginCrash, plugin_code
 from interlock.plugins.registry import (
@@ -22,7 +23,7 @@ from interlock.plugins.registry import (
     PluginRegistry,
     Status,
 )
-from interlock.plugins.settings import DISABLE_ENV, STRICT_ENV, PluginError, Settings
+from interlock.plugins.settings import PluginError, Settings
 from interlock.plugins.spec import KernelSpec, RunnerSpec, SpecError
 
 SpecT = TypeVar("SpecT", RunnerSpec, KernelSpec)
@@ -91,10 +92,11 @@ def discover(sources: Sequence[PluginSource], settings: Settings) -> Discovery:
             records.append(_load(manager, src, settings.strict))
     known = {s.name for s in sources} | {f"{s.distribution}:{s.name}" for s in sources}
     registry = PluginRegistry(records, sorted(settings.disabled - known))
+    strict = f"{PLUGINS_STRICT.name}=1: "
     if settings.strict and registry.conflicts:
-        raise PluginError(f"{STRICT_ENV}=1: " + registry.why_missing(min(registry.conflicts)))
+        raise PluginError(strict + registry.why_missing(min(registry.conflicts)))
     if settings.strict and registry.shadowed:
-        raise PluginError(f"{STRICT_ENV}=1: " + registry.shadowing(min(registry.shadowed))[0])
+        raise PluginError(strict + registry.shadowing(min(registry.shadowed))[0])
     return Discovery(registry, _watched_files(sources, modules_before))
 
 
@@ -118,7 +120,7 @@ def _clashing_names(sources: Sequence[PluginSource]) -> dict[PluginSource, str]:
         if len(group) < 2:
             continue
         users = " and ".join(f"{s.distribution} {s.version}" for s in group)
-        choose = " or ".join(f"{DISABLE_ENV}={s.distribution}:{name}" for s in group)
+        choose = " or ".join(f"{DISABLE_PLUGINS.name}={s.distribution}:{name}" for s in group)
         builtin = [s for s in group if s.distribution == BUILTIN_DISTRIBUTION]
         for src in group:
             if builtin and src not in builtin:
@@ -169,7 +171,7 @@ def _load(manager: Any, src: PluginSource, strict: bool) -> PluginRecord:
             manager.unregister(plugin)
         if strict:
             raise PluginError(
-                f"{STRICT_ENV}=1: plugin {src.name} ({src.distribution} {src.version}) "
+                f"{PLUGINS_STRICT.name}=1: plugin {src.name} ({src.distribution} {src.version}) "
                 f"failed: {summarize(exc)}"
             ) from exc
         return _record(src, "failed", summarize(exc))

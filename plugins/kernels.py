@@ -12,11 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.env import PLUGINS_STRICT
 from interlock.plugins.discovery import summarize
 from interlock.plugins.isolation import plugin_code
 from interlock.plugins.manager import load_registry
 from interlock.plugins.registry import PluginRegistry
-from interlock.plugins.settings import STRICT_ENV, PluginError
+from interlock.plugins.settings import PluginError
 from interlock.plugins.spec import KernelSpec, load_import_path
 
 
@@ -66,9 +67,9 @@ def install_plugin_kernels(
                     )
                 )
             except Exception as exc:  # quarantine, as for every plugin failure
-                if os.environ.get(STRICT_ENV) == "1":
+                if os.environ.get(PLUGINS_STRICT.name) == "1":
                     raise PluginError(
-                        f"{STRICT_ENV}=1: plugin {plugin.provider}: kernel {label}: "
+                        f"{PLUGINS_STRICT.name}=1: plugin {plugin.provider}: kernel {label}: "
                         f"{summarize(exc)}"
                     ) from exc
                 report.failed.append(f"{label}: {summarize(exc)}")

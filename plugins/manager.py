@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from interlock.core.env import NO_PLUGIN_CACHE
 from interlock.plugins import cache
 from interlock.plugins.registry import PluginRegistry
 from interlock.plugins.settings import Settings
@@ -29,7 +30,7 @@ def load_registry(env: Mapping[str, str] | None = None, *, refresh: bool = False
     memo_key = (settings, tuple(sys.path), tuple(_in_process))
     if not refresh and memo_key in _memo:
         return _memo[memo_key]
-    use_cache = not _in_process and not env.get(cache.NO_CACHE_ENV)
+    use_cache = not _in_process and not env.get(NO_PLUGIN_CACHE.name)
     registry = cache.load(settings) if use_cache and not refresh else None
     if registry is None:
         # Only a cache miss pays for importlib.metadata, pluggy and the plugins' modules.

@@ -6,8 +6,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from interlock.core.env import DISABLE_PLUGINS
 from interlock.core.suggest import hint
-from interlock.plugins.settings import DISABLE_ENV, PluginError
+from interlock.plugins.settings import PluginError
 from interlock.plugins.spec import KernelSpec, RunnerSpec
 
 Status = Literal["ok", "failed", "disabled", "incompatible"]
@@ -120,7 +121,7 @@ class PluginRegistry:
             return (
                 f"runner {name!r} is registered by two plugins, {a.provider} and "
                 f"{b.provider}{others}; neither is preferred: disable one with "
-                f"{DISABLE_ENV}={a.name} or {DISABLE_ENV}={b.name}"
+                f"{DISABLE_PLUGINS.name}={a.name} or {DISABLE_PLUGINS.name}={b.name}"
             )
         lines = [
             f"runner {name!r} is not registered{hint(name, self.runner_names())}; "
@@ -139,7 +140,8 @@ class PluginRegistry:
                 )
             elif plugin.status == "disabled":
                 lines.append(
-                    f"plugin {plugin.provider} may provide it but is disabled by {DISABLE_ENV}"
+                    f"plugin {plugin.provider} may provide it but is disabled by "
+                    f"{DISABLE_PLUGINS.name}"
                 )
         return "; ".join(lines)
 
@@ -178,7 +180,7 @@ class PluginRegistry:
                     )
                 spec = nxt.spec if nxt else None
         found += [
-            f"{DISABLE_ENV} names {name!r}, which is not an installed plugin"
+            f"{DISABLE_PLUGINS.name} names {name!r}, which is not an installed plugin"
             for name in self.unknown_disabled
         ]
         return sorted(set(found), key=found.index)

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from interlock.core.env import DISABLE_PLUGINS, PLUGINS_STRICT
 from interlock.core.errors import PolicyError
-
-DISABLE_ENV = "INTERLOCK_DISABLE_PLUGINS"
-STRICT_ENV = "INTERLOCK_PLUGINS_STRICT"
 
 
 class PluginError(PolicyError):
@@ -25,8 +23,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        strict = env.get(STRICT_ENV, "").strip()
+        strict = env.get(PLUGINS_STRICT.name, "").strip()
         if strict not in ("", "0", "1"):
-            raise PluginError(f"{STRICT_ENV}={strict!r}: allowed values are 0 and 1")
-        disabled = frozenset(n.strip() for n in env.get(DISABLE_ENV, "").split(",") if n.strip())
+            raise PluginError(f"{PLUGINS_STRICT.name}={strict!r}: allowed values are 0 and 1")
+        names = env.get(DISABLE_PLUGINS.name, "").split(",")
+        disabled = frozenset(n.strip() for n in names if n.strip())
         return cls(disabled=disabled, strict=strict == "1")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from interlock.core.disk_cache import read_json, write_json
+from interlock.core.env import POLICY
 from interlock.core.errors import PolicyError
 from interlock.core.files import FileProblem, read_regular
 from interlock.policy.model import Policy
@@ -91,10 +92,10 @@ def policy_paths(paths: Sequence[str | os.PathLike[str]] | None = None) -> list[
     see :func:`parse_stack`), else ``$INTERLOCK_POLICY``, else the shipped policy."""
     if paths:
         return [f for p in paths for f in parse_stack(os.fspath(p), "--policy")]
-    if "INTERLOCK_POLICY" in os.environ:
-        env = os.environ["INTERLOCK_POLICY"]
-        if env:  # set and empty: as if unset, as shells leave it after `INTERLOCK_POLICY=`
-            return parse_stack(env, "INTERLOCK_POLICY")
+    # Set and empty reads as unset, as shells leave it after `INTERLOCK_POLICY=`.
+    stack = os.environ.get(POLICY.name)
+    if stack:
+        return parse_stack(stack, POLICY.name)
     return [(shipped_display(), shipped_policy_path())]
 
 

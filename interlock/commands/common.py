@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from interlock.core.env import DECISION_LOG
 from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
@@ -361,9 +362,7 @@ def refused_exit(resolution: Any) -> int:
 def _logging_by_env() -> bool:
     import os
 
-    from interlock.decision_log import LOG_ENV
-
-    return bool(os.environ.get(LOG_ENV))
+    return bool(os.environ.get(DECISION_LOG.name))
 
 
 def add_decision_log_args(

@@ -30,9 +30,8 @@ from interlock.commands.common import (
     record_decision,
 )
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
+from interlock.core.env import API_KEY
 from interlock.core.errors import InputError, ModelError
-
-API_KEY_ENV = "INTERLOCK_API_KEY"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="port to listen on (default: 8000; 0: one the system picks)")
     parser.add_argument(
         "--api-key", metavar="KEY",
-        help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY_ENV}, else "
+        help=f"require `Authorization: Bearer KEY` on /v1 (default: ${API_KEY.name}, else "
         "none); prefer the variable: a command line is visible to other users",
     )
     parser.add_argument("--max-num-seqs", type=positive, default=16, metavar="N",
@@ -102,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(model) / "tokenizer.json").is_file():  # demo, or a folder without one
         raise ModelError(f"--model {args.model}: policy serve needs the model's "
                          "tokenizer.json (the OpenAI API answers with text); it has none")
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY.name)
     if api_key is not None and not api_key.strip():
-        raise InputError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
+        raise InputError(f"the API key (--api-key or ${API_KEY.name}) is empty")
     sock = bind(args.host, args.port)
     try:
         flags = context_flags_of(args, policy)

@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-CACHE_ENV = "INTERLOCK_CACHE_DIR"
+from interlock.core.env import CACHE_DIR
+
 _MAGIC = b"interlock-cache 1 "
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -43,7 +44,7 @@ _warned = False
 
 def cache_dir() -> Path:
     """``$INTERLOCK_CACHE_DIR``, else ``$XDG_CACHE_HOME/interlock``, else ``~/.cache/interlock``."""
-    explicit = os.environ.get(CACHE_ENV)
+    explicit = os.environ.get(CACHE_DIR.name)
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

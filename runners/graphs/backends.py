@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from interlock.core.env import DEBUG_GRAPHS
 from interlock.runners.graphs.segments import (
     AttentionBreak,
     Outputs,
@@ -50,7 +51,6 @@ from interlock.runners.model.attention import (
 if TYPE_CHECKING:
     from interlock.kernels.native.tape import Tape
 
-DEBUG_ENV = "INTERLOCK_DEBUG_GRAPHS"
 BACKENDS = ("auto", "cuda", "native", "debug")
 
 
@@ -82,7 +82,7 @@ def select_backend(requested: str, device: torch.device, tapeable: bool = False
     if requested not in BACKENDS:
         raise ValueError(f"graph backend {requested!r} is unknown; allowed: {', '.join(BACKENDS)}")
     if requested == "auto":
-        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if os.environ.get(DEBUG_GRAPHS.name, "") not in ("", "0"):
             requested = "debug"
         elif device.type == "cuda":
             requested = "cuda"

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from interlock.core.env import GRAPHS_FAIL_CAPTURE
 from interlock.core.errors import InputError
 from interlock.runners.graphs.backends import CaptureError, GraphBackend
 from interlock.runners.graphs.buffers import ForwardInputs
@@ -40,8 +41,6 @@ from interlock.runners.graphs.segments import (
     SegmentFn,
 )
 from interlock.runners.model.decoder import CausalLM, ForwardPiece
-
-FAIL_ENV = "INTERLOCK_GRAPHS_FAIL_CAPTURE"
 
 
 def logits_head(model: CausalLM, inputs: ForwardInputs) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -68,7 +67,7 @@ class ForcedFailures:
 
     @classmethod
     def from_env(cls) -> ForcedFailures:
-        text = os.environ.get(FAIL_ENV, "").strip()
+        text = os.environ.get(GRAPHS_FAIL_CAPTURE.name, "").strip()
         if not text:
             return cls()
         if text == "all":
@@ -77,7 +76,8 @@ class ForcedFailures:
             sizes = frozenset(int(part) for part in text.split(","))
         except ValueError:
             raise InputError(
-                f"{FAIL_ENV}={text!r} is invalid; allowed: 'all' or capture sizes like '4,8'"
+                f"{GRAPHS_FAIL_CAPTURE.name}={text!r} is invalid; allowed: 'all' or capture "
+                "sizes like '4,8'"
             ) from None
         return cls(sizes)
 
@@ -176,6 +176,6 @@ def _guarded(fn: Callable[[], torch.Tensor | Outputs], key: GraphKey, fail: bool
         return fn
 
     def failing() -> Outputs:
-        raise CaptureError(f"capture of {key.label} failed: forced by ${FAIL_ENV}")
+        raise CaptureError(f"capture of {key.label} failed: forced by ${GRAPHS_FAIL_CAPTURE.name}")
 
     return failing

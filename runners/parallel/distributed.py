@@ -37,18 +37,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from interlock.core.env import TP_COLLECTIVES, TP_NAMESPACE, TP_THREADS, TP_TIMEOUT
 from interlock.core.errors import InputError, InterlockError
 from interlock.core.platform import PLATFORMS, distributed_backend
 from interlock.runners.parallel import shm
 from interlock.runners.parallel.group import TensorParallel
 
-TIMEOUT_ENV = "INTERLOCK_TP_TIMEOUT"
-THREADS_ENV = "INTERLOCK_TP_THREADS"
 DEFAULT_TIMEOUT_S = 30.0
 #: A worker waits for rank 0's next message as long as the engine stays idle.
 CONTROL_TIMEOUT = timedelta(days=365)
 KEY_PREFIX = "interlock-tp"
-NAMESPACE_ENV = "INTERLOCK_TP_NAMESPACE"
 TORCHRUN = "torchrun"
 #: The loopback address every socket of a single-machine run listens on.
 LOOPBACK = "127.0.0.1"
@@ -107,7 +105,7 @@ class Rendezvous:
                 f"LOCAL_RANK={local} of LOCAL_WORLD_SIZE={local_world}"
             )
         agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        namespace = env.get(NAMESPACE_ENV) or env["TORCHELASTIC_RUN_ID"]
+        namespace = env.get(TP_NAMESPACE.name) or env["TORCHELASTIC_RUN_ID"]
         return cls(env["MASTER_ADDR"], numbers["MASTER_PORT"], rank, world, local, local_world,
                    rank == 0 and not agent_store, TORCHRUN, namespace)
 
@@ -156,7 +154,7 @@ def use_loopback(rdzv: Rendezvous) -> None:
 
 def timeout_s() -> float:
     """The bound on collectives and rendezvous, from ``INTERLOCK_TP_TIMEOUT``."""
-    text = os.environ.get(TIMEOUT_ENV)
+    text = os.environ.get(TP_TIMEOUT.name)
     if text is None:
         return DEFAULT_TIMEOUT_S
     try:
@@ -165,16 +163,16 @@ def timeout_s() -> float:
         value = -1.0
     if not 0 < value < 86400:  # NaN fails too
         raise InputError(
-            f"{TIMEOUT_ENV}={text!r} is invalid; allowed: seconds, a number in (0, 86400)"
+            f"{TP_TIMEOUT.name}={text!r} is invalid; allowed: seconds, a number in (0, 86400)"
         )
     return value
 
 
 def threads() -> int | None:
     """``INTERLOCK_TP_THREADS`` (threads per rank on CPU), None when unset."""
-    if os.environ.get(THREADS_ENV) is None:
+    if os.environ.get(TP_THREADS.name) is None:
         return None
-    return _env_int(THREADS_ENV, 1, MAX_THREADS)
+    return _env_int(TP_THREADS.name, 1, MAX_THREADS)
 
 
 def backend_for(device_type: str) -> str:
@@ -250,7 +248,7 @@ def join_control(rdzv: Rendezvous, store: dist.Store, timeout: float) -> Channel
             raise TensorParallelError(
                 f"rank {rdzv.rank}: only {joined} of {rdzv.world_size} ranks joined the "
                 f"rendezvous at {rdzv.host}:{rdzv.port} within {timeout:g} s "
-                f"({TIMEOUT_ENV} sets the bound)"
+                f"({TP_TIMEOUT.name} sets the bound)"
             )
         time.sleep(0.01)
     try:
@@ -291,7 +289,7 @@ def collectives_for(rdzv: Rendezvous, device: torch.device) -> tuple[bool, str]:
     if device.type != "cpu":
         why = f"{backend}: shared memory serves CPU ranks"
     elif wanted == "gloo":
-        why = f"gloo: {shm.CHOICE_ENV}=gloo"
+        why = f"gloo: {TP_COLLECTIVES.name}=gloo"
     elif rdzv.local_world_size != rdzv.world_size:
         why = (f"gloo: the group spans hosts ({rdzv.local_world_size} of "
                f"{rdzv.world_size} ranks here)")
@@ -300,7 +298,7 @@ def collectives_for(rdzv: Rendezvous, device: torch.device) -> tuple[bool, str]:
     else:
         return True, "shared memory (float32 on one host; gloo for other dtypes)"
     if wanted == "shm":
-        raise InputError(f"{shm.CHOICE_ENV}=shm cannot be honoured: {why.split(': ', 1)[1]}")
+        raise InputError(f"{TP_COLLECTIVES.name}=shm cannot be honoured: {why.split(': ', 1)[1]}")
     return False, why
 
 
@@ -356,7 +354,7 @@ class Channel:
         if not work.wait(timedelta(seconds=self.timeout)):
             raise TensorParallelError(
                 f"a rank did not take rank 0's message within {self.timeout:g} s "
-                f"({TIMEOUT_ENV} sets the bound)"
+                f"({TP_TIMEOUT.name} sets the bound)"
             )
 
     def receive(self) -> bytes:

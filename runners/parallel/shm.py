@@ -35,10 +35,10 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
+from interlock.core.env import TP_COLLECTIVES
 from interlock.core.errors import InputError
 from interlock.core.processes import alive, parse_pid
 
-CHOICE_ENV = "INTERLOCK_TP_COLLECTIVES"
 CHOICES = ("auto", "shm", "gloo")
 SHM_DIR = Path("/dev/shm")
 PREFIX = "interlock-tp-"
@@ -71,9 +71,11 @@ def unavailable() -> str | None:
 
 def choice() -> str:
     """``INTERLOCK_TP_COLLECTIVES``: auto (the default), shm or gloo."""
-    text = os.environ.get(CHOICE_ENV, "auto")
+    text = os.environ.get(TP_COLLECTIVES.name, "auto")
     if text not in CHOICES:
-        raise InputError(f"{CHOICE_ENV}={text!r} is invalid; allowed: {', '.join(CHOICES)}")
+        raise InputError(
+            f"{TP_COLLECTIVES.name}={text!r} is invalid; allowed: {', '.join(CHOICES)}"
+        )
     return text
 
 

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from interlock import decision_log
+from interlock.core.env import DECISION_LOG
 from interlock.core.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_explain_and_resolve_records_hold_every_field(
     result = cli("explain", "GlmMoeDsaForCausalLM", "--platform", "cuda", "--device-arch",
                  "sm_90", "--feature", "tensor_parallel_size=8", "--decision-log", str(log))
     assert result.code == 0, result.err
-    monkeypatch.setenv(decision_log.LOG_ENV, str(log))
+    monkeypatch.setenv(DECISION_LOG.name, str(log))
     assert cli("resolve", "HYV4MTPModel", "--platform", "cuda", "--set", "runner=mrv1").code == 0
     first, second = lines_of(log)
     assert first["command"] == "policy explain" and second["command"] == "policy resolve"

@@ -10,17 +10,17 @@ import pytest
 from kernel_checks import PLATFORM
 
 import interlock.kernels.triton as triton_kernels
+from interlock.core.env import KERNELS
 from interlock.kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
 from interlock.kernels.native import KERNELS as NATIVE_KERNELS
 from interlock.kernels.native import unavailable as native_unavailable
-from interlock.kernels.registry import FORCE_ENV
 
 TRITON_OPS = sorted(triton_kernels.KERNELS)
 
 
 @pytest.fixture(autouse=True)
 def _no_forced_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(FORCE_ENV, raising=False)
+    monkeypatch.delenv(KERNELS.name, raising=False)
 
 
 def _impl(op: str, backend: str, **kwargs: object) -> KernelImpl:
@@ -54,7 +54,7 @@ def test_cpu_never_prefers_triton_even_under_the_interpreter(op: str) -> None:
 
 def test_triton_forced_by_argument_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     by_argument = REGISTRY.select("rms_norm", PLATFORM, "float32", force="triton")
-    monkeypatch.setenv(FORCE_ENV, "triton")
+    monkeypatch.setenv(KERNELS.name, "triton")
     by_env = REGISTRY.select("rms_norm", PLATFORM, "float32")
     for choice in (by_argument, by_env):
         assert choice.impl.backend == "triton" and choice.reason == "forced triton"
@@ -62,7 +62,7 @@ def test_triton_forced_by_argument_or_environment(monkeypatch: pytest.MonkeyPatc
 
 
 def test_torch_forced_on_a_gpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FORCE_ENV, "torch")
+    monkeypatch.setenv(KERNELS.name, "torch")
     choice = REGISTRY.select("paged_decode_attention", "cuda", "bfloat16")
     assert (choice.impl.backend, choice.reason) == ("torch", "forced torch")
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from tiny_models import PROMPTS
 
+from interlock.core.env import DEBUG_GRAPHS
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.kv_cache import bytes_per_block
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.graphs.backends import DEBUG_ENV
 from interlock.runners.model.cache_spec import (
     elements_per_token,
     layer_caches,
@@ -73,7 +73,7 @@ def test_every_graph_mode_gives_transformers_tokens(runner, mode, breakable, tin
 ])
 def test_the_debug_graph_backend_gives_the_same_tokens(runner, mode, breakable, tiny_models,
                                                        monkeypatch):
-    monkeypatch.setenv(DEBUG_ENV, "1")
+    monkeypatch.setenv(DEBUG_GRAPHS.name, "1")
     name = "deepseek_v2_grouped"
     decision = Decision(runner, mode, breakable, capture_sizes=CAPTURE_SIZES)
     tokens, report = generate(tiny_models.path(name), decision)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from interlock.core.env import TP_COLLECTIVES
 from interlock.runners.parallel import shm
 
 pytestmark = [pytest.mark.skipif(shm.unavailable() is not None,
@@ -203,11 +204,11 @@ def test_the_choice_is_read_and_refused_clearly(monkeypatch: pytest.MonkeyPatch)
         True, "shared memory (float32 on one host; gloo for other dtypes)")
     assert collectives_for(spans, cpu) == (
         False, "gloo: the group spans hosts (2 of 4 ranks here)")
-    monkeypatch.setenv(shm.CHOICE_ENV, "gloo")
+    monkeypatch.setenv(TP_COLLECTIVES.name, "gloo")
     assert collectives_for(here, cpu) == (False, "gloo: INTERLOCK_TP_COLLECTIVES=gloo")
-    monkeypatch.setenv(shm.CHOICE_ENV, "shm")
+    monkeypatch.setenv(TP_COLLECTIVES.name, "shm")
     with pytest.raises(InputError, match="=shm cannot be honoured: the group spans hosts"):
         collectives_for(spans, cpu)
-    monkeypatch.setenv(shm.CHOICE_ENV, "fast")
+    monkeypatch.setenv(TP_COLLECTIVES.name, "fast")
     with pytest.raises(InputError, match="INTERLOCK_TP_COLLECTIVES='fast' is invalid"):
         collectives_for(here, cpu)

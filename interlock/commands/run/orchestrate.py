@@ -32,6 +32,7 @@ from interlock.commands.run.render import (
     run_document,
 )
 from interlock.commands.run.stream import Stream
+from interlock.core.env import DEBUG_GRAPHS
 from interlock.core.errors import InputError, InterlockError
 
 DEFAULT_PROMPT = (1, 2, 3)
@@ -131,18 +132,16 @@ def run_outcome(metrics: dict[str, Any], report: Any) -> dict[str, Any]:
 @contextmanager
 def _debug_graphs(enabled: bool) -> Iterator[None]:
     """Force the debug graph backend for this run only (runners read it when they load)."""
-    from interlock.runners.graphs.backends import DEBUG_ENV
-
-    previous = os.environ.get(DEBUG_ENV)
+    previous = os.environ.get(DEBUG_GRAPHS.name)
     if enabled:
-        os.environ[DEBUG_ENV] = "1"
+        os.environ[DEBUG_GRAPHS.name] = "1"
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(DEBUG_ENV, None)
+            os.environ.pop(DEBUG_GRAPHS.name, None)
         else:
-            os.environ[DEBUG_ENV] = previous
+            os.environ[DEBUG_GRAPHS.name] = previous
 
 
 def _execute(

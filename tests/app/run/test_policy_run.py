@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
+from interlock.core.env import GRAPHS_FAIL_CAPTURE
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.graphs.capture import FAIL_ENV
 
 # The built-in backend a float32 CPU run prefers for the ops the native kernels implement,
 # and what it captures graphs with (tapes of those kernels).
@@ -91,7 +91,7 @@ def test_text_prompts_and_text_output_with_the_tokenizer(policy_run, tiny_llama)
 
 
 def test_a_failed_capture_is_reported_not_hidden(policy_run, tiny_llama, monkeypatch):
-    monkeypatch.setenv(FAIL_ENV, "all")
+    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "all")
     result = policy_run("--model", tiny_llama, "--max-tokens", "3", "--debug-graphs")
     assert result.code == 0
     assert "capture(s) failed" in result.out

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from interlock.core.env import GRAPHS_FAIL_CAPTURE
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.runners.contract import Decision
@@ -18,7 +19,7 @@ from interlock.runners.graphs.backends import (
     select_backend,
 )
 from interlock.runners.graphs.buffers import StaticInputs
-from interlock.runners.graphs.capture import FAIL_ENV, ForcedFailures, forward_logits
+from interlock.runners.graphs.capture import ForcedFailures, forward_logits
 from interlock.runners.graphs.modes import Strategy
 from interlock.runners.graphs.plan import GraphKey
 
@@ -87,9 +88,9 @@ def test_replay_that_meets_attention_out_of_capture_order_is_an_error(model):
 
 def test_forced_failures_and_backend_choice(monkeypatch):
     key = GraphKey(Strategy.FULL, 4, 4, "decode")
-    monkeypatch.setenv(FAIL_ENV, "all")
+    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "all")
     assert ForcedFailures.from_env().applies(key)
-    monkeypatch.setenv(FAIL_ENV, "2,8")
+    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "2,8")
     assert not ForcedFailures.from_env().applies(key)
     assert select_backend("auto", torch.device("cpu")).name == "debug"
     if native_unavailable("cpu") is None:

@@ -14,9 +14,9 @@ import torch
 from graph_cases import CAPTURE_SIZES, run_case
 
 from interlock.core.decision import CUDAGRAPH_MODES
+from interlock.core.env import GRAPHS_FAIL_CAPTURE
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.runners.contract import Decision
-from interlock.runners.graphs.capture import FAIL_ENV
 from interlock.runners.graphs.modes import Strategy, strategy_for
 from interlock.runners.graphs.runner import RunnerError
 from interlock.runners.mrv1.runner import MRV1Runner
@@ -72,7 +72,7 @@ def test_captured_programs_break_at_every_attention(runner, llama_oracle):
 def test_a_failed_capture_runs_that_size_eagerly_and_is_reported(
     runner, llama_oracle, monkeypatch
 ):
-    monkeypatch.setenv(FAIL_ENV, "2")
+    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "2")
     decision = Decision(runner, "full_and_piecewise", capture_sizes=CAPTURE_SIZES)
     tokens, routes, report = run_case(llama_oracle.path, RUNNERS[runner](), decision)
 
@@ -80,7 +80,7 @@ def test_a_failed_capture_runs_that_size_eagerly_and_is_reported(
     failed = report.graphs.failed
     assert failed and all("/2t" in key for key in failed)
     assert not {g.key for g in report.graphs.captured} & set(failed)
-    assert all(f"forced by ${FAIL_ENV}" in why for why in failed.values())
+    assert all(f"forced by ${GRAPHS_FAIL_CAPTURE.name}" in why for why in failed.values())
     assert report.fallbacks and report.fallbacks[0].endswith("batches of this size run eagerly")
     assert 2 not in report.captured_sizes and 4 in report.captured_sizes
     failed_steps = [key for *_, key in routes.steps if key == "eager: capture failed"]
@@ -89,8 +89,8 @@ def test_a_failed_capture_runs_that_size_eagerly_and_is_reported(
 
 
 def test_an_invalid_forced_failure_list_names_the_value(llama_oracle, monkeypatch):
-    monkeypatch.setenv(FAIL_ENV, "two")
-    with pytest.raises(ValueError, match=f"{FAIL_ENV}='two' is invalid"):
+    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "two")
+    with pytest.raises(ValueError, match=f"{GRAPHS_FAIL_CAPTURE.name}='two' is invalid"):
         run_case(llama_oracle.path, MRV1Runner(), Decision("mrv1", "full"))
 
 
