@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from interlock.kernels import REGISTRY
-from interlock.kernels import reference as ref
+from interlock.kernels.reference import moe as ref
 
 Outputs = Callable[[tuple, object], tuple[torch.Tensor, ...]]
 

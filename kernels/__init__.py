@@ -16,8 +16,10 @@ else:
         KernelError,
         KernelImpl,
         KernelRegistry,
+        KernelSignatureError,
     )
 
     __all__ = [
-        "MODEL_OPS", "REGISTRY", "KernelChoice", "KernelError", "KernelImpl", "KernelRegistry"
+        "MODEL_OPS", "REGISTRY", "KernelChoice", "KernelError", "KernelImpl", "KernelRegistry",
+        "KernelSignatureError",
     ]

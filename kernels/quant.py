@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from interlock.kernels.reference import PACK_STRIP
+from interlock.kernels.packing import PACK_STRIP
 
 #: The record kinds (the C code's QBYTES_*): 4-bit quants with offsets, or signed bytes;
 #: HALF is added where the scales (and offsets) are float16.

@@ -4,11 +4,16 @@ An op has several implementations, each tagged with a backend (``torch``,
 ``triton``, ``native``, or any name a plugin brings), the platforms and dtypes it serves,
 and an availability check. ``select`` returns the implementation *and* the
 reason it was chosen, so a run can show its kernel choices.
+
+An op's signature is stated once, by its torch reference: every other implementation must
+take the same parameters (``KernelRegistry.signature``), checked when it is registered, or
+when it is loaded if it was registered as a lazy path.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +32,11 @@ class KernelError(InterlockError, LookupError):
     """No implementation can serve an op as asked."""
 
     kind = "runtime"
+
+
+class KernelSignatureError(KernelError):
+    """An implementation that does not take its op's parameters; the message names where it
+    is defined."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,8 @@ class KernelRegistry:
 
     def register(self, impl: KernelImpl) -> KernelImpl:
         """Add an implementation; an op is opened by its reference (backend ``torch``), and
-        another backend's implementation of an op without one is refused."""
+        another backend's implementation of an op without one, or of other parameters than
+        the reference's, is refused."""
         if impl.backend != REFERENCE_BACKEND and impl.op not in self._impls:
             raise KernelError(
                 f"op {impl.op!r} has no {REFERENCE_BACKEND} reference, so {impl.backend!r} "
@@ -103,8 +114,39 @@ class KernelRegistry:
                     f"op {impl.op!r}: backend {impl.backend!r} registered twice "
                     f"(by {other.provider} and {impl.provider})"
                 )
+        if impl.backend != REFERENCE_BACKEND and callable(impl.target):
+            self._check_signature(impl, impl.target)
         self._impls.setdefault(impl.op, []).append(impl)
         return impl
+
+    def signature(self, op: str) -> inspect.Signature:
+        """The parameters every implementation of ``op`` takes: its reference's names, order,
+        kinds and defaults (not its annotations, which each backend spells its own way)."""
+        reference = next(i for i in self.implementations(op) if i.backend == REFERENCE_BACKEND)
+        return _parameters(reference.load())
+
+    def function(self, impl: KernelImpl) -> Callable:
+        """``impl``'s function, loaded if lazy and then checked against its op's signature
+        (registering a lazy path imports nothing, so it could not be checked then)."""
+        fn = impl.load()
+        if impl.backend != REFERENCE_BACKEND and not callable(impl.target):
+            self._check_signature(impl, fn)
+        return fn
+
+    def _check_signature(self, impl: KernelImpl, fn: Callable) -> None:
+        expected = self.signature(impl.op)
+        try:
+            got = _parameters(fn)
+        except (TypeError, ValueError) as exc:  # a callable inspect cannot read, e.g. in C
+            difference = f"its parameters cannot be read ({exc})"
+        else:
+            if got == expected:
+                return
+            difference = f"it takes {got}: {_difference(expected, got)}"
+        raise KernelSignatureError(
+            f"op {impl.op!r}: {impl.backend} implementation {_name(fn)} (from {impl.provider}) "
+            f"does not take the op's parameters {expected}: {difference} (at {_source(fn)})"
+        )
 
     def implement(
         self,
@@ -169,7 +211,7 @@ class KernelRegistry:
                 why_not = impl.serves(platform, dtype, compiled)
                 if why_not is not None:
                     raise KernelError(f"backend {force!r} was forced for op {op!r}: {why_not}")
-                return KernelChoice(op, impl, impl.load(), f"forced {force}")
+                return KernelChoice(op, impl, self.function(impl), f"forced {force}")
             rejected.append(f"forced {force} has no {op}")
 
         order = list(preference) if preference is not None else default_preference(platform)
@@ -185,11 +227,71 @@ class KernelRegistry:
             reason = f"preferred {backend} on {platform}"
             if rejected:
                 reason += " (" + "; ".join(rejected) + ")"
-            return KernelChoice(op, impl, impl.load(), reason)
+            return KernelChoice(op, impl, self.function(impl), reason)
         raise KernelError(
             f"no implementation of op {op!r} serves {platform}/{dtype} with preference "
             f"{order}: " + "; ".join(rejected)
         )
+
+
+def _parameters(fn: Callable) -> inspect.Signature:
+    """``fn``'s parameters, without annotations."""
+    signature = inspect.signature(fn)
+    return signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+
+
+def _difference(expected: inspect.Signature, got: inspect.Signature) -> str:
+    """What ``got`` has other than ``expected``, in words."""
+    want, have = list(expected.parameters), list(got.parameters)
+    missing = [name for name in want if name not in have]
+    extra = [name for name in have if name not in want]
+    if missing or extra:
+        renamed = {w: h for w, h in zip(want, have, strict=False) if w in missing and h in extra}
+        return ", ".join(
+            [f"{h!r} in place of {w!r}" for w, h in renamed.items()]
+            + [f"no {name!r}" for name in missing if name not in renamed]
+            + [f"an extra {name!r}" for name in extra if name not in renamed.values()]
+        )
+    if want != have:
+        return "the same parameters in another order"
+    differences = []
+    for name in want:
+        w, h = expected.parameters[name], got.parameters[name]
+        if w.kind != h.kind:
+            differences.append(
+                f"{name!r} is {h.kind.description} where the reference's is {w.kind.description}"
+            )
+        elif w.default != h.default:
+            differences.append(f"{name!r} {_default(h)} where the reference's {_default(w)}")
+    return "; ".join(differences)
+
+
+def _default(parameter: inspect.Parameter) -> str:
+    if parameter.default is parameter.empty:
+        return "has no default"
+    return f"defaults to {parameter.default!r}"
+
+
+def _name(fn: Callable) -> str:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else repr(fn)
+
+
+def _source(fn: Callable) -> str:
+    """file:line where ``fn`` (or the class of a callable object) is defined."""
+    target = inspect.unwrap(fn)
+    for candidate in (target, type(target)):
+        try:
+            path = inspect.getsourcefile(candidate)
+            _, line = inspect.getsourcelines(candidate)
+        except (TypeError, OSError):
+            continue
+        if path is not None:
+            return f"{path}:{line}"
+    return "an unknown source file"
 
 
 def default_preference(platform: str) -> list[str]:

@@ -36,9 +36,10 @@ def install_plugin_kernels(
 
     Idempotent: an implementation this plugin already registered is skipped. A
     plugin whose kernels cannot be installed is reported in ``failed`` and its
-    other kernels are still tried; with ``INTERLOCK_PLUGINS_STRICT=1`` it raises.
+    other kernels are still tried; with ``INTERLOCK_PLUGINS_STRICT=1`` it raises. A kernel
+    that does not take its op's parameters (the reference's) is such a failure.
     """
-    from interlock.kernels.registry import KernelImpl
+    from interlock.kernels.registry import KernelImpl, KernelSignatureError
 
     plugin_registry = plugin_registry or load_registry()
     report = KernelInstall()
@@ -67,12 +68,15 @@ def install_plugin_kernels(
                     )
                 )
             except Exception as exc:  # quarantine, as for every plugin failure
+                # A signature error cites the plugin's function and its line itself, where
+                # summarize would cite the registry's line that raised it.
+                why = (f"{type(exc).__name__}: {exc}" if isinstance(exc, KernelSignatureError)
+                       else summarize(exc))
                 if os.environ.get(PLUGINS_STRICT.name) == "1":
                     raise PluginError(
-                        f"{PLUGINS_STRICT.name}=1: plugin {plugin.provider}: kernel {label}: "
-                        f"{summarize(exc)}"
+                        f"{PLUGINS_STRICT.name}=1: plugin {plugin.provider}: kernel {label}: {why}"
                     ) from exc
-                report.failed.append(f"{label}: {summarize(exc)}")
+                report.failed.append(f"{label}: {why}")
                 continue
             report.installed.append(label)
     return report

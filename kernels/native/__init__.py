@@ -1,7 +1,7 @@
 """Native CPU kernels, registered as backend ``native`` without loading them.
 
 A C extension (``_cpu.c``, built when interlock is installed): products over weights
-packed in strips (``reference.pack_weight``; a runner packs them after loading), which
+packed in strips (the reference ``pack_weight``; a runner packs them after loading), which
 stream each weight once at the machine's read bandwidth for a few rows and near the
 core's FMA rate for many; prefill attention over keys gathered into strips; and the small
 per-layer ops in one call each. ``tape`` records their calls for the native graph backend

@@ -126,7 +126,7 @@ static float dot_tail(const float *a, const float *b, long from, long to) {
 
 /* ---- products ------------------------------------------------------------------- */
 
-/* Linear weights are packed once, after loading (interlock.kernels.reference.pack_weight):
+/* Linear weights are packed once, after loading (interlock.kernels.reference.dense.pack_weight):
  * W [N, K] (out x in) as P[s][k][c] = W[16 s + c][k], strips of 16 outputs, so that the
  * 16 weights an input feature meets in a strip are one 64-byte line and a strip is one
  * contiguous run of K lines, which the prefetchers follow.

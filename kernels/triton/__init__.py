@@ -4,6 +4,9 @@ The kernel modules are lazy registry targets: triton is imported only when
 the registry loads one. On GPU platforms they compile for the device; on cpu
 they are available only under Triton's interpreter (``TRITON_INTERPRET=1``,
 set before any kernel module is imported), which tests use.
+
+Each kernel takes its op's parameters and keeps its contract as the torch reference
+(``kernels.reference``) states them; the registry checks the parameters when it loads one.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ def _silu_and_mul_kernel(x_ptr, x_row_stride, out_ptr, intermediate, BLOCK: tl.c
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] -> [T, I]: silu(gate) * up."""
     rows = unit_stride("x", x.reshape(-1, x.shape[-1]))
     intermediate = rows.shape[1] // 2
     out = torch.empty((rows.shape[0], intermediate), dtype=x.dtype, device=x.device)

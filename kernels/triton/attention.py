@@ -204,7 +204,6 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """One query per sequence: q [B, Hq, D] -> [B, Hq, D]; seq_len 0 (padding) gives zeros."""
     unit_stride("q", q)
     unit_stride("block_tables", block_tables)
     _check_cache(k_cache, v_cache)
@@ -335,7 +334,6 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention for a mixed prefill/decode batch over the paged cache (see reference)."""
     unit_stride("q", q)
     unit_stride("block_tables", block_tables)
     _check_cache(k_cache, v_cache)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from interlock.kernels.reference import token_positions
+from interlock.kernels.reference.paged import token_positions
 from interlock.kernels.triton.runtime import dot_operands, unit_stride
 
 
@@ -156,7 +156,6 @@ def dsa_index_topk(
     scale: float,
     top_k: int,
 ) -> torch.Tensor:
-    """The top_k positions per new token by index score (see the reference)."""
     n_tokens, heads, head_dim = q.shape
     block_size = index_cache.shape[1]
     width = block_tables.shape[1] * block_size

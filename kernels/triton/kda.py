@@ -64,8 +64,7 @@ def kda_recurrent(
     state: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
-    """As ``kernels.reference.kda_recurrent``: q, k, g [B, H, D], v [B, H, Dv], beta [B, H],
-    state [S, H, D, Dv] float32 contiguous (updated in place), slots [B] -> [B, H, Dv]."""
+    """The state must be contiguous float32 (it is updated in place)."""
     batch, heads, dim = q.shape
     v_dim = v.shape[-1]
     if state.dtype != torch.float32 or not state.is_contiguous():

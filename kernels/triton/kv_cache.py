@@ -73,7 +73,6 @@ def store_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write k, v [T, Hk, D] into caches [NB, BS, Hk, D] at flat slots; slot -1 is padding."""
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("slot_mapping", slot_mapping)):
         unit_stride(name, t)

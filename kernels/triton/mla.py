@@ -124,8 +124,6 @@ def mla_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """``reference.mla_decode_attention``: q_nope [B, H, Dn], q_pe [B, H, R], cache
-    [NB, BS, L + R], kv_b [H, Dn + Dv, L] -> [B, H, Dv]."""
     unit_stride("cache", cache)
     unit_stride("block_tables", block_tables)
     batch, heads, nope = q_nope.shape
@@ -185,8 +183,6 @@ def _store_latent_kernel(
 def store_latent_cache(
     latent: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """``reference.store_latent_cache``: latent [T, L] and k_pe [T, R] into cache
-    [NB, BS, L + R] at flat slots; slot -1 is padding."""
     for name, t in (("latent", latent), ("k_pe", k_pe), ("cache", cache),
                     ("slot_mapping", slot_mapping)):
         unit_stride(name, t)
@@ -290,8 +286,6 @@ def moe_grouped_route(
     renormalize: bool,
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference.moe_grouped_route``: router_logits [T, E] -> (weights [T, k] float32,
-    ids [T, k] int64)."""
     unit_stride("router_logits", router_logits)
     if scoring not in _SCORING or method not in _METHODS:
         raise ValueError(f"moe_grouped_route: scoring {scoring!r} / method {method!r} unknown")

@@ -87,7 +87,6 @@ def _route_kernel(
 def moe_route(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64)."""
     unit_stride("router_logits", router_logits)
     n_tokens, n_experts = router_logits.shape
     if not 0 < top_k <= n_experts:
@@ -211,7 +210,6 @@ def moe_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
 ) -> torch.Tensor:
-    """Routed SwiGLU experts: x [T, H], w13 [E, 2I, H] (gate; up), w2 [E, H, I] -> [T, H]."""
     for name, t in (("x", x), ("w13", w13), ("w2", w2)):
         unit_stride(name, t)
     n_tokens, hidden = x.shape

@@ -64,7 +64,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """[T, H] -> [T, H]."""
     rows = _rows(x)
     out = torch.empty(rows.shape, dtype=torch.promote_types(weight.dtype, x.dtype),
                       device=x.device)
@@ -79,7 +78,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual)."""
     rows = _rows(x)
     residual_rows = unit_stride("residual", residual.reshape(rows.shape))
     summed = torch.empty(rows.shape, dtype=x.dtype, device=x.device)

@@ -77,7 +77,6 @@ def _rotary_kernel(
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> None:
-    """Neox-style rotary embedding applied in place to q [T, Hq, D] and k [T, Hk, D]."""
     for name, t in (("positions", positions), ("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache)):
         unit_stride(name, t)
     half = cos_sin_cache.shape[-1] // 2

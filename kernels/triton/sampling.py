@@ -144,10 +144,7 @@ def sample(
     seeds: torch.Tensor,
     steps: torch.Tensor,
 ) -> torch.Tensor:
-    """Next token per row: logits [B, V] -> int64 [B] (temperature 0 = greedy).
-
-    top_k 0 and top_p 1.0 switch those filters off; top_p must be in (0, 1].
-    """
+    """top_p must be in (0, 1]."""
     unit_stride("logits", logits)
     batch, vocab = logits.shape
     out = torch.empty(batch, dtype=torch.int64, device=logits.device)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from interlock.kernels.reference import token_positions
+from interlock.kernels.reference.paged import token_positions
 from interlock.kernels.triton.runtime import dot_operands, unit_stride
 
 
@@ -113,8 +113,6 @@ def sparse_mla_attention(
     indices: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """``reference.sparse_mla_attention``: q_nope [T, H, Dn], q_pe [T, H, R], cache
-    [NB, BS, L + R], kv_b [H, Dn + Dv, L], indices [T, K] -> [T, H, Dv]."""
     n_tokens, heads, nope = q_nope.shape
     rank = kv_b.shape[2]
     if n_tokens == 0:

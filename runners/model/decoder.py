@@ -24,7 +24,7 @@ from typing import TypeAlias
 import torch
 from torch import nn
 
-from interlock.kernels.reference import PACK_STRIP
+from interlock.kernels.packing import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
 from interlock.runners.model.config import ModelConfig

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from interlock.kernels.reference import PACK_STRIP
+from interlock.kernels.packing import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
 from interlock.runners.model.config import ModelConfig

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from interlock.kernels.native import BACKEND as NATIVE
-from interlock.kernels.reference import PACK_STRIP
+from interlock.kernels.packing import PACK_STRIP
 from interlock.kernels.registry import REFERENCE_BACKEND
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.config import ModelConfig

@@ -20,7 +20,7 @@ from kernel_checks import (
     triton_op,
 )
 
-from interlock.kernels import reference as ops
+from interlock.kernels.reference import kda as ops
 
 TOL = {"atol": 2e-5, "rtol": 1e-4}
 

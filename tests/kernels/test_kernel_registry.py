@@ -1,9 +1,13 @@
-"""The kernel registry: default preferences, forcing, refusals with reasons."""
+"""The kernel registry: default preferences, forcing, refusals with reasons, and each
+implementation's parameters checked against its op's reference."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +15,13 @@ from kernel_checks import PLATFORM
 
 import interlock.kernels.triton as triton_kernels
 from interlock.core.env import KERNELS
-from interlock.kernels import REGISTRY, KernelError, KernelImpl, KernelRegistry
+from interlock.kernels import (
+    REGISTRY,
+    KernelError,
+    KernelImpl,
+    KernelRegistry,
+    KernelSignatureError,
+)
 from interlock.kernels.native import KERNELS as NATIVE_KERNELS
 from interlock.kernels.native import unavailable as native_unavailable
 
@@ -116,14 +126,14 @@ def test_an_op_exists_only_with_its_torch_reference() -> None:
 
 
 def test_a_new_reference_op_is_in_every_kernel_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    from interlock.kernels import reference
+    from interlock.kernels.reference import contract
     from interlock.runners.dispatch import build_kernel_table
 
     monkeypatch.setattr(REGISTRY, "_impls", dict(REGISTRY._impls))
-    monkeypatch.setattr(reference, "MODEL_OPS", list(reference.MODEL_OPS))
-    monkeypatch.setattr("interlock.runners.dispatch.MODEL_OPS", reference.MODEL_OPS)
+    monkeypatch.setattr(contract, "MODEL_OPS", list(contract.MODEL_OPS))
+    monkeypatch.setattr("interlock.runners.dispatch.MODEL_OPS", contract.MODEL_OPS)
 
-    @reference.torch_op("add_one")
+    @contract.torch_op("add_one")
     def add_one(x: int) -> int:
         return x + 1
 
@@ -199,3 +209,135 @@ def test_a_lazy_target_that_fails_to_load_names_the_op() -> None:
 def test_every_triton_op_has_a_torch_reference() -> None:
     for op in TRITON_OPS:
         assert {i.backend for i in REGISTRY.implementations(op)} >= {"torch", "triton"}
+
+
+def reference_norm(x: object, weight: object, eps: float = 1e-6) -> object:
+    return x
+
+
+def missing_eps(x, weight):  # type: ignore[no-untyped-def]
+    return x
+
+
+def renamed_eps(x, weight, epsilon=1e-6):  # type: ignore[no-untyped-def]
+    return x
+
+
+def reordered(weight, x, eps=1e-6):  # type: ignore[no-untyped-def]
+    return x
+
+
+def other_default(x, weight, eps=1e-5):  # type: ignore[no-untyped-def]
+    return x
+
+
+def keyword_eps(x, weight, *, eps=1e-6):  # type: ignore[no-untyped-def]
+    return x
+
+
+def _norm_registry() -> KernelRegistry:
+    registry = KernelRegistry()
+    registry.register(KernelImpl("norm", "torch", reference_norm, frozenset({"cuda"}),
+                                 frozenset({"float32"})))
+    return registry
+
+
+def _where(fn: Callable) -> str:
+    return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+
+
+def test_the_reference_states_the_op_signature_without_annotations() -> None:
+    assert str(_norm_registry().signature("norm")) == "(x, weight, eps=1e-06)"
+
+
+def test_an_implementation_taking_the_reference_parameters_registers() -> None:
+    def norm(x, weight, eps=1e-6):  # type: ignore[no-untyped-def]  (annotations may differ)
+        return weight
+
+    registry = _norm_registry()
+    registry.register(KernelImpl("norm", "vendor", norm, frozenset({"cuda"}),
+                                 frozenset({"float32"}), provider="acme"))
+    assert registry.select("norm", "cuda", "float32", force="vendor").fn is norm
+
+
+@pytest.mark.parametrize(("fn", "difference"), [
+    (missing_eps, "it takes (x, weight): no 'eps'"),
+    (renamed_eps, "it takes (x, weight, epsilon=1e-06): 'epsilon' in place of 'eps'"),
+    (reordered, "it takes (weight, x, eps=1e-06): the same parameters in another order"),
+    (other_default, "'eps' defaults to 1e-05 where the reference's defaults to 1e-06"),
+    (keyword_eps, "'eps' is keyword-only where the reference's is positional or keyword"),
+])
+def test_an_implementation_with_other_parameters_is_refused(
+    fn: Callable, difference: str
+) -> None:
+    registry = _norm_registry()
+    with pytest.raises(KernelSignatureError) as refused:
+        registry.register(KernelImpl("norm", "vendor", fn, frozenset({"cuda"}),
+                                     frozenset({"float32"}), provider="acme"))
+    message = str(refused.value)
+    assert message.startswith(
+        f"op 'norm': vendor implementation {__name__}.{fn.__name__} (from acme) does not take "
+        "the op's parameters (x, weight, eps=1e-06): ")
+    assert difference in message
+    assert message.endswith(f" (at {_where(fn)})")
+    assert [i.backend for i in registry.implementations("norm")] == ["torch"]
+
+
+def test_a_lazy_implementation_is_checked_when_it_loads() -> None:
+    registry = _norm_registry()
+    registry.register(KernelImpl("norm", "vendor", f"{__name__}:reordered", frozenset({"cuda"}),
+                                 frozenset({"float32"}), provider="acme"))
+    with pytest.raises(KernelSignatureError, match=r"op 'norm': vendor implementation .*"
+                                                   r"reordered \(from acme\) .*another order"):
+        registry.select("norm", "cuda", "float32", force="vendor")
+
+
+def test_a_plugin_kernel_with_other_parameters_is_quarantined_citing_its_line(
+    register_plugin: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from interlock.plugins import KernelSpec, hookimpl
+    from interlock.plugins.kernels import install_plugin_kernels
+
+    module = tmp_path / "misnamed_kernels.py"
+    module.write_text("\n\ndef silu_and_mul(gate_up):\n    return gate_up\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Kernels:
+        @hookimpl
+        def interlock_kernel_specs(self) -> list[KernelSpec]:
+            return [KernelSpec(op="silu_and_mul", backend="vendor",
+                               target="misnamed_kernels:silu_and_mul", platforms=("cpu",),
+                               dtypes=("float32",), plugin_api=">=1.0")]
+
+    def silu_and_mul(x):  # type: ignore[no-untyped-def]
+        return x
+
+    registry = KernelRegistry()
+    registry.register(KernelImpl("silu_and_mul", "torch", silu_and_mul, frozenset({"cpu"}),
+                                 frozenset({"float32"})))
+    register_plugin(Kernels(), "misnamed")
+    try:
+        report = install_plugin_kernels(registry)
+    finally:
+        sys.modules.pop("misnamed_kernels", None)
+    assert report.installed == []
+    assert report.failed == [
+        "silu_and_mul/vendor (misnamed): KernelSignatureError: op 'silu_and_mul': vendor "
+        "implementation misnamed_kernels.silu_and_mul (from misnamed) does not take the op's "
+        "parameters (x): it takes (gate_up): 'gate_up' in place of 'x' "
+        f"(at {module}:3)"
+    ]
+
+
+def test_every_shipped_implementation_takes_its_op_parameters() -> None:
+    import interlock.runners.mrv2.prepare  # noqa: F401  (registers its op's torch and triton)
+
+    checked = 0
+    for op in REGISTRY.ops():
+        for impl in REGISTRY.implementations(op):
+            # A backend that cannot run anywhere here (not built) may not even import.
+            if impl.unavailable is not None and all(map(impl.unavailable, impl.platforms)):
+                continue
+            REGISTRY.function(impl)  # loads a lazy target, and checks it
+            checked += impl.backend != "torch"
+    assert checked >= len(TRITON_OPS)

@@ -18,7 +18,7 @@ from kernel_checks import (
     triton_op,
 )
 
-from interlock.kernels.reference import index_scores
+from interlock.kernels.reference.dsa import index_scores
 from interlock.kernels.triton import indexer
 
 BLOCK_SIZE = 16

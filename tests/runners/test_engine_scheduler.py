@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interlock.kernels import reference
+from interlock.kernels.reference import mla as reference
 from interlock.runners.contract import (
     Decision,
     KVCacheSpec,
