@@ -315,7 +315,7 @@ class RunnerSpec:
     ) -> list[Unserved]:
         """Everything of running ``decision`` on ``platform`` that this runner does not serve;
         empty: it serves it. The one judge of "can this runner serve this": stage 5, the
-        built-in runners' load, `policy check`'s lint and the conformance kit all ask it.
+        built-in runners' load, `policy check`'s lint and the plugin test kit all ask it.
 
         In order: the platform (nothing else is judged without it), each fact the platform
         requires (``facts``, by name; a fact not given counts as true, as for a platform

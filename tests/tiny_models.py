@@ -1,4 +1,4 @@
-"""The tests' tiny models, all of one size (the conformance kit's TINY_LLAMA):
+"""The tests' tiny models, all of one size (the plugin test kit's TINY_LLAMA):
 
 - :func:`write_tiny_model`: that Llama as a checkpoint of seeded dummy weights, written
   without transformers (the ``tiny_model`` fixtures);
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from interlock.conformance import TINY_LLAMA
 from interlock.runners.graphs.buffers import ForwardInputs
 from interlock.runners.mrv1.runner import MRV1Runner
+from interlock.testing.checks import TINY_LLAMA
 
 # The MLA and MoE sizes of every DeepSeek config below.
 MLA: dict[str, Any] = {
@@ -230,7 +230,7 @@ def write_tiny_model(directory: Path) -> Path:
 
     from interlock.runners.dispatch import build_kernel_table
     from interlock.runners.model.checkpoint import build_model
-    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.config_json import parse_config
     from interlock.runners.model.dummy import DummyTensors
     from interlock.runners.model.weights import checkpoint_shapes
 

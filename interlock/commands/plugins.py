@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 def _factories(plugin: Any) -> dict[str, str]:
     """Per runner: ``ok`` when its factory imports and is callable, else why not (a typo such
     as ``myrunner.runner:MyRuner`` would otherwise fail only when a run starts)."""
-    from interlock.conformance import check_factories
     from interlock.plugins.isolation import PluginCrash, plugin_code
+    from interlock.testing.checks import check_factories
 
     try:
         with plugin_code():  # the plugin's import-time prints go to stderr, not into --json
@@ -79,8 +79,8 @@ def _factories(plugin: Any) -> dict[str, str]:
 
 def _claims(plugin: Any) -> list[Any]:
     """Runners subclassing another runner's class that claim more than its spec serves."""
-    from interlock.conformance import check_inherited_claims
     from interlock.plugins.isolation import PluginCrash, plugin_code
+    from interlock.testing.checks import check_inherited_claims
 
     try:
         with plugin_code():

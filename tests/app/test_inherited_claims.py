@@ -1,5 +1,5 @@
 """A runner subclassing a built-in runner's class claims no more than the built-in's spec
-serves (the conformance kit and `policy plugins`), as docs/plugins.md's snippet warns."""
+serves (the plugin test kit and `policy plugins`), as docs/plugins.md's snippet warns."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from plugin_builders import Declares
 
-from interlock.conformance import check_inherited_claims, load_for_conformance
 from interlock.plugins import PlatformSupport, RunnerSpec
 from interlock.runners.mrv1.plugin import SPEC as MRV1
+from interlock.testing.checks import check_inherited_claims, load_under_test
 
 pytestmark = pytest.mark.usefixtures("fresh_plugins")
 
@@ -41,7 +41,7 @@ def counted(factory: str, **declared) -> RunnerSpec:
 
 
 def findings(spec: RunnerSpec) -> list[str]:
-    return [str(f) for f in check_inherited_claims(load_for_conformance(Declares(spec), "c"))]
+    return [str(f) for f in check_inherited_claims(load_under_test(Declares(spec), "c"))]
 
 
 def test_the_base_platforms_and_unsupported_claim_nothing_more(factory: str) -> None:

@@ -140,9 +140,9 @@ def test_17_rope_scaling_wins_over_rope_parameters_as_in_transformers(kind) -> N
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from interlock.conformance import TINY_LLAMA as TINY
-    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.config_json import parse_config
     from interlock.runners.model.rope import inverse_frequencies
+    from interlock.testing.checks import TINY_LLAMA as TINY
 
     raw = {
         **TINY,
@@ -159,8 +159,9 @@ def test_17_rope_scaling_wins_over_rope_parameters_as_in_transformers(kind) -> N
 
 
 def test_17_unknown_rope_type_is_refused() -> None:
-    from interlock.conformance import TINY_LLAMA as TINY
-    from interlock.runners.model.config import ConfigError, parse_config
+    from interlock.runners.model.config import ConfigError
+    from interlock.runners.model.config_json import parse_config
+    from interlock.testing.checks import TINY_LLAMA as TINY
 
     raw = {
         **TINY,
@@ -208,8 +209,9 @@ def test_21_weights_that_overflow_the_dtype_asked_for_are_refused(tiny_model) ->
     ],
 )
 def test_21_bad_config_values_are_refused(change, message) -> None:
-    from interlock.conformance import TINY_LLAMA as TINY
-    from interlock.runners.model.config import ConfigError, parse_config
+    from interlock.runners.model.config import ConfigError
+    from interlock.runners.model.config_json import parse_config
+    from interlock.testing.checks import TINY_LLAMA as TINY
 
     with pytest.raises(ConfigError, match=message):
         parse_config({**TINY, **change})
@@ -239,8 +241,9 @@ def test_32_special_files_are_refused_as_such(tiny_model, special) -> None:
 
 
 def test_14_a_huge_architecture_name_is_not_echoed_whole(tiny_model, cli) -> None:
-    from interlock.conformance import TINY_LLAMA as TINY
-    from interlock.runners.model.config import ConfigError, parse_config
+    from interlock.runners.model.config import ConfigError
+    from interlock.runners.model.config_json import parse_config
+    from interlock.testing.checks import TINY_LLAMA as TINY
 
     with pytest.raises(ConfigError) as info:
         parse_config({**TINY, "architectures": ["X" * 60_000]})

@@ -1,5 +1,5 @@
 """The example plugin really installed (pip, offline): listed, selectable by a site policy,
-flagged by `policy check` once gone, and passing its own conformance tests."""
+flagged by `policy check` once gone, and passing its own contract tests."""
 
 from __future__ import annotations
 

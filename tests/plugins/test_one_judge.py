@@ -1,5 +1,5 @@
 """One judge decides whether a runner serves a decision: ``RunnerSpec.unserved``. Stage 5,
-the built-in runners' load check, `policy check`'s lint and the conformance kit ask it."""
+the built-in runners' load check, `policy check`'s lint and the plugin test kit ask it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from plugin_builders import EVERY_MODE, spec
 
-import interlock.conformance as conformance
 import interlock.runners.mrv1.plugin
+import interlock.testing.checks as checks
 from interlock.core.decision import Decision
 from interlock.plugins import PlatformSupport, RunnerSpec, load_registry
 from interlock.plugins.capabilities import capability_stage
@@ -68,9 +68,9 @@ def test_the_conformance_kit_asks_the_judge(
         ran.append(decision)
         return [[1]]
 
-    monkeypatch.setattr(conformance, "_generate", generate)
-    record = conformance.load_for_conformance(interlock.runners.mrv1.plugin, "mrv1")
-    assert conformance.check_runs_tiny_model(record) == []
+    monkeypatch.setattr(checks, "_generate", generate)
+    record = checks.load_under_test(interlock.runners.mrv1.plugin, "mrv1")
+    assert checks.check_runs_tiny_model(record) == []
     assert ("mrv1", "cpu") in asked
     assert [d.cudagraph for d in ran[1:]] == [*EVERY_MODE.cudagraph, "full_and_piecewise"]
 

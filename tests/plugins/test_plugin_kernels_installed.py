@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from interlock.cli import main
-from interlock.conformance import TINY_PROMPTS
 from interlock.kernels import REGISTRY, KernelError
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.plugins import KernelSpec, PluginError, hookimpl
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
+from interlock.testing.checks import TINY_PROMPTS
 
 BACKEND = "sliced"
 # The built-in backend a float32 CPU run prefers for the ops the native kernels implement.

@@ -3,7 +3,7 @@ examples/history/2026-09-01-vllm-53155.yaml (interlock's shipped policy until it
 vLLM 0.33.0); and the seed contexts under the shipped policy, vLLM 0.33.0.
 
 The shipped policy's full agreement with vLLM 0.33.0 is checked against the snapshot
-in test_conformance.py; these are the seed stories, readable.
+in test_vllm_conformance.py; these are the seed stories, readable.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from interlock_eager.runner import EagerRunner, EagerRunnerError
 
-from interlock.conformance import TINY_LLAMA, TINY_PROMPTS
 from interlock.llm import LLM
 from interlock.plugins import load_registry
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.mrv1.runner import MRV1Runner
+from interlock.testing.checks import TINY_LLAMA, TINY_PROMPTS
 
 
 @pytest.fixture(scope="module")

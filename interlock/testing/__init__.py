@@ -1,15 +1,16 @@
-"""Pytest support for plugin authors: a fixture and a conformance suite.
+"""Pytest support for plugin authors: a fixture and a contract suite (the plugin test kit;
+"conformance" is kept for agreement with vLLM's recorded decisions).
 
 In a plugin's own tests::
 
     # conftest.py
     pytest_plugins = ["interlock.testing"]
 
-    # test_conformance.py
-    from interlock.testing import RunnerPluginConformance
+    # test_contract.py
+    from interlock.testing import RunnerPluginContract
     import my_plugin
 
-    class TestMyPlugin(RunnerPluginConformance):
+    class TestMyPlugin(RunnerPluginContract):
         plugin = my_plugin
 
 and, to try a plugin object inside one test without installing it::
@@ -26,7 +27,9 @@ from typing import ClassVar
 
 import pytest
 
-from interlock.conformance import (
+from interlock.plugins.manager import add_plugin, load_registry, remove_plugin
+from interlock.plugins.registry import PluginRecord
+from interlock.testing.checks import (
     MODEL_CHECKS,
     Finding,
     check_capabilities,
@@ -34,10 +37,8 @@ from interlock.conformance import (
     check_inherited_claims,
     check_kernels,
     check_loads,
-    load_for_conformance,
+    load_under_test,
 )
-from interlock.plugins.manager import add_plugin, load_registry, remove_plugin
-from interlock.plugins.registry import PluginRecord
 
 RegisterPlugin = Callable[..., PluginRecord]
 
@@ -62,11 +63,22 @@ def register_plugin() -> Iterator[RegisterPlugin]:
         remove_plugin(name)
 
 
+def __getattr__(name: str) -> object:
+    # The suite's old name, refused with its new one rather than kept as a silent alias.
+    if name == "RunnerPluginConformance":
+        raise AttributeError(
+            "interlock.testing.RunnerPluginConformance is now RunnerPluginContract (the "
+            "suite checks a plugin against the runner contract; \"conformance\" names "
+            "agreement with vLLM's recorded decisions): rename it in your test"
+        )
+    raise AttributeError(f"module 'interlock.testing' has no attribute {name!r}")
+
+
 def _assert_none(findings: list[Finding]) -> None:
     assert not findings, "\n".join(str(f) for f in findings)
 
 
-class RunnerPluginConformance:
+class RunnerPluginContract:
     """Subclass with ``plugin = <your plugin module or object>`` to run the suite on it."""
 
     plugin: ClassVar[object]
@@ -76,7 +88,7 @@ class RunnerPluginConformance:
     @pytest.fixture
     def record(self) -> PluginRecord:
         name = getattr(self.plugin, "__name__", type(self.plugin).__name__)
-        return load_for_conformance(self.plugin, name.rsplit(".", 1)[-1])
+        return load_under_test(self.plugin, name.rsplit(".", 1)[-1])
 
     def test_loads_and_declares(self, record: PluginRecord) -> None:
         _assert_none(check_loads(record, load_registry()))

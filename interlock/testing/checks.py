@@ -1,4 +1,5 @@
-"""The conformance checks a runner plugin runs against itself (see ``interlock.testing``).
+"""The checks a runner plugin runs against itself: the runner contract, its declarations
+and a tiny model (see ``interlock.testing``).
 
 Each check returns findings (empty when the plugin conforms), so the same
 checks serve pytest, a CI script or an interactive session.
@@ -31,9 +32,9 @@ class Finding:
         return f"{self.check}: {self.subject}: {self.message}"
 
 
-def load_for_conformance(plugin: object, name: str) -> PluginRecord:
+def load_under_test(plugin: object, name: str) -> PluginRecord:
     """Load ``plugin`` alone, exactly as discovery loads an installed one."""
-    source = PluginSource(name, "under-test", "0", f"conformance {name}", lambda: plugin)
+    source = PluginSource(name, "under-test", "0", f"under test {name}", lambda: plugin)
     return discover([source], Settings()).registry.plugins[0]
 
 
