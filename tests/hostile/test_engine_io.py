@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from interlock.bench import client as bench_client
-from interlock.bench.client import complete, run_trial, stream_request
-from interlock.bench.engine import EngineWorkload
 from interlock.core.errors import PolicyError
+from interlock.measure import client as bench_client
+from interlock.measure.client import complete, run_trial, stream_request
+from interlock.measure.engine import EngineWorkload
 from interlock.vllm.engine import MAX_LINE_BYTES, output_lines
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"

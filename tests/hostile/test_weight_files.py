@@ -40,7 +40,7 @@ def test_a_non_finite_block_scale_is_refused_when_kept_quantized(
 
     from interlock.runners.dispatch import build_kernel_table
     from interlock.runners.model.checkpoint import build_model
-    from interlock.runners.model.config import load_config
+    from interlock.runners.model.config_json import load_config
     from interlock.runners.model.quantized import QUANTIZED, keep_quantized
     from interlock.runners.model.weights import CheckpointError
 

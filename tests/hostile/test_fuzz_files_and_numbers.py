@@ -188,7 +188,7 @@ def test_snapshots(tmp_path_factory, edits, raw) -> None:  # type: ignore[no-unt
 
 @pytest.fixture(scope="module")
 def bench_record(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from interlock.bench import Workload, run
+    from interlock.measure import Workload, run
 
     directory = tmp_path_factory.mktemp("rec")
     (directory / "config.json").write_text(json.dumps({

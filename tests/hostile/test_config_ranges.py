@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tiny_models import MLA
 
-from interlock.runners.model.config import parse_config
-from tests.hostile.test_second_pass_config import LLAMA, _refused, _yarn
+from interlock.runners.model.config_json import parse_config
+from tests.hostile.test_config_numbers import LLAMA, _refused, _yarn
 
 DEEPSEEK = dict(LLAMA, architectures=["DeepseekV3ForCausalLM"], **MLA, hidden_size=64,
                 num_attention_heads=4, first_k_dense_replace=1, n_group=1, topk_group=1)

@@ -34,14 +34,14 @@ def test_5_a_line_break_in_a_model_directory_cannot_print_a_line(
 def test_startup_timeout_must_be_a_positive_finite_number(
     cli: Any, tmp_path: Path, value: str
 ) -> None:
-    result = cli("bench", "--engine", "vllm", tmp_path, f"--startup-timeout={value}")
+    result = cli("measure", "--engine", "vllm", tmp_path, f"--startup-timeout={value}")
     assert result.code == 2, result.err
     assert "is not a positive number of seconds" in result.err
 
 
 @pytest.mark.parametrize("value", ["70000", "0", "-1", "65536"])
 def test_a_port_out_of_range_is_a_usage_error(cli: Any, tmp_path: Path, value: str) -> None:
-    result = cli("bench", "--engine", "vllm", tmp_path, f"--port={value}")
+    result = cli("measure", "--engine", "vllm", tmp_path, f"--port={value}")
     assert result.code == 2, result.err
     assert "is not a TCP port (1 to 65535)" in result.err
     assert "no free port" not in result.err

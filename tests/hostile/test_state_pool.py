@@ -14,7 +14,7 @@ from interlock.runners.contract import ModelSpec
 from interlock.runners.engine.kv_cache import KVCacheError, plan_kv_cache
 from interlock.runners.model import memory
 from interlock.runners.model.cache_spec import state_pool_bytes
-from interlock.runners.model.config import parse_config
+from interlock.runners.model.config_json import parse_config
 
 _, ARCH, EXTRA = TINY_CONFIGS["kimi_linear"]
 KIMI: dict[str, Any] = {

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from interlock.runners.model.config import ConfigError, parse_config
+from interlock.runners.model.config import ConfigError
+from interlock.runners.model.config_json import parse_config
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32,
