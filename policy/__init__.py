@@ -30,7 +30,7 @@ else:
         "resolve": "interlock.policy.resolution",
         "PolicyRefused": "interlock.policy.resolution",
         "check_refusal": "interlock.policy.resolution",
-        "parse_when": "interlock.policy.conditions",
+        "parse_when": "interlock.policy.schema",
         "Facts": "interlock.policy.conditions",
     }
 
@@ -54,7 +54,7 @@ else:
     if TYPE_CHECKING:
         from interlock.core.decision import Decision
         from interlock.core.errors import PolicyError
-        from interlock.policy.conditions import Facts, parse_when
+        from interlock.policy.conditions import Facts
         from interlock.policy.context import Context, make_context
         from interlock.policy.loader import load_policy, load_policy_text
         from interlock.policy.model import Policy
@@ -64,6 +64,7 @@ else:
             check_refusal,
             resolve,
         )
+        from interlock.policy.schema import parse_when
 
 
     def __getattr__(name: str) -> Any:

@@ -388,7 +388,10 @@ class When:
 
 
 def build_when(data: Mapping[str, Any]) -> When:
-    """Build a :class:`When` from an already validated `when` mapping (see :func:`parse_when`)."""
+    """Build a :class:`When` from an already validated `when` mapping.
+
+    :func:`interlock.policy.schema.parse_when` validates and builds in one call.
+    """
     conditions: list[Condition] = []
     for key in NAME_KEYS:
         if data.get(key) is not None:
@@ -462,16 +465,6 @@ def check_config_path(path: str) -> str:
     if any(not part for part in parts):
         raise ValueError(f"config path {path!r} has an empty part")
     return path
-
-
-def parse_when(data: Mapping[str, Any]) -> When:
-    """Validate a `when` mapping (the policy-file syntax) and build it; for plugins and tools.
-
-    Raises :class:`interlock.core.errors.PolicyError` naming the offending key and value.
-    """
-    from interlock.policy.schema import validate_when
-
-    return build_when(validate_when(data))
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:

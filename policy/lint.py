@@ -27,7 +27,7 @@ from interlock.policy.domain import Domain, predicate_text
 from interlock.policy.model import Location, Policy, Rule
 from interlock.policy.resolution import context_facts, resolve
 from interlock.policy.source import Path_, SourceDoc
-from interlock.policy.trace import RULES
+from interlock.policy.trace import rule_deciders
 
 if TYPE_CHECKING:
     from interlock.policy.testfile import TestsFile
@@ -192,11 +192,6 @@ class Subject:
 
 Check = Callable[[Subject], Iterable[Finding]]
 RunnerCheck = Callable[[str], "str | None"]
-
-
-def rule_deciders(provenance: Iterable[Any]) -> set[str]:
-    """Ids of the rules that set a field of a decision (its provenance values)."""
-    return {p.source for p in provenance if p.stage == RULES}
 
 
 # -- checks ---------------------------------------------------------------------------------
@@ -385,7 +380,7 @@ def reasons(subject: Subject) -> Iterator[Finding]:
                 WARNING,
                 "missing-ref",
                 f"rule {rule.id} has no ref: link the pull request, issue or measurement "
-                "that motivates it (`ref: https://...`), or cite a bench record "
+                "that motivates it (`ref: https://...`), or cite a measurement record "
                 "(`evidence: [file.json]`)",
             )
         vague = _vague(rule.reason)
@@ -400,7 +395,7 @@ def reasons(subject: Subject) -> Iterator[Finding]:
 
 
 def evidence(subject: Subject) -> Iterator[Finding]:
-    """Errors, warnings and a note per bench record a rule cites (see
+    """Errors, warnings and a note per measurement record a rule cites (see
     :mod:`interlock.policy.evidence`): invalid records, contradicting or stale evidence."""
     from interlock.policy.evidence import check_record, rule_lines
 
@@ -424,11 +419,9 @@ def unreachable_config(subject: Subject) -> Iterator[Finding]:
     """Warnings: a rule's config condition that no catalog architecture and no test case
     reaches: no catalog architecture matches the rule's other conditions together with
     any config the domain enumerates, and no test case's context matches the rule."""
-    from interlock.policy.policytest import case_context
-
     catalog = subject.policy.catalog
     tests = subject.tests
-    cases = [case_context(case) for case in tests.cases] if tests is not None else []
+    cases = [case.context() for case in tests.cases] if tests is not None else []
     policy = subject.policy
     pending = [r for r in policy.rules
                if any(isinstance(c, ConfigMatch) for c in r.when.conditions)]

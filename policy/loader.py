@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from interlock import __version__
 from interlock.core.disk_cache import read_json, write_json
 from interlock.core.env import POLICY
 from interlock.core.errors import PolicyError
@@ -163,8 +164,6 @@ def _from_cache(key: str, revision: str, shas: list[str]) -> Policy | None:
 
 def _code_fingerprint() -> str:
     """Identifies the code that wrote an entry: format, Python, and the policy modules' stats."""
-    from interlock.policy import __version__
-
     parts = [str(CACHE_FORMAT), __version__, sys.version]
     with os.scandir(_PACKAGE_DIR) as entries:
         for entry in sorted(entries, key=lambda e: e.name):

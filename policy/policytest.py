@@ -18,16 +18,13 @@ from typing import Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.suggest import hint
-from interlock.policy.conditions import flatten_config
-from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
-from interlock.policy.lint import rule_deciders
 from interlock.policy.loader import shipped_sha256
 from interlock.policy.model import Policy
 from interlock.policy.resolution import CapabilityCheck, PolicyRefused, Resolution, resolve
 from interlock.policy.testfile import LoadedCase
-from interlock.policy.trace import ENV, RULES, Provenance, Step
+from interlock.policy.trace import ENV, RULES, Provenance, Step, rule_deciders
 
 
 @dataclass(frozen=True)
@@ -184,7 +181,7 @@ def _run_case(
     case = loaded.case
     problems = _unknown_names(policy, loaded)
     given = case.given
-    context = case_context(loaded)
+    context = loaded.context()
     overrides = given.set.model_dump(exclude_unset=True)
     expect = case.expect
     try:
@@ -221,24 +218,6 @@ def _run_case(
             )
             failing.append(name)
     return CaseResult(loaded, tuple(problems), resolution, failing_fields=tuple(failing))
-
-
-def case_context(loaded: LoadedCase) -> Context:
-    """The context a case gives, its config flattened as a model's config.json is."""
-    given = loaded.case.given
-    where = f"{loaded.doc.name}:{loaded.at('given').line}"
-    identity = ((given.model, f"given by the case ({where})"),) if given.model else ()
-    return Context(
-        architecture=given.architecture,
-        platform=given.platform,
-        device_arch=given.device_arch,
-        features=dict(given.features),
-        env=dict(given.env),
-        config=None if given.config is None else flatten_config(given.config),
-        identity=identity,
-        engine=dict(given.engine),
-        sources={"config": f"the case's config ({where})"} if given.config is not None else {},
-    )
 
 
 def _setter(prov: Provenance | None) -> str:

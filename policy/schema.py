@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, TypeVar, Union
 
 from pydantic import (
@@ -30,7 +31,13 @@ from interlock.core.errors import PolicyError, dotted
 from interlock.core.fields import TRAITS
 from interlock.core.suggest import hint
 from interlock.core.terminal import shown
-from interlock.policy.conditions import ENGINES, check_config_path, engine_spec
+from interlock.policy.conditions import (
+    ENGINES,
+    When,
+    build_when,
+    check_config_path,
+    engine_spec,
+)
 from interlock.policy.source import Path_, SourceDoc
 
 SCHEMA_VERSION = 1
@@ -170,7 +177,7 @@ class RuleModel(_Model):
     )
     reason: Name
     ref: Url = None  # type: ignore[assignment]
-    #: Bench records (``policy bench --record``) behind the rule, relative to this file.
+    #: Measurement records (``policy measure --record``) behind the rule, relative to this file.
     evidence: Annotated[list[Name], Field(min_length=1)] = None  # type: ignore[assignment]
 
     @field_validator("set", "decided")
@@ -264,6 +271,16 @@ def validate_when(data: Any, name: str = "<when>") -> dict[str, Any]:
     except ValidationError as exc:
         raise _located(exc, doc, WhenModel, with_position=False) from None
     return model.model_dump(by_alias=True, exclude_none=True)
+
+
+# Here rather than beside build_when: validating needs this module's models, and
+# interlock.policy.conditions stays below the schema (the schema imports its checks).
+def parse_when(data: Mapping[str, Any]) -> When:
+    """Validate a `when` mapping (the policy-file syntax) and build it; for plugins and tools.
+
+    Raises :class:`interlock.core.errors.PolicyError` naming the offending key and value.
+    """
+    return build_when(validate_when(data))
 
 
 M = TypeVar("M", bound=BaseModel)

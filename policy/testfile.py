@@ -58,7 +58,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from interlock.core.errors import PolicyError
-from interlock.policy.conditions import ENGINES, check_version
+from interlock.policy.conditions import ENGINES, check_version, flatten_config
+from interlock.policy.context import Context
 from interlock.policy.loader import read_source
 from interlock.policy.model import Location
 from interlock.policy.schema import (
@@ -218,6 +219,25 @@ class LoadedCase:
 
     def error(self, message: str, *path: str | int) -> PolicyError:
         return self.doc.error(("cases", self.index, *path), message)
+
+    # A method of the case, not of the runner of cases: `policy lint` needs the same context
+    # for its reachability check, and neither should import the other for it.
+    def context(self) -> Context:
+        """The context the case gives, its config flattened as a model's config.json is."""
+        given = self.case.given
+        where = f"{self.doc.name}:{self.at('given').line}"
+        identity = ((given.model, f"given by the case ({where})"),) if given.model else ()
+        return Context(
+            architecture=given.architecture,
+            platform=given.platform,
+            device_arch=given.device_arch,
+            features=dict(given.features),
+            env=dict(given.env),
+            config=None if given.config is None else flatten_config(given.config),
+            identity=identity,
+            engine=dict(given.engine),
+            sources={"config": f"the case's config ({where})"} if given.config is not None else {},
+        )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ plugin can serve) is filled in by the plugin layer, ``implied`` applies
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class Provenance:
             "ref": self.ref,
             "forced": self.forced,
         }
+
+
+def rule_deciders(provenance: Iterable[Provenance]) -> set[str]:
+    """Ids of the rules that set a field of a decision (its provenance values)."""
+    return {p.source for p in provenance if p.stage == RULES}
 
 
 @dataclass(frozen=True)

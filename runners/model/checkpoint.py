@@ -21,7 +21,8 @@ from interlock.core.decision import DTYPES as DTYPE_NAMES
 from interlock.runners.contract import ModelSpec
 from interlock.runners.dispatch import KernelTable, build_kernel_table
 from interlock.runners.model import demo
-from interlock.runners.model.config import ModelConfig, load_config
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.config_json import load_config
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
 from interlock.runners.model.memory import check_fits_in_memory

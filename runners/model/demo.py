@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from interlock.runners.model.config import ModelConfig, parse_config
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.config_json import parse_config
 
 DEMO_SEED = 20260901
 

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from interlock.core.disk_cache import safe_cache_dir
-from interlock.core.errors import InputError, ModelError
+from interlock.core.errors import InputError
 from interlock.core.files import FileProblem, open_regular
 from interlock.core.processes import alive, parse_pid
+from interlock.runners.model.source_error import ModelSourceError
 
 #: The built-in model's name (``runners.model.demo``): the one spelling of it.
 DEMO = "demo"
@@ -47,10 +48,6 @@ MANIFEST = "interlock-conversion.json"
 # checked by size, by a sampled digest (:func:`sampled_sha256`) and by safetensors' own
 # header validation (hashing them whole would cost most of a warm load).
 _DIGESTED = ("config.json", "tokenizer.json", "tokenizer_config.json")
-
-
-class ModelSourceError(ModelError):
-    """A model name or file that cannot be resolved, with what to do about it."""
 
 
 class UnknownModel(InputError):

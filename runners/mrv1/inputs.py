@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ def prepare_host_inputs(
     logits_indices = np.zeros(total_seqs, dtype=np.int64)
     logits_indices[:real_seqs] = query_start_loc[1 : real_seqs + 1] - 1
 
-    def per_seq(values: list, dtype: type, padding: float = 0) -> np.ndarray:
+    def per_seq(values: list[Any], dtype: type, padding: float = 0) -> np.ndarray:
         out: np.ndarray = np.full(total_seqs, padding, dtype=dtype)
         out[:real_seqs] = values
         return out

@@ -1,4 +1,4 @@
-"""The metrics every CPU engine is measured by (interlock/bench/metrics.py), llama.cpp's
+"""The metrics every CPU engine is measured by (interlock/app/timing.py), llama.cpp's
 phase times mapped onto them (bench/bench_cpu_engines.py), and a clear reason when
 llama.cpp is not there. No timing is asserted: the figures live in BENCHMARKS.md."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from checkout import REPO
 
-from interlock.bench.metrics import (
+from interlock.app.timing import (
     RequestTimes,
     batched_requests,
     decode_ms_per_token,

@@ -16,7 +16,8 @@ from interlock.llm import LLM
 from interlock.runners.contract import Decision, KVCacheSpec
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.cache_spec import layer_caches
-from interlock.runners.model.config import ConfigError, load_config
+from interlock.runners.model.config import ConfigError
+from interlock.runners.model.config_json import load_config
 from interlock.runners.model.kv_cache import kv_cache_report
 
 CAPTURE_SIZES = (1, 2, 4, 8)

@@ -25,7 +25,7 @@ from interlock.runners.engine.kv_cache import (
 )
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.engine.scheduler import RequestRejected
-from interlock.runners.model.config import parse_config
+from interlock.runners.model.config_json import parse_config
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.kv_cache import allocate_kv_cache
 

@@ -18,7 +18,8 @@ from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model import kda
 from interlock.runners.model.cache_spec import layer_caches, state_pool_bytes, state_spec
-from interlock.runners.model.config import ConfigError, load_config, parse_config
+from interlock.runners.model.config import ConfigError
+from interlock.runners.model.config_json import load_config, parse_config
 
 NAME = "kimi_linear"
 MAX_TOKENS = [12, 7, 10]

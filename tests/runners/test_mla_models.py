@@ -23,7 +23,8 @@ from interlock.runners.model.cache_spec import (
     per_head_elements_per_token,
 )
 from interlock.runners.model.checkpoint import CheckpointError
-from interlock.runners.model.config import ConfigError, load_config
+from interlock.runners.model.config import ConfigError
+from interlock.runners.model.config_json import load_config
 
 CAPTURE_SIZES = (1, 2, 4, 8)
 # Staggered lengths: batches shrink as requests finish, so their sizes fall on and between

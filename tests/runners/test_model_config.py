@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from interlock.runners.model.config import ConfigError, RopeConfig, load_config, parse_config
+from interlock.runners.model.config import ConfigError, RopeConfig
+from interlock.runners.model.config_json import load_config, parse_config
 
 BASE = {
     "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,

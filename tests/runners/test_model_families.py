@@ -16,7 +16,8 @@ from interlock.llm import LLM
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model import families
-from interlock.runners.model.config import ConfigError, parse_config
+from interlock.runners.model.config import ConfigError
+from interlock.runners.model.config_json import parse_config
 
 TOY = "ToyLlamaForCausalLM"
 # The whole of what adding a Llama-shaped family takes: this module in families/.

@@ -2,7 +2,7 @@
 
 A llama.cpp GGUF file holds the weights (quantized or not), the hyperparameters
 and the tokenizer. :func:`convert` turns one into what the runners load
-everywhere else: ``config.json`` (the Hugging Face keys ``runners.model.config``
+everywhere else: ``config.json`` (the Hugging Face keys ``runners.model.config_json``
 reads; :mod:`.config`), ``model.safetensors`` (Hugging Face tensor names and
 layouts; :mod:`.tensors`), ``tokenizer.json`` (built with the ``tokenizers`` library
 from the GGUF vocabulary and merges) and ``tokenizer_config.json`` (the chat template
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from interlock.runners.model.config import parse_config
+from interlock.runners.model.config_json import parse_config
 from interlock.runners.model.gguf.config import family_of, hf_config
-from interlock.runners.model.gguf.reader import Fields, GGUFError, open_reader
+from interlock.runners.model.gguf.errors import GGUFError
+from interlock.runners.model.gguf.reader import Fields, open_reader
 from interlock.runners.model.gguf.tensors import (
     GGUFTensor,
     gguf_tensor,

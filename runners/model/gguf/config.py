@@ -13,7 +13,8 @@ from typing import Any
 
 from interlock.runners.model.families import gguf_registry
 from interlock.runners.model.family import Family, GGUFFacts
-from interlock.runners.model.gguf.reader import Fields, GGUFError
+from interlock.runners.model.gguf.errors import GGUFError
+from interlock.runners.model.gguf.reader import Fields
 
 
 def family_of(fields: Fields, path: Path) -> tuple[Family, GGUFFacts]:

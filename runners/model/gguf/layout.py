@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from interlock.runners.model.gguf.reader import GGUFError
+from interlock.runners.model.gguf.errors import GGUFError
 
 #: Strings in one array at most: real vocabularies hold 150 k - 260 k tokens, and about as
 #: many merges; each string costs the ``gguf`` reader a Python object.

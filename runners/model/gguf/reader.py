@@ -8,19 +8,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from interlock.core.files import FileProblem, open_regular
-from interlock.runners.model.sources import ModelSourceError
-
-
-class GGUFError(ModelSourceError):
-    """A GGUF file this project cannot convert, naming the file and what is unsupported."""
+from interlock.runners.model.gguf.errors import GGUFError
+from interlock.runners.model.gguf.layout import check_layout
 
 
 def open_reader(path: Path, fh: BinaryIO | None = None) -> Any:
     """The ``gguf.GGUFReader`` of ``path`` (read through ``fh`` when given: the bytes the
     caller hashed), once :func:`~.layout.check_layout` found its layout sound."""
     import gguf
-
-    from interlock.runners.model.gguf.layout import check_layout
 
     if fh is None:
         try:

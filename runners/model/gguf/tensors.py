@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from interlock.runners.model.family import GGUFFacts
-from interlock.runners.model.gguf.reader import GGUFError
+from interlock.runners.model.gguf.errors import GGUFError
 from interlock.runners.model.safetensors_format import TensorEntry
 
 #: The GGML tensor types read here, by their GGML names.

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from interlock.runners.model.gguf.reader import Fields, GGUFError
+from interlock.runners.model.gguf.errors import GGUFError
+from interlock.runners.model.gguf.reader import Fields
 
 #: Pre-tokenizer regexes by ``tokenizer.ggml.pre``, applied in order (each splits the
 #: pieces the previous one left), as the model families' own tokenizers split text.

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from interlock.runners.model import gguf as converter
-from interlock.runners.model.config import parse_config
+from interlock.runners.model.config_json import parse_config
 from interlock.runners.model.families import gguf_registry
 from interlock.runners.model.gguf.tensors import TENSOR_TYPES, unpermute_rotary
 from interlock.runners.model.gguf.tokenizer import build_tokenizer

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from interlock.runners.model import families
 from interlock.runners.model import gguf as converter
-from interlock.runners.model.config import parse_config
+from interlock.runners.model.config_json import parse_config
 
 TOY_MODULE = textwrap.dedent('''
     """Toy: Llama's layers; llama.cpp would write its files as architecture toyllama."""

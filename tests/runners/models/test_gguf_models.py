@@ -227,7 +227,7 @@ def test_a_damaged_quantized_file_is_named_not_a_traceback(tiny, tmp_path):
 
     from interlock.runners.dispatch import build_kernel_table
     from interlock.runners.model.checkpoint import build_model
-    from interlock.runners.model.config import load_config
+    from interlock.runners.model.config_json import load_config
     from interlock.runners.model.quantized import QUANTIZED, keep_quantized
     from interlock.runners.model.sources import model_directory
     from interlock.runners.model.weights import CheckpointError

@@ -14,9 +14,9 @@ from gguf_builders import train_vocab, write_tiny_gguf
 from interlock.core import disk_cache
 from interlock.runners.model import gguf as converter
 from interlock.runners.model import sources
+from interlock.runners.model.source_error import ModelSourceError
 from interlock.runners.model.sources import (
     NAMED_MODELS,
-    ModelSourceError,
     NamedModel,
     UnknownModel,
     model_directory,
