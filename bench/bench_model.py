@@ -44,7 +44,8 @@ from interlock.model_run import model_target
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint
-from interlock.runners.model.config import ModelConfig, load_config
+from interlock.runners.model.config import ModelConfig
+from interlock.runners.model.config_json import load_config
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.layers import Linear
 from interlock.runners.model.sources import DEMO

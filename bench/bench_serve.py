@@ -2,8 +2,8 @@
 streaming clients, and of the same number of prompts run offline.
 
 One `policy serve --model M` child serves every round (started on a free port, warmed up
-with one request, stopped at the end); its clients are `policy bench --engine`'s own
-(interlock.bench.client: streaming /v1/completions, greedy, end of sequence ignored, each
+with one request, stopped at the end); its clients are `policy measure --engine`'s own
+(interlock.measure.client: streaming /v1/completions, greedy, end of sequence ignored, each
 of the C streams sending --requests requests one after another). The offline figure is
 `policy run --json`'s `output_tokens_per_s` for C prompts of the same length and
 --output-len tokens (a fresh process per run: its load time is not counted). Rounds
@@ -27,8 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
-from interlock.bench.client import prompt_ids, run_trial, stream_request
-from interlock.bench.engine import EngineWorkload
+from interlock.measure.client import prompt_ids, run_trial, stream_request
+from interlock.measure.engine import EngineWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+) ")

@@ -32,8 +32,10 @@ from interlock.core.terminal import EscapingWriter, one_line
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = (
     "explain", "resolve", "table", "check", "test", "diff", "conformance", "schema", "plugins",
-    "run", "serve", "bench", "vllm", "log", "impact",
+    "run", "serve", "measure", "vllm", "log", "impact",
 )
+#: Subcommands that were renamed: the old word is refused naming the new one (exit 2).
+RENAMED = {"bench": "measure"}
 REPORT = (
     "policy: internal error: this is a bug in interlock, not in your input; please report it "
     "to the interlock maintainers with the command you ran and the traceback above"
@@ -125,6 +127,19 @@ def _unrecognized(
     return UsageError(message + ("; " + "; ".join(hints) if hints else ""), sub)
 
 
+def _renamed(argv: Sequence[str]) -> UsageError:
+    """A renamed subcommand, refused with the command line under its new name."""
+    import shlex
+
+    new = RENAMED[argv[0]]
+    parser = build_parser(new)
+    again = shlex.join(["policy", new, *argv[1:]])
+    return UsageError(
+        f"`policy {argv[0]}` is now `policy {new}` (bench/ holds the project's own benchmark "
+        f"scripts); run: {again}", _subparser(parser, [new]),
+    )
+
+
 def _subparser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
     """The deepest subcommand parser ``argv`` names (``vllm args`` has two levels)."""
     current = parser
@@ -168,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = None
     try:
+        if argv and argv[0] in RENAMED:
+            raise _renamed(argv)
         parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
         try:
             args = parser.parse_args(argv)

@@ -53,8 +53,8 @@ from interlock.app.outputs import (
     as_prompt_list,
 )
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
+from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
-from interlock.bench.metrics import RequestTimes, tpot_s, ttft_s
 from interlock.core.errors import InputError
 from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs

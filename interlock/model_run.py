@@ -153,7 +153,8 @@ def model_target(model: str | os.PathLike[str]) -> str:
     (``runners.model.sources.model_directory``: a named model's or a GGUF file's conversion,
     made on first use). A named model or GGUF file that cannot be resolved is a
     ``PolicyError`` saying why; a name of no accepted form, an ``UnknownModel``."""
-    from interlock.runners.model.sources import DEMO, ModelSourceError, model_directory
+    from interlock.runners.model.source_error import ModelSourceError
+    from interlock.runners.model.sources import DEMO, model_directory
 
     try:
         directory = model_directory(model)

@@ -17,6 +17,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from interlock.core.decision import DTYPES
 from interlock.core.env import KERNELS
@@ -26,6 +27,10 @@ from interlock.core.platform import GPU_PLATFORMS, PLATFORM_NAMES
 #: The backend of the torch references (``interlock.kernels.reference``): an op exists
 #: because its reference does; every other backend implements some of those ops.
 REFERENCE_BACKEND = "torch"
+
+
+#: A kernel implementation: any callable taking its op's parameters.
+Kernel = Callable[..., Any]
 
 
 class KernelError(InterlockError, LookupError):
@@ -43,7 +48,7 @@ class KernelSignatureError(KernelError):
 class KernelImpl:
     op: str
     backend: str
-    target: Callable | str  # the function, or a lazy "module:attr" path
+    target: Kernel | str  # the function, or a lazy "module:attr" path
     platforms: frozenset[str]
     dtypes: frozenset[str]
     provider: str = "interlock"
@@ -70,7 +75,7 @@ class KernelImpl:
             return None if why is None else f"{self.backend}: {why}"
         return None
 
-    def load(self) -> Callable:
+    def load(self) -> Kernel:
         if callable(self.target):
             return self.target
         module, _, attr = self.target.partition(":")
@@ -87,7 +92,7 @@ class KernelImpl:
 class KernelChoice:
     op: str
     impl: KernelImpl
-    fn: Callable
+    fn: Kernel
     reason: str
 
     @property
@@ -125,7 +130,7 @@ class KernelRegistry:
         reference = next(i for i in self.implementations(op) if i.backend == REFERENCE_BACKEND)
         return _parameters(reference.load())
 
-    def function(self, impl: KernelImpl) -> Callable:
+    def function(self, impl: KernelImpl) -> Kernel:
         """``impl``'s function, loaded if lazy and then checked against its op's signature
         (registering a lazy path imports nothing, so it could not be checked then)."""
         fn = impl.load()
@@ -133,7 +138,7 @@ class KernelRegistry:
             self._check_signature(impl, fn)
         return fn
 
-    def _check_signature(self, impl: KernelImpl, fn: Callable) -> None:
+    def _check_signature(self, impl: KernelImpl, fn: Kernel) -> None:
         expected = self.signature(impl.op)
         try:
             got = _parameters(fn)
@@ -157,10 +162,10 @@ class KernelRegistry:
         dtypes: Iterable[str] = DTYPES,
         provider: str = "interlock",
         unavailable: Callable[[str], str | None] | None = None,
-    ) -> Callable[[Callable], Callable]:
+    ) -> Callable[[Kernel], Kernel]:
         """Decorator form of ``register``."""
 
-        def wrap(fn: Callable) -> Callable:
+        def wrap(fn: Kernel) -> Kernel:
             self.register(
                 KernelImpl(op, backend, fn, frozenset(platforms), frozenset(dtypes), provider,
                            unavailable)
@@ -234,7 +239,7 @@ class KernelRegistry:
         )
 
 
-def _parameters(fn: Callable) -> inspect.Signature:
+def _parameters(fn: Kernel) -> inspect.Signature:
     """``fn``'s parameters, without annotations."""
     signature = inspect.signature(fn)
     return signature.replace(
@@ -275,12 +280,12 @@ def _default(parameter: inspect.Parameter) -> str:
     return f"defaults to {parameter.default!r}"
 
 
-def _name(fn: Callable) -> str:
+def _name(fn: Kernel) -> str:
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     return f"{module}.{qualname}" if module and qualname else repr(fn)
 
 
-def _source(fn: Callable) -> str:
+def _source(fn: Kernel) -> str:
     """file:line where ``fn`` (or the class of a callable object) is defined."""
     target = inspect.unwrap(fn)
     for candidate in (target, type(target)):

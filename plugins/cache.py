@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.disk_cache import read_json, write_json
 from interlock.plugins.api import PLUGIN_API_VERSION
@@ -94,7 +94,7 @@ def store(settings: Settings, found: Discovery) -> bool:
     )
 
 
-def _record(data: dict) -> PluginRecord:
+def _record(data: dict[str, Any]) -> PluginRecord:
     fields = {k: data[k] for k in ("name", "distribution", "version", "source", "detail")}
     if not all(isinstance(v, str) for v in fields.values()):
         raise ValueError("not a stored plugin record")

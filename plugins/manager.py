@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from interlock.plugins.discovery import PluginSource
 
 _in_process: dict[str, PluginSource] = {}
-_memo: dict[tuple, PluginRegistry] = {}
+_memo: dict[tuple[object, ...], PluginRegistry] = {}
 
 
 def load_registry(env: Mapping[str, str] | None = None, *, refresh: bool = False) -> PluginRegistry:

@@ -78,7 +78,9 @@ def _api_range(where: str, value: object) -> str:
         raise _fail(where, str(exc)) from None
 
 
-def _choices(where: str, values: object, allowed: Iterable[str] | re.Pattern[str]) -> tuple:
+def _choices(
+    where: str, values: object, allowed: Iterable[str] | re.Pattern[str]
+) -> tuple[str, ...]:
     """A set declared in any iterable form, stored distinct and in a stable order."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise _fail(where, f"{values!r} must be a set or list")

@@ -1,4 +1,4 @@
-"""Evidence a rule cites: bench records (``policy bench --record``) listed under a rule's
+"""Evidence a rule cites: measurement records (``policy measure --record``) listed under a rule's
 ``evidence:`` key, relative to the policy file.
 
 ``policy check`` validates each cited record (it exists, parses, has the record
@@ -288,7 +288,7 @@ def check_record(
 ) -> Iterator[tuple[str, str, str]]:
     """``(severity, code, message)`` findings about one record ``rule`` cites;
     ``engine_version`` is the vLLM release the policy describes: a record measured on
-    another one (``policy bench --engine vllm``) is stale."""
+    another one (``policy measure --engine vllm``) is stale."""
     path = record_path(cited, policy_file)
     relative = os.path.relpath(path)
     shown = str(path) if relative.startswith("..") else relative
@@ -303,7 +303,7 @@ def check_record(
     try:
         record = read_record(path, shown)
     except PolicyError as exc:
-        yield error, "evidence-invalid", f"{head} is not a valid bench record: {exc}"
+        yield error, "evidence-invalid", f"{head} is not a valid measurement record: {exc}"
         return
     failure = context_failure(rule, record)
     if failure is not None:
@@ -337,7 +337,7 @@ def check_record(
             warning,
             "evidence-stale",
             f"{head}: measured on vLLM {measured_on}, but the policy describes vLLM "
-            f"{engine_version}; re-measure with `policy bench --engine vllm`",
+            f"{engine_version}; re-measure with `policy measure --engine vllm`",
         )
     code = code_note(record)
     if code.stale:

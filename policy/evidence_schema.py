@@ -1,4 +1,4 @@
-"""The layout of a bench evidence record (``policy bench --record``) as pydantic models:
+"""The layout of a measurement evidence record (``policy measure --record``) as pydantic models:
 what ``policy check`` validates a cited record against. Sections the checks do not
 read (machine, software, workload, samples) are required but loosely typed."""
 

@@ -90,7 +90,7 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
 
 
 def _evidence(res: Resolution, prov: Provenance) -> list[str]:
-    """Summaries of the bench records cited by the rule that set a field."""
+    """Summaries of the measurement records cited by the rule that set a field."""
     if prov.stage != RULES:
         return []
     rule = next((r for r in res.policy.rules if r.id == prov.source), None)

@@ -1,4 +1,4 @@
-"""JSON Schemas of the policy file, the policy tests file and the bench evidence record,
+"""JSON Schemas of the policy file, the policy tests file and the measurement evidence record,
 generated from their models.
 
 Editors use them through the first line of a YAML file
@@ -20,7 +20,7 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILES = {
     "policy": ("policy.schema.json", "interlock policy file"),
     "tests": ("policy-tests.schema.json", "interlock policy tests file"),
-    "evidence": ("evidence.schema.json", "interlock bench evidence record"),
+    "evidence": ("evidence.schema.json", "interlock measurement evidence record"),
 }
 
 

@@ -45,7 +45,7 @@ class Rule:
     reason: str
     ref: str | None
     location: Location
-    #: Paths of the bench records the rule cites, as written (relative to its file).
+    #: Paths of the measurement records the rule cites, as written (relative to its file).
     evidence: tuple[str, ...] = ()
     #: A refusing rule's message (its ``set`` is empty): the context is refused.
     refuse: str | None = None

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from interlock.bench.metrics import RequestTimes
+from interlock.app.timing import RequestTimes
 from interlock.core.errors import InputError
 
 Prompt = str | Sequence[int]
@@ -59,7 +59,7 @@ class RequestOutput:
     ttft_s: float  # arrival to first token (of the first completion)
     tpot_s: float  # mean time per output token after the first (0 for one token)
     #: The first completion's clock readings, what ``ttft_s`` and ``tpot_s`` are computed
-    #: from (:mod:`interlock.bench.metrics`); None when it produced no token.
+    #: from (:mod:`interlock.app.timing`); None when it produced no token.
     times: RequestTimes | None = None
 
     @property

@@ -8,7 +8,7 @@ import sys
 from interlock.commands.common import add_policy_args, write_json
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "check",
         help="validate and lint a policy",

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.env import DECISION_LOG
 from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
+
+if TYPE_CHECKING:
+    from interlock.policy.context import Context
+    from interlock.policy.resolution import Resolution
 
 GIVEN_ENV = "given with --env"
 GIVEN_ENGINE = "given with --engine-version"
@@ -307,7 +311,7 @@ def features_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     return features
 
 
-def context_of(args: argparse.Namespace, policy: Policy) -> Any:
+def context_of(args: argparse.Namespace, policy: Policy) -> Context:
     flags = context_flags_of(args, policy)
     if args.model is None:
         from interlock.policy.context import make_context
@@ -331,7 +335,7 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
-def resolve_args(args: argparse.Namespace) -> Any:
+def resolve_args(args: argparse.Namespace) -> Resolution:
     """Load, build the context and resolve: the shared body of explain and resolve. A
     refused resolution is returned (its ``refusal`` set), for the command to show."""
     from interlock.plugins.capabilities import capability_stage
@@ -348,7 +352,7 @@ def resolve_args(args: argparse.Namespace) -> Any:
     return resolution
 
 
-def refused_exit(resolution: Any) -> int:
+def refused_exit(resolution: Resolution) -> int:
     """A shown resolution's exit status: ``refused`` (5) where a rule refused it, else 0;
     the refusal goes to stderr as well, for scripts that only read it."""
     from interlock.core.errors import EXIT_CODES
@@ -382,7 +386,7 @@ def add_decision_log_args(
 
 
 def record_decision(
-    args: argparse.Namespace, resolution: Any, command: str, **details: Any
+    args: argparse.Namespace, resolution: Resolution, command: str, **details: Any
 ) -> None:
     """Append the decision record of ``resolution`` when a log is named (--decision-log or
     $INTERLOCK_DECISION_LOG)."""

@@ -8,7 +8,7 @@ import sys
 from interlock.commands.common import add_policy_args, load, write_json
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "conformance",
         help="compare a policy with an engine snapshot (conformance/vllm-*.jsonl)",

@@ -16,15 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from interlock.commands.bench import add_engine_args, add_workload_args
 from interlock.commands.common import percent, write_json
+from interlock.commands.measure import add_engine_args, add_workload_args
 from interlock.core.errors import PolicyError
 
 GIT_PREFIX = "git:"
 DEFAULT_GIT_PATH = "policies.yaml"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "diff",
         help="what changes between two policies, exhaustively",
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[str, Any]:
     """Benchmark the decisions both policies make for --model here, when they differ; list
     the changed contexts this machine cannot measure, grouped by why."""
-    from interlock.bench import compare
-    from interlock.commands.bench import command_line, progress_bar, workload_of
+    from interlock.commands.measure import command_line, progress_bar, workload_of
     from interlock.core.platform import detect_platform
+    from interlock.measure import compare
 
     words = ("diff", args.old, args.new, "--measure", "--model", args.model)
     if args.engine == "vllm":
@@ -199,8 +199,8 @@ def _measure_engine(
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """``--engine vllm``: the old and new decisions for --model as two cells on `vllm serve`
     (none when vLLM would be started alike)."""
-    from interlock.bench.engine import compare_cells
-    from interlock.commands.bench import command_line, engine_setup, measure_on_engine
+    from interlock.commands.measure import command_line, engine_setup, measure_on_engine
+    from interlock.measure.engine import compare_cells
 
     flags = {"platform": args.platform, "device_arch": args.device_arch, "env": {},
              "sources": {}}
@@ -233,7 +233,7 @@ def _unmeasured(context: Any, architecture: str, here: str) -> str | None:
 
 
 def _keep(record: dict[str, Any]) -> Any:
-    from interlock.commands.bench import write_record
+    from interlock.commands.measure import write_record
 
     return write_record(record, None)
 

@@ -26,7 +26,7 @@ from interlock.commands.common import write_json
 from interlock.core.terminal import one_line
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "impact",
         help="which recorded deployments a policy edit would change",

@@ -9,7 +9,7 @@ from typing import Any
 from interlock.commands.common import write_json
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "plugins",
         help="list runner plugins and their capabilities",

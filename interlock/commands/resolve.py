@@ -13,7 +13,7 @@ from interlock.commands.common import (
 )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "resolve",
         help="the decision as JSON",

@@ -1,4 +1,4 @@
-"""``policy schema``: the JSON Schema of the policy file, the policy tests file or a bench
+"""``policy schema``: the JSON Schema of the policy file, the policy tests file or a measurement
 evidence record."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import argparse
 import sys
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "schema",
         help="JSON Schema of the policy file, the tests file or an evidence record",
         description="Print the JSON Schema (draft 2020-12) of a policy file (default), of a "
-        "policy tests file or of a bench evidence record (policy bench --record), for "
+        "policy tests file or of a measurement evidence record (policy measure --record), for "
         "editors and tools: the repository keeps them in schemas/ "
         "(policy schema policy > schemas/policy.schema.json).",
     )

@@ -34,7 +34,7 @@ from interlock.core.env import API_KEY
 from interlock.core.errors import InputError, ModelError
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API, run the way the policy decides",

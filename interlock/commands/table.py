@@ -20,7 +20,7 @@ from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "table",
         help="decision matrix: catalog architectures x platforms, or x your fleet's targets",

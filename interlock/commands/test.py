@@ -10,7 +10,7 @@ from typing import Any
 from interlock.commands.common import add_policy_args
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from interlock.policy.invariants import ALL_FLAG, SHOWN
 
     parser = subparsers.add_parser(

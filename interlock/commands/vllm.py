@@ -46,7 +46,7 @@ OWN_OPTIONS = (
 STARTUP_TIMEOUT_S = 1800.0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "vllm",
         help="print or exec `vllm serve` with the policy's decision made explicit",

@@ -1,6 +1,6 @@
 """What code a measurement ran: a digest of each source file of the runners and kernels.
 
-A bench record keeps these digests (``software.code``), and ``policy check`` compares
+A measurement record keeps these digests (``software.code``), and ``policy check`` compares
 them with the files installed now: evidence measured on runner or kernel code that has
 changed since is stale, whatever the dates say. The files are found without importing
 the packages (``policy check`` never imports torch): by the folders the import system

@@ -35,7 +35,7 @@ DECISION_LOG = EnvVar(
 )
 CACHE_DIR = EnvVar(
     "INTERLOCK_CACHE_DIR", "a private directory",
-    "where parsed policies, plugin discovery, converted checkpoints and bench records are "
+    "where parsed policies, plugin discovery, converted checkpoints and measurement records are "
     "cached (default $XDG_CACHE_HOME/interlock, else ~/.cache/interlock)", "docs/security.md",
 )
 API_KEY = EnvVar(

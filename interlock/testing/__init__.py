@@ -115,5 +115,7 @@ class RunnerPluginContract:
         or [pytest.param(None, marks=pytest.mark.skip(reason="no model checks in this kit yet"))],
         ids=lambda c: getattr(c, "__name__", "none"),
     )
-    def test_runs_models(self, record: PluginRecord, check: Callable) -> None:
+    def test_runs_models(
+        self, record: PluginRecord, check: Callable[[PluginRecord], list[Finding]]
+    ) -> None:
         _assert_none(check(record))

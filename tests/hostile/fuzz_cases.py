@@ -1,4 +1,4 @@
-"""The cases of ``test_fuzz_second_pass.py``, run by :func:`hostile.bounded.bounded` in a
+"""The cases of ``test_fuzz_files_and_numbers.py``, run by :func:`hostile.bounded.bounded` in a
 spawned child: module-level functions of picklable arguments, importing what they use."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def build_meta_model(config: dict[str, Any]) -> int:
     """The number of parameters of the model ``config`` describes, built on the meta device."""
     from interlock.runners.dispatch import build_kernel_table
     from interlock.runners.model.checkpoint import build_model
-    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.config_json import parse_config
 
     parsed = parse_config(config)
     model = build_model(parsed, build_kernel_table("cpu", "float32"), "float32", "meta",

@@ -104,7 +104,7 @@ def test_policy_loader_mutations_of_the_shipped_policy(edits) -> None:  # type: 
 @given(st.one_of(st.binary(max_size=500), trees.map(lambda t: json.dumps(t).encode())))
 def test_config_json_reader(tmp_path_factory, data: bytes) -> None:  # type: ignore[no-untyped-def]
     from interlock.policy.context import make_context
-    from interlock.runners.model.config import load_config
+    from interlock.runners.model.config_json import load_config
 
     directory = tmp_path_factory.mktemp("cfg")
     (directory / "config.json").write_bytes(data)
@@ -150,7 +150,7 @@ LLAMA = {
     )
 )
 def test_config_values(changes: dict) -> None:  # type: ignore[type-arg]
-    from interlock.runners.model.config import parse_config
+    from interlock.runners.model.config_json import parse_config
 
     try:
         parse_config({**LLAMA, **changes})

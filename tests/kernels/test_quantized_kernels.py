@@ -111,7 +111,7 @@ def test_float16_scales_of_every_class_are_read_exactly(name: str) -> None:
     """Records keep Q8_0's and Q4_1's float16 scales as they are; the products and the
     embedding rows read them as float32 exactly (zero, -0, subnormal, the largest of each
     sign): against gguf's dequantization. (An infinite or NaN scale is refused when the
-    file is decoded: tests/hostile/test_third_pass_weights.py.)"""
+    file is decoded: tests/hostile/test_weight_files.py.)"""
     specials = np.array([0.0, -0.0, 2.0**-24, -(2.0**-20), 6.1e-5, 65504.0, -65504.0, 1.0],
                         dtype="<f2")
     raw = file_bytes(name, 16, 64, seed=5).reshape(16, 2, -1)

@@ -9,7 +9,7 @@ from interlock.commands.run.orchestrate import IDS_MAX_TOKENS, TEXT_MAX_TOKENS, 
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run",
         help="run a model the way the policy decides",

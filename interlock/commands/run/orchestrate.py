@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from typing import Any
 
-from interlock.bench.metrics import (
+from interlock.app.timing import (
     RequestTimes,
     decode_ms_per_token,
     mean_ttft_ms,
@@ -206,8 +206,8 @@ def _execute(
 
 
 def run_metrics(times: Sequence[RequestTimes]) -> dict[str, float | None]:
-    """A run's TTFT, TPOT and output tokens/s, as :mod:`interlock.bench.metrics` defines
-    them for every engine (the bench's figures on the same requests are these)."""
+    """A run's TTFT, TPOT and output tokens/s, as :mod:`interlock.app.timing` defines
+    them for every engine (the measurement's figures on the same requests are these)."""
     if not times:
         return {"ttft_ms": None, "tpot_ms": None, "output_tokens_per_s": None}
     decode = decode_ms_per_token(times)

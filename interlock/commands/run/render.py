@@ -61,7 +61,7 @@ def run_document(
     graphs = report.graphs.to_dict() if report.graphs is not None else {}
     rows = [output_dict(o) for o in outputs]
     # Each request's clock readings, from the run's first arrival: what the metrics are
-    # computed from (interlock.bench.metrics), so that any reader can recompute them.
+    # computed from (interlock.app.timing), so that any reader can recompute them.
     times = [o.times for o in outputs]
     origin = min((t.arrival for t in times if t is not None), default=0.0)
     for row, t in zip(rows, times, strict=True):

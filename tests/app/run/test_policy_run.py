@@ -182,8 +182,8 @@ def test_a_deepseek_model_runs_as_decided_and_reports_its_latent_cache(policy_ru
 
 def test_json_metrics_are_the_benchs_on_the_same_requests(policy_run, tiny_llama):
     """`policy run --json`'s TTFT, TPOT and tokens/s are what bench/bench_cpu_engines.py
-    computes (interlock/bench/metrics.py) from the run's own request times."""
-    from interlock.bench.metrics import (
+    computes (interlock/app/timing.py) from the run's own request times."""
+    from interlock.app.timing import (
         RequestTimes,
         decode_ms_per_token,
         mean_ttft_ms,

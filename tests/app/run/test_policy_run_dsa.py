@@ -1,6 +1,6 @@
 """The policy end to end on a seed model's architecture (a tiny GlmMoeDsa): `policy explain`
 derives attention dsa from its config, `policy run` runs what the policy decided (on the CPU:
-mrv2 with breakable graphs, rule breakable-dsa) and matches transformers, and `policy bench`
+mrv2 with breakable graphs, rule breakable-dsa) and matches transformers, and `policy measure`
 runs the seed's 2x2 (runner x breakable) on it."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_run_executes_the_policys_decision_and_matches_transformers(cli, tiny_gl
 @pytest.mark.slow
 def test_bench_runs_the_seeds_two_by_two(cli, tiny_glm, tmp_path):
     path, _ = tiny_glm
-    result = cli("bench", str(path), "--platform", "cpu", "--vary", "runner=mrv1,mrv2",
+    result = cli("measure", str(path), "--platform", "cpu", "--vary", "runner=mrv1,mrv2",
                  "--vary", "breakable=false,true", "--prompt-len", "10", "--max-tokens", "3",
                  "--trials", "2", "--warmup", "0", "--json", "--record", tmp_path / "r.json")
     assert result.code == 0, result.err

@@ -1,7 +1,7 @@
 """The policy end to end on Kimi Linear (KDA + MLA hybrid): `policy explain` derives attention
 hybrid from its config (not mla, though its full-attention layers are MLA), `policy run`
 runs what the policy decided (breakable graphs, rule breakable-listed) and matches
-transformers, and `policy bench` runs on it."""
+transformers, and `policy measure` runs on it."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_run_executes_the_policys_decision_and_matches_transformers(cli, tiny_ki
 @pytest.mark.slow
 def test_bench_runs_on_it(cli, tiny_kimi, tmp_path):
     path, _ = tiny_kimi
-    result = cli("bench", str(path), "--platform", "cpu", "--vary", "runner=mrv1,mrv2",
+    result = cli("measure", str(path), "--platform", "cpu", "--vary", "runner=mrv1,mrv2",
                  "--prompt-len", "10", "--max-tokens", "3", "--trials", "2", "--warmup", "0",
                  "--json", "--record", tmp_path / "r.json")
     assert result.code == 0, result.err

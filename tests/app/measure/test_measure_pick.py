@@ -1,4 +1,4 @@
-"""Issue 43 item 1: `policy bench` marks the policy's pick in the table, the record and the
+"""Issue 43 item 1: `policy measure` marks the policy's pick in the table, the record and the
 plot; a measured alternative that beats it significantly is reported with the rule that
 decided the pick and the evidence entry of a rule that changes it; --fail-if-pick-loses
 makes that exit 1."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from interlock.bench.stats import MIN_TRIALS
+from interlock.measure.stats import MIN_TRIALS
 from interlock.policy.lint import lint_paths
 
 ARGS = ("--load-format", "dummy", "--vary", "runner=fast,slow", "--prompt-len", "4",
@@ -43,7 +43,7 @@ def test_a_pick_that_loses_is_reported_with_its_rule_and_evidence(
 ) -> None:
     site = _site(tmp_path / "site", "slow")
     plot, record_path = tmp_path / "pick.svg", tmp_path / "evidence" / "pick.json"
-    argv = ("bench", shared_tiny_model, *ARGS, "--policy", "@shipped", "--policy", site,
+    argv = ("measure", shared_tiny_model, *ARGS, "--policy", "@shipped", "--policy", site,
             "--plot", plot, "--record", record_path)
     res = cli(*argv, "--fail-if-pick-loses")
     assert res.code == 1, res.err
@@ -84,7 +84,7 @@ def test_a_pick_that_loses_is_reported_with_its_rule_and_evidence(
 
 def test_a_pick_that_wins_is_marked_and_passes_the_gate(cli, shared_tiny_model, tmp_path) -> None:
     site = _site(tmp_path, "fast")
-    res = cli("bench", shared_tiny_model, *ARGS, "--policy", "@shipped", "--policy", site,
+    res = cli("measure", shared_tiny_model, *ARGS, "--policy", "@shipped", "--policy", site,
               "--record", tmp_path / "r.json", "--fail-if-pick-loses")
     assert res.code == 0, res.err
     assert _pick_row(res.out).split()[:2] == ["c0", "fast"]
@@ -104,7 +104,7 @@ def _samples(tpot: dict[str, list[float]], batch_size: int = 1) -> list[dict[str
 
 
 def test_the_pick_is_compared_on_the_benchs_own_test() -> None:
-    from interlock.bench.analysis import analyse
+    from interlock.measure.analysis import analyse
 
     noise = [0.0, 0.3, -0.2, 0.1, -0.1]
     tpot = {"c0": [10 + n for n in noise], "c1": [40 + n for n in noise],
@@ -127,7 +127,7 @@ def test_the_pick_is_compared_on_the_benchs_own_test() -> None:
 
 
 def test_each_alternative_that_beats_the_pick_gets_its_entry(tmp_path: Path) -> None:
-    from interlock.bench.render import contradiction_text
+    from interlock.measure.render import contradiction_text
 
     def compared(alternative: str) -> dict[str, object]:
         return {"config": "c1", "alternative": alternative, "metric": "tpot_ms",

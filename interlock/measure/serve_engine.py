@@ -1,11 +1,11 @@
-"""``policy bench --engine interlock``: the factorial measured on ``policy serve``, through
-the HTTP client ``--engine vllm`` drives ``vllm serve`` with (:mod:`interlock.bench.client`).
+"""``policy measure --engine interlock``: the factorial measured on ``policy serve``, through
+the HTTP client ``--engine vllm`` drives ``vllm serve`` with (:mod:`interlock.measure.client`).
 
 Each cell is the decision with its varied fields forced, run as a ``policy serve`` child
-that is given those levels with ``--set`` (and the bench's own policy and context flags),
+that is given those levels with ``--set`` (and the measurement's own policy and context flags),
 on a port of its own. As on vLLM, every trial starts the cell's server, waits for
 ``/health``, checks that its startup line names the cell's decision (a server that runs
-another decision stops the bench, naming the cell), drives it with streaming
+another decision stops the measurement, naming the cell), drives it with streaming
 ``/v1/completions`` at ``concurrency``, and stops it; the first start of each cell
 answers the accuracy prompts. The record is ``--engine vllm``'s, with ``engine.name``
 ``interlock``.
@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.bench.client import complete, free_port, run_trial
-from interlock.bench.engine import Cell, EngineWorkload, Progress, accuracy
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
+from interlock.measure.client import complete, free_port, run_trial
+from interlock.measure.engine import Cell, EngineWorkload, Progress, accuracy
 
 #: ``policy serve``'s first line: ``policy serve: runner=mrv2 (who), cudagraph=... (who), ...``
 DECIDED = re.compile(r"^policy serve: (runner=.*)$")
@@ -94,9 +94,9 @@ def serve_cells(
 ) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
     """``(base resolution, cells, skipped)``: every combination's decision with its levels
     forced over ``overrides``, and the ``policy serve`` command that runs it (``flags``:
-    the bench's policy and context flags, passed on); a combination the policy refuses is
+    the measurement's policy and context flags, passed on); a combination the policy refuses is
     skipped with why."""
-    from interlock.bench.design import combinations
+    from interlock.measure.design import combinations
     from interlock.policy.resolution import resolve
 
     base = resolve(policy, context, overrides)
@@ -125,13 +125,13 @@ def measure_serve(
     progress: Progress | None, command: str | None, pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the design on ``policy serve`` children and build the evidence record; ``pick``
-    as ``--engine vllm``'s (``interlock.bench.pick``)."""
+    as ``--engine vllm``'s (``interlock.measure.pick``)."""
     from interlock import decision_log as records
-    from interlock.bench import _balance, _cpu_model
-    from interlock.bench.analysis import analyse
-    from interlock.bench.design import block_order
-    from interlock.bench.engine import _config_sha, _interlock_version, _jsonable, gpu_name
-    from interlock.bench.harness import config_hash
+    from interlock.measure import _balance, _cpu_model
+    from interlock.measure.analysis import analyse
+    from interlock.measure.design import block_order
+    from interlock.measure.engine import _config_sha, _interlock_version, _jsonable, gpu_name
+    from interlock.measure.harness import config_hash
     from interlock.vllm.engine import EngineFailed, EngineProcess
 
     if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
@@ -143,7 +143,7 @@ def measure_serve(
     for cell in cells:
         cell.port = free_port(port, taken)
         taken.add(cell.port)
-        cell.record = records.build_record(cell.resolution, "policy bench", model=model)
+        cell.record = records.build_record(cell.resolution, "policy measure", model=model)
     created = datetime.datetime.now(datetime.timezone.utc)
     blocks = workload.warmup + workload.trials
     order = block_order(len(cells), blocks, workload.seed)

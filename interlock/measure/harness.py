@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from interlock.bench.design import block_order, combinations
-from interlock.bench.metrics import RequestTimes, decode_ms_per_token, mean_ttft_ms
+from interlock.app.timing import RequestTimes, decode_ms_per_token, mean_ttft_ms
 from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
+from interlock.measure.design import block_order, combinations
 
 #: The harness's own time (outside the engine's steps) must stay under this share.
 OVERHEAD_LIMIT = 0.01

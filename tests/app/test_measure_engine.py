@@ -1,4 +1,4 @@
-"""`policy bench --engine vllm`: the 2x2 of seed 2 on a fake `vllm serve` whose per-token
+"""`policy measure --engine vllm`: the 2x2 of seed 2 on a fake `vllm serve` whose per-token
 delay is +3 ms under V2 and +1.2 ms with breakable graphs (tests/app/fake_vllm_server.py)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Bench:
     def __call__(self, *options: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Any]:
         self.record.unlink(missing_ok=True)
         proc = subprocess.run(
-            [sys.executable, "-m", "interlock.cli", "bench", "--engine", "vllm", str(self.model),
+            [sys.executable, "-m", "interlock.cli", "measure", "--engine", "vllm", str(self.model),
              "--platform", "cuda", "--device-arch", "sm_90", "--record", str(self.record),
              "--output-len", "24", "--input-len", "8", "--concurrency", "2",
              "--requests-per-stream", "1", "--accuracy-tokens", "4", "--startup-timeout", "20",
@@ -164,7 +164,7 @@ def test_ports_in_use_are_skipped(bench: Bench) -> None:
     for line in lines:
         jsonschema.validate(line, schema)
     assert [r["id"] for r in lines] == [c["decision_record"] for c in record["configurations"]]
-    assert all(r["command"] == "policy bench" and r["engine"]["verified"] for r in lines)
+    assert all(r["command"] == "policy measure" and r["engine"]["verified"] for r in lines)
 
 
 ENGINE_POLICY = """\

@@ -1,7 +1,7 @@
-"""``policy bench``'s engine, for notebooks too: ``interlock.bench.run(...)`` measures a model
+"""``policy measure``'s engine, for notebooks too: ``interlock.measure.run(...)`` measures a model
 under several decisions and returns the evidence record the command writes.
 
-    from interlock.bench import Workload, run
+    from interlock.measure import Workload, run
     record = run("demo", vary={"runner": ["mrv1", "mrv2"], "cudagraph": ["none", "full"]},
                  workload=Workload(max_tokens=32, trials=5))
     record["analysis"]["batch_sizes"]["1"]["effects"]["tpot_ms"]
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from interlock.bench.harness import OVERHEAD_LIMIT, Workload
+from interlock.measure.harness import OVERHEAD_LIMIT, Workload
 from interlock.runners.model.sources import DEMO
 
 __all__ = ["OVERHEAD_LIMIT", "Workload", "compare", "measure", "run"]
@@ -49,10 +49,10 @@ def run(
     ``policy`` files, the process environment's bindings and ``env``, ``overrides``).
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
-    from interlock.bench.harness import resolve_design
-    from interlock.bench.pick import policy_pick
     from interlock.core.decision import check_field
     from interlock.core.errors import PolicyError
+    from interlock.measure.harness import resolve_design
+    from interlock.measure.pick import policy_pick
     from interlock.model_run import check_runs_here, process_env
     from interlock.policy.loader import load_policy
 
@@ -112,7 +112,7 @@ def compare(
     running ``model`` here (env bindings unset, the runners' capabilities applied), measured
     side by side as the levels ``old`` and ``new`` of a factor ``policy`` when they differ
     (the record is None when they decide alike)."""
-    from interlock.bench.harness import Config
+    from interlock.measure.harness import Config
     from interlock.model_run import resolve_model_run
 
     model = os.fspath(model)
@@ -145,10 +145,10 @@ def measure(
     pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load ``configs`` (resolutions of ``model``), run the trials and build the record;
-    ``pick``: the policy's pick (:func:`interlock.bench.pick.policy_pick`), None when the
+    ``pick``: the policy's pick (:func:`interlock.measure.pick.policy_pick`), None when the
     configurations are not the policy's alternatives (``policy diff --measure``)."""
-    from interlock.bench.analysis import analyse
-    from interlock.bench.harness import config_hash, load_configs, prompt_token_ids, run_trials
+    from interlock.measure.analysis import analyse
+    from interlock.measure.harness import config_hash, load_configs, prompt_token_ids, run_trials
     from interlock.model_run import model_target
     from interlock.runners.model.checkpoint import resolve_model
 

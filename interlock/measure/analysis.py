@@ -1,4 +1,4 @@
-"""The analysis of a bench record's samples: per configuration medians with bootstrap
+"""The analysis of a measurement record's samples: per configuration medians with bootstrap
 intervals, the 2^k effects, the fastest configuration and its lead, and the policy's pick
 against the fastest alternative (all per batch size)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from interlock.bench.stats import (
+from interlock.measure.stats import (
     CONFIDENCE,
     MIN_TRIALS,
     RESAMPLES,
@@ -39,7 +39,7 @@ def analyse(
 ) -> dict[str, Any]:
     """The ``analysis`` of a record. ``complete``: every combination of the factors ran, so
     with two levels each the effects are defined. ``pick``: the configuration the policy
-    decides here (see :mod:`interlock.bench.pick`), compared with the alternatives."""
+    decides here (see :mod:`interlock.measure.pick`), compared with the alternatives."""
     two_level = bool(factors) and all(len(levels) == 2 for levels in factors.values())
     effects_note = None
     if not factors:

@@ -1,4 +1,4 @@
-"""`policy bench` and `interlock.bench.run`: known effects are recovered, the order is
+"""`policy measure` and `interlock.measure.run`: known effects are recovered, the order is
 balanced, the statistics are right, and the command writes its record and plot."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from bench_helpers import bench_until, contains_zero, effect
+from measure_helpers import bench_until, contains_zero, effect
 
-from interlock.bench import Workload, run
-from interlock.bench.design import block_order, square_size, williams_rows
-from interlock.bench.plot import write_plot
-from interlock.bench.stats import factorial_effects, median_interval
+from interlock.measure import Workload, run
+from interlock.measure.design import block_order, square_size, williams_rows
+from interlock.measure.plot import write_plot
+from interlock.measure.stats import factorial_effects, median_interval
 
 # Few steps of a tiny model: the sleeps of the delay runners dominate every step.
 QUICK = dict(prompt_len=4, max_tokens=6, warmup=1)
@@ -184,7 +184,7 @@ def test_williams_rows_are_a_balanced_latin_square(n):
 def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_tiny_model, tmp_path):
     plot, target = tmp_path / "bench.svg", tmp_path / "evidence" / "run.json"
     result = cli(
-        "bench", shared_tiny_model, "--load-format", "dummy", "--vary", "runner=fast,slow",
+        "measure", shared_tiny_model, "--load-format", "dummy", "--vary", "runner=fast,slow",
         "--prompt-len", "4", "--max-tokens", "3", "--trials", "2", "--warmup", "0",
         "--plot", plot, "--record", target,
     )
@@ -198,8 +198,9 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_ti
     assert result.err.strip().splitlines()[-1] == f"record: {target}"
     record = json.loads(target.read_text())
     assert record["command"] == (
-        f"policy bench {shared_tiny_model} --vary runner=fast,slow --batch-sizes 1 --prompt-len 4 "
-        "--max-tokens 3 --trials 2 --warmup 0 --seed 0 --dtype auto --load-format dummy"
+        f"policy measure {shared_tiny_model} --vary runner=fast,slow --batch-sizes 1 "
+        "--prompt-len 4 --max-tokens 3 --trials 2 --warmup 0 --seed 0 --dtype auto "
+        "--load-format dummy"
     )
     assert record["factors"] == {"runner": ["fast", "slow"]}
     assert record["pick"]["config"] is None and record["pick"]["decision"] == {"runner": "mrv2"}
@@ -218,7 +219,7 @@ def test_policy_bench_prints_the_table_and_writes_record_and_plot(cli, shared_ti
 
 def test_policy_bench_json_is_the_record(cli, shared_tiny_model, tmp_path):
     result = cli(
-        "bench", shared_tiny_model, "--load-format", "dummy", "--set", "runner=fast",
+        "measure", shared_tiny_model, "--load-format", "dummy", "--set", "runner=fast",
         "--prompt-len", "4", "--max-tokens", "2", "--trials", "2", "--warmup", "0", "--json",
         "--record", tmp_path / "r.json",
     )
@@ -240,7 +241,7 @@ def test_policy_bench_json_is_the_record(cli, shared_tiny_model, tmp_path):
 )
 def test_policy_bench_input_errors(cli, shared_tiny_model, tmp_path, argv, message):
     result = cli(
-        "bench", shared_tiny_model, "--load-format", "dummy", "--prompt-len", "2",
+        "measure", shared_tiny_model, "--load-format", "dummy", "--prompt-len", "2",
         "--max-tokens", "2",
         "--trials", "2", "--warmup", "0", "--record", tmp_path / "r.json", *argv,
     )
@@ -251,7 +252,7 @@ def test_policy_bench_input_errors(cli, shared_tiny_model, tmp_path, argv, messa
 
 def test_a_text_prompt_needs_the_models_tokenizer(cli, shared_tiny_model, tmp_path):
     result = cli(
-        "bench", shared_tiny_model, "--load-format", "dummy", "--prompt", "hello there",
+        "measure", shared_tiny_model, "--load-format", "dummy", "--prompt", "hello there",
         "--max-tokens", "2", "--trials", "2", "--record", tmp_path / "r.json",
     )
     assert result.code == 1
@@ -261,7 +262,7 @@ def test_a_text_prompt_needs_the_models_tokenizer(cli, shared_tiny_model, tmp_pa
 def test_the_progress_bar_runs_only_on_a_terminal(monkeypatch):
     import io
 
-    from interlock.commands import bench as command
+    from interlock.commands import measure as command
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -275,4 +276,4 @@ def test_the_progress_bar_runs_only_on_a_terminal(monkeypatch):
     for done in range(4):
         bar(done, 3)
     bar.close()
-    assert "bench: 100%" in terminal.getvalue() and "3/3" in terminal.getvalue()
+    assert "measure: 100%" in terminal.getvalue() and "3/3" in terminal.getvalue()

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from interlock.bench.stats import MIN_TRIALS, factorial_effects
+from interlock.measure.stats import MIN_TRIALS, factorial_effects
 
 ARGS = ("--load-format", "dummy", "--vary", "runner=fast,slow", "--prompt-len", "4",
         "--max-tokens", "3", "--warmup", "0")
@@ -27,7 +27,7 @@ def test_few_trials_make_no_claim_however_large_the_effect() -> None:
 
 def test_bench_with_three_trials_refuses_the_claim(cli, shared_tiny_model, tmp_path) -> None:
     plot, record = tmp_path / "few.svg", tmp_path / "few.json"
-    res = cli("bench", shared_tiny_model, *ARGS, "--trials", "3", "--plot", plot,
+    res = cli("measure", shared_tiny_model, *ARGS, "--trials", "3", "--plot", plot,
               "--record", record)
     assert res.code == 0, res.err
     assert f"(no claim: fewer than {MIN_TRIALS} trials)" in res.out
@@ -43,7 +43,7 @@ def test_bench_with_three_trials_refuses_the_claim(cli, shared_tiny_model, tmp_p
 
 def test_bench_with_enough_trials_marks_significance(cli, shared_tiny_model, tmp_path) -> None:
     plot, record = tmp_path / "enough.svg", tmp_path / "enough.json"
-    res = cli("bench", shared_tiny_model, *ARGS, "--trials", str(MIN_TRIALS), "--plot", plot,
+    res = cli("measure", shared_tiny_model, *ARGS, "--trials", str(MIN_TRIALS), "--plot", plot,
               "--record", record)
     assert res.code == 0, res.err
     assert "runner fast→slow: +" in res.out and "(significant)" in res.out

@@ -1,9 +1,9 @@
-"""The HTTP client of ``policy bench --engine vllm|interlock``: one way of driving an
+"""The HTTP client of ``policy measure --engine vllm|interlock``: one way of driving an
 OpenAI-compatible server (``vllm serve`` or ``policy serve``), so both are measured alike.
 
 Times are taken per streamed chunk, as ``vllm bench serve`` takes them: the request's
 arrival is when it is sent, its first token the first chunk's arrival, its finish the
-last's; TTFT, TPOT and tokens/s are :mod:`interlock.bench.metrics`'s, as for every engine;
+last's; TTFT, TPOT and tokens/s are :mod:`interlock.app.timing`'s, as for every engine;
 ITL the gaps between chunks.
 """
 
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from interlock.bench.metrics import (
+from interlock.app.timing import (
     RequestTimes,
     decode_ms_per_token,
     mean_ttft_ms,
@@ -56,7 +56,7 @@ def _field(value: Any, path: str, kind: type | tuple[type, ...]) -> Any:
 
 
 class Workload(Protocol):
-    """What a trial sends (``interlock.bench.engine.EngineWorkload``)."""
+    """What a trial sends (``interlock.measure.engine.EngineWorkload``)."""
 
     @property
     def concurrency(self) -> int: ...

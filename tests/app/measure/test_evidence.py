@@ -1,4 +1,4 @@
-"""Rules citing bench records: `policy check` validates them and warns when the evidence
+"""Rules citing measurement records: `policy check` validates them and warns when the evidence
 contradicts the rule or predates its last change; `policy explain` summarises them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from checkout import REPO
 
-from interlock.bench import Workload, run
+from interlock.measure import Workload, run
 
 POLICY = """\
 schema_version: 1
@@ -150,7 +150,7 @@ def test_a_malformed_record_is_a_clear_error_at_its_line(cli, site, damage, wher
     assert code == 1
     [error] = findings
     assert error["code"] == "evidence-invalid" and error["line"] == 12
-    assert "is not a valid bench record" in error["message"]
+    assert "is not a valid measurement record" in error["message"]
     assert where in error["message"] and message in error["message"]
     # file:line:col of the record itself
     assert "runner.json:" in error["message"]

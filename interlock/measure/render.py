@@ -1,4 +1,4 @@
-"""A bench record as text: the configurations table (the policy's pick marked), the
+"""A measurement record as text: the configurations table (the policy's pick marked), the
 effects, the fastest, the pick against the alternatives, what was skipped, and the
 harness's overhead."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from interlock.bench.stats import MIN_TRIALS
 from interlock.core.fields import show_scalar
+from interlock.measure.stats import MIN_TRIALS
 
 #: Beside the policy's pick in the table (and the plot's labels).
 PICK_MARK = "← policy's pick"
@@ -166,7 +166,7 @@ def contradiction_text(record: dict[str, Any], path: Path, *, kept: bool) -> str
     """When an alternative beats the policy's pick significantly: which rule decided the
     pick (file:line) and the evidence entry of a rule that changes it, citing the record
     at ``path`` (``kept``: written where --record said, not under the cache directory)."""
-    from interlock.bench.pick import beaten, decided_by_text, evidence_entry
+    from interlock.measure.pick import beaten, decided_by_text, evidence_entry
 
     lost = beaten(record)
     if not lost:

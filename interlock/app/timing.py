@@ -1,4 +1,4 @@
-"""The serving metrics, defined once: what ``policy run --json``, ``policy bench`` (its
+"""The serving metrics, defined once: what ``policy run --json``, ``policy measure`` (its
 engine steps and its HTTP client) and ``bench/bench_cpu_engines.py`` report for every engine.
 
 Each engine's timings become :class:`RequestTimes` (seconds on one clock), and every figure

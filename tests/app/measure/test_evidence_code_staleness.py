@@ -1,4 +1,4 @@
-"""Issue 24 item 14: a bench record keeps a digest of each runner and kernel source file it
+"""Issue 24 item 14: a measurement record keeps a digest of each runner and kernel source file it
 ran (``software.code``), and ``policy check`` calls its evidence stale once any of them
 changed, whatever git dates say; a record without digests says the code is unchecked."""
 
@@ -83,4 +83,5 @@ def test_a_record_without_digests_does_not_claim_fresh_code(cli, tmp_path) -> No
 def test_the_shipped_record_names_its_code() -> None:
     assert RECORD["software"].get("code"), "evidence/cpu-demo-2x2.json was measured before " \
         "records kept code digests: re-measure it"
+    # Measured before `policy bench` was renamed `policy measure`: the record keeps what ran.
     assert RECORD["command"].startswith("policy bench demo --vary runner=mrv1,mrv2")

@@ -1,11 +1,11 @@
-"""``policy bench --engine vllm``: the factorial measured on ``vllm serve`` itself.
+"""``policy measure --engine vllm``: the factorial measured on ``vllm serve`` itself.
 
 Each cell of the design is a decision with its varied fields forced, turned into the
 ``vllm serve`` command ``policy vllm args`` emits (env and flags), on a port of its own.
-Trials run in the blocks of :mod:`interlock.bench.design`; each trial starts the cell's
+Trials run in the blocks of :mod:`interlock.measure.design`; each trial starts the cell's
 server, waits for ``/health`` (bounded), checks its startup log against the cell's
 decision (:class:`interlock.vllm.engine.EngineCheck`: an engine that does not run the
-cell's decision stops the bench, naming the cell), drives it with streaming
+cell's decision stops the measurement, naming the cell), drives it with streaming
 ``/v1/completions`` requests at ``concurrency`` and stops it before the next trial. Times
 are taken per streamed chunk, as ``vllm bench serve`` takes them: TTFT is the first
 chunk's arrival after the request, TPOT the rest of the request's time per output token
@@ -14,8 +14,8 @@ after the first, ITL the gaps between chunks.
 The first start of every cell also answers the accuracy prompts greedily
 (``temperature 0``): a cell whose answers differ from the first cell's on more than
 ``max_divergence`` of the prompts is flagged; with reference answers each cell also gets
-an exact-match score. The analysis is ``policy bench``'s own
-(:func:`interlock.bench.analysis.analyse`), so is the record's layout, plus ``engine`` and
+an exact-match score. The analysis is ``policy measure``'s own
+(:func:`interlock.measure.analysis.analyse`), so is the record's layout, plus ``engine`` and
 ``accuracy``.
 """
 
@@ -34,8 +34,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from interlock.bench.client import complete, free_port, prompt_ids, run_trial
 from interlock.core.errors import InputError, PolicyError
+from interlock.measure.client import complete, free_port, prompt_ids, run_trial
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class EngineWorkload:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        # policy bench's record layout: what render_text and the plot read.
+        # policy measure's record layout: what render_text and the plot read.
         data.update(batch_sizes=[self.concurrency], max_tokens=self.output_len,
                     prompt_token_ids=prompt_ids(self.input_len), prompts=list(self.prompts))
         return data
@@ -76,7 +76,7 @@ class EngineWorkload:
 
 def shipped_accuracy_prompts() -> list[str]:
     """The ~50 short prompts shipped for the accuracy gate."""
-    text = resources.files("interlock.bench").joinpath("accuracy_prompts.json").read_text()
+    text = resources.files("interlock.measure").joinpath("accuracy_prompts.json").read_text()
     return list(json.loads(text))
 
 
@@ -152,7 +152,7 @@ def resolve_cells(
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
     command for vLLM ``version`` (None: unknown, every flag set); a combination the policy
     or vLLM's adjustments refuse is skipped with why."""
-    from interlock.bench.design import combinations
+    from interlock.measure.design import combinations
     from interlock.policy.resolution import resolve
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
@@ -225,10 +225,10 @@ def measure_engine(
     pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the design on ``vllm serve`` and build the evidence record; ``pick`` as
-    :func:`interlock.bench.measure` takes it."""
+    :func:`interlock.measure.measure` takes it."""
     from interlock import decision_log as records
-    from interlock.bench.analysis import analyse
-    from interlock.bench.design import block_order
+    from interlock.measure.analysis import analyse
+    from interlock.measure.design import block_order
     from interlock.vllm.engine import EngineCheck, EngineFailed, EngineProcess, log_formats
 
     log_formats(vllm_version)  # a version that is not one is refused before anything starts
@@ -242,7 +242,7 @@ def measure_engine(
         cell.port = free_port(port, taken)
         taken.add(cell.port)
         cell.record = records.build_record(
-            cell.resolution, "policy bench", model=model, capabilities=False,
+            cell.resolution, "policy measure", model=model, capabilities=False,
             runner={"name": cell.command.decision["runner"], "plugin": None,
                     "distribution": "vllm", "version": vllm_version},
         )
@@ -316,8 +316,8 @@ def measure_engine(
     ids = [c.id for c in cells]
     version = next((c.verification["vllm_version"] for c in cells if c.verification),
                    vllm_version)
-    from interlock.bench import _balance, _cpu_model
-    from interlock.bench.harness import config_hash
+    from interlock.measure import _balance, _cpu_model
+    from interlock.measure.harness import config_hash
 
     return {
         "schema": "interlock-evidence/1",

@@ -2,7 +2,7 @@
 fastest configuration's lead.
 
 Samples come as a table ``[configurations, blocks]``: block ``b`` ran every
-configuration once, interleaved (see :mod:`interlock.bench.design`). The
+configuration once, interleaved (see :mod:`interlock.measure.design`). The
 bootstrap resamples whole blocks, the same ones for every configuration, so a
 slow moment of the machine that hit every arm of one block stays paired
 instead of widening every interval.

@@ -1,4 +1,4 @@
-"""``policy bench --engine interlock``: the cells of ``--vary runner=mrv1,mrv2`` as real
+"""``policy measure --engine interlock``: the cells of ``--vary runner=mrv1,mrv2`` as real
 ``policy serve`` children on SmolLM2, driven through ``--engine vllm``'s HTTP client; each
 cell's startup line checked against its decision, nothing left running. And the flags that
 only apply to the other engine refused."""
@@ -27,7 +27,7 @@ def test_bench_on_policy_serve_runs_each_cell_as_decided(tmp_path: Path) -> None
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nWater boils at\n")
     record = tmp_path / "record.json"
-    result = policy("bench", "--engine", "interlock", "smollm2", "--vary", "runner=mrv1,mrv2",
+    result = policy("measure", "--engine", "interlock", "smollm2", "--vary", "runner=mrv1,mrv2",
                     "--trials", "2", "--warmup", "0", "--concurrency", "2",
                     "--requests-per-stream", "1", "--input-len", "8", "--output-len", "8",
                     "--accuracy-prompts", str(prompts), "--accuracy-tokens", "4",
@@ -48,7 +48,7 @@ def test_bench_on_policy_serve_runs_each_cell_as_decided(tmp_path: Path) -> None
 
 
 def test_vllm_flags_are_refused_on_the_interlock_engine() -> None:
-    result = policy("bench", "--engine", "interlock", "smollm2", "--vary", "runner=mrv1,mrv2",
+    result = policy("measure", "--engine", "interlock", "smollm2", "--vary", "runner=mrv1,mrv2",
                     "--vllm-arg=--enforce-eager", timeout=120)
     assert result.returncode == 1
     assert "apply to --engine vllm" in result.stderr

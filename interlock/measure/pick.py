@@ -1,9 +1,9 @@
-"""The policy's own pick among a bench's configurations, and whether the measurement
+"""The policy's own pick among a measurement's configurations, and whether the measurement
 contradicts it.
 
 The pick is the configuration whose decision is the one the policy makes here with no
 level forced (``base_decision``); the analysis compares it, per batch size, with the
-fastest alternative on the bench's own test (a block-paired bootstrap interval of the
+fastest alternative on the measurement's own test (a block-paired bootstrap interval of the
 TPOT difference, significant only from enough trials). A pick that a measured
 alternative beats significantly is what a reviewer needs to see: the rule that decided
 it, and the record to cite as the evidence of a rule that changes it.

@@ -1,15 +1,15 @@
-"""``policy bench --plot FILE.svg|png``: TPOT per configuration with its interval (the
+"""``policy measure --plot FILE.svg|png``: TPOT per configuration with its interval (the
 policy's pick marked, and whether an alternative beats it), and the effects as bars with
-theirs (matplotlib, from the optional extra ``interlock[bench]``)."""
+theirs (matplotlib, from the optional extra ``interlock[measure]``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from interlock.bench.pick import beaten
-from interlock.bench.render import PICK_MARK, effect_text
 from interlock.core.errors import InputError
+from interlock.measure.pick import beaten
+from interlock.measure.render import PICK_MARK, effect_text
 
 FORMATS = (".svg", ".png")
 
@@ -23,7 +23,7 @@ def write_plot(record: dict[str, Any], path: str | Path) -> Path:
         import matplotlib
     except ImportError:
         raise InputError(
-            "--plot needs matplotlib: pip install 'interlock[bench]'"
+            "--plot needs matplotlib: pip install 'interlock[measure]'"
         ) from None
     matplotlib.use("Agg")
     # SVG text as <text> elements, not glyph paths: searchable, selectable, diffable.

@@ -1,4 +1,4 @@
-"""``policy bench MODEL``: measure a model under several decisions, side by side.
+"""``policy measure MODEL``: measure a model under several decisions, side by side.
 
 ``--vary FIELD=V1,V2`` (repeatable) builds the full factorial over decision
 fields; the other fields are the policy's decision for this machine. Each
@@ -37,9 +37,9 @@ from interlock.core.errors import InputError
 from interlock.core.platform import TRITON_FACT
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "bench",
+        "measure",
         help="measure a model under several decisions (factorial, with confidence intervals)",
         description="Run MODEL through the runner plugins under every combination of the "
         "--vary levels (the other fields as the policy decides here), interleaving trials in "
@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--fail-if-pick-loses", action="store_true",
         help="exit 1 when a measured alternative beats the policy's pick significantly "
-        "(TPOT, the bench's own test), for CI",
+        "(TPOT, the measurement's own test), for CI",
     )
     add_engine_args(parser)
     parser.set_defaults(run=run)
@@ -74,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """``--engine interlock|vllm`` and what measuring on ``policy serve`` or ``vllm serve``
-    takes (:mod:`interlock.bench.serve_engine`, :mod:`interlock.bench.engine`)."""
+    takes (:mod:`interlock.measure.serve_engine`, :mod:`interlock.measure.engine`)."""
     from interlock.commands.common import add_decision_log_args
 
     group = parser.add_argument_group(
@@ -134,7 +134,7 @@ def _share(text: str) -> float:
     return value
 
 
-def add_workload_args(parser: argparse.ArgumentParser) -> None:
+def add_workload_args(parser: argparse._ActionsContainer) -> None:
     """What each trial runs, and how the model loads (shared with ``policy diff --measure``)."""
     parser.add_argument(
         "--batch-sizes", type=_sizes, default=(1,), metavar="1,8",
@@ -170,7 +170,7 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 
 def command_line(words: Sequence[str], args: argparse.Namespace) -> str:
-    """The command as a record keeps it: ``policy`` and ``words`` (e.g. ``bench MODEL``),
+    """The command as a record keeps it: ``policy`` and ``words`` (e.g. ``measure MODEL``),
     then the flags that shape the measurement, rebuilt from the parsed arguments."""
     parts = ["policy", *map(str, words)]
     for name, levels in getattr(args, "vary", ()):
@@ -198,7 +198,7 @@ def command_line(words: Sequence[str], args: argparse.Namespace) -> str:
 
 def workload_of(args: argparse.Namespace) -> Any:
     """The ``Workload`` the flags of :func:`add_workload_args` describe (torch threads set)."""
-    from interlock.bench import Workload
+    from interlock.measure import Workload
 
     workload = Workload(
         batch_sizes=args.batch_sizes, prompt_len=args.prompt_len, prompt=args.prompt,
@@ -234,9 +234,9 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.bench import run as bench_run
     from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
+    from interlock.measure import run as bench_run
 
     vary: dict[str, list[Any]] = {}
     for name, levels in args.vary:
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             platform=flags["platform"], device_arch=flags["device_arch"],
             features=flags["features"], env={k: v for k, v in args.env},
             overrides=overrides_of(args), dtype=args.dtype, load_format=args.load_format,
-            progress=bar, command=command_line(("bench", args.model), args),
+            progress=bar, command=command_line(("measure", args.model), args),
         )
     finally:
         if bar is not None:
@@ -271,12 +271,12 @@ def run(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
     """Write the record (and the plot), print it; for an engine record, the accuracy gate's
     exit status."""
-    from interlock.bench.pick import beaten
-    from interlock.bench.render import contradiction_text, render_text
+    from interlock.measure.pick import beaten
+    from interlock.measure.render import contradiction_text, render_text
 
     path = write_record(record, args.record)
     if args.plot:
-        from interlock.bench.plot import write_plot
+        from interlock.measure.plot import write_plot
 
         try:
             write_plot(record, args.plot)
@@ -300,10 +300,10 @@ def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
 
 
 def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
-    """``--engine vllm``: the cells on `vllm serve` (interlock.bench.engine)."""
-    from interlock.bench.engine import resolve_cells
-    from interlock.bench.pick import policy_pick
+    """``--engine vllm``: the cells on `vllm serve` (interlock.measure.engine)."""
     from interlock.core.errors import PolicyError
+    from interlock.measure.engine import resolve_cells
+    from interlock.measure.pick import policy_pick
 
     policy = load(args)
     setup = engine_setup(args, policy, context_flags_of(args, policy))
@@ -314,17 +314,17 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
                           + "; ".join(s["reason"] for s in skipped))
     record = measure_on_engine(
         args, setup, base, cells, skipped, vary, policy.stamp(),
-        command_line(("bench", "--engine", "vllm", args.model), args),
+        command_line(("measure", "--engine", "vllm", args.model), args),
         pick=policy_pick(base, [(c.id, c.resolution) for c in cells], list(vary)),
     )
     return _finish(args, record)
 
 
 def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
-    """``--engine interlock``: the cells on `policy serve` (interlock.bench.serve_engine)."""
-    from interlock.bench.pick import policy_pick
-    from interlock.bench.serve_engine import measure_serve, serve_cells
+    """``--engine interlock``: the cells on `policy serve` (interlock.measure.serve_engine)."""
     from interlock.core.errors import PolicyError
+    from interlock.measure.pick import policy_pick
+    from interlock.measure.serve_engine import measure_serve, serve_cells
     from interlock.model_run import check_runs_here, model_context
 
     if args.vllm_arg or args.vllm_version:
@@ -353,7 +353,7 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
             args.model, base, cells, skipped, vary, workload, policy=policy.stamp(),
             accuracy_prompts=prompts, accuracy_answers=answers,
             startup_timeout=args.startup_timeout, port=args.port, progress=bar,
-            command=command_line(("bench", "--engine", "interlock", args.model), args),
+            command=command_line(("measure", "--engine", "interlock", args.model), args),
             pick=policy_pick(base, [(c.id, c.resolution) for c in cells], list(vary)),
         )
     finally:
@@ -364,7 +364,7 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
 
 def engine_workload(args: argparse.Namespace) -> tuple[Any, list[str], list[str] | None]:
     """What each trial on a server sends, and the accuracy prompts and answers."""
-    from interlock.bench.engine import (
+    from interlock.measure.engine import (
         EngineWorkload,
         read_lines_file,
         shipped_accuracy_prompts,
@@ -453,7 +453,7 @@ def measure_on_engine(
     """Run the cells on `vllm serve` with a progress bar; the record (``pick``: the
     policy's pick among the cells, None for ``policy diff``'s old and new)."""
     from interlock import decision_log
-    from interlock.bench.engine import measure_engine
+    from interlock.measure.engine import measure_engine
 
     bar = progress_bar()
     try:
@@ -482,7 +482,7 @@ def write_record(record: dict[str, Any], target: str | None) -> Path:
                 f"({refused()}); pass --record FILE"
             )
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        target = str(cache / "bench" / f"{stamp}-{record['model']['architecture']}.json")
+        target = str(cache / "measure" / f"{stamp}-{record['model']['architecture']}.json")
     path = Path(target)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -493,7 +493,7 @@ def write_record(record: dict[str, Any], target: str | None) -> Path:
 
 
 class _Bar:
-    """A tqdm bar on stderr, driven by ``interlock.bench.run``'s ``progress(done, total)``."""
+    """A tqdm bar on stderr, driven by ``interlock.measure.run``'s ``progress(done, total)``."""
 
     def __init__(self) -> None:
         self.bar: Any = None
@@ -502,7 +502,7 @@ class _Bar:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="bench", unit="trial", file=_terminal())
+            self.bar = tqdm(total=total, desc="measure", unit="trial", file=_terminal())
         self.bar.n = done
         self.bar.refresh()
 
