@@ -27,6 +27,7 @@ from torch import nn
 from interlock.kernels.packing import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
+from interlock.runners.model.build import ModelBuild
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.dsa import DSASelfAttention, index_cos_sin_cache, link_selections
 from interlock.runners.model.families import checkpoint_names
@@ -43,7 +44,7 @@ from interlock.runners.model.layers import (
 from interlock.runners.model.mla import MLASelfAttention
 from interlock.runners.model.moe import DeepseekMoE, RoutedExperts, SparseMoE
 from interlock.runners.model.rope import cos_sin_cache
-from interlock.runners.model.sharding import ShardPlan, plan_shards
+from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.state_pool import StateTensors
 from interlock.runners.parallel.group import SINGLE, TensorParallel
 
@@ -64,33 +65,22 @@ class ForwardPiece:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        index: int,
-        ops: KernelTable,
-        cos_sin: torch.Tensor,
-        tp: TensorParallel,
-        plan: ShardPlan,
-        index_cos_sin: torch.Tensor | None = None,
-    ) -> None:
-        """``index_cos_sin``: the DSA indexer's rotary table (``dsa.index_cos_sin_cache``),
-        for a model with DeepSeek sparse attention."""
+    def __init__(self, build: ModelBuild, index: int) -> None:
         super().__init__()
+        config, ops, tp = build.config, build.ops, build.tp
         self.ops = ops
         self.eps = config.rms_norm_eps
         self.input_norm = empty_weight(config.hidden_size)
         self.post_attention_norm = empty_weight(config.hidden_size)
         self.self_attn: SelfAttention | MLASelfAttention | KDASelfAttention
         if config.is_linear(index):
-            self.self_attn = KDASelfAttention(config, index, ops, tp, plan)
-        elif index_cos_sin is not None:
-            self.self_attn = DSASelfAttention(config, index, ops, cos_sin, tp, plan,
-                                              index_cos_sin)
+            self.self_attn = KDASelfAttention(build, index)
+        elif build.index_cos_sin is not None:
+            self.self_attn = DSASelfAttention(build, index)
         elif config.mla is not None:
-            self.self_attn = MLASelfAttention(config, index, ops, cos_sin, tp, plan)
+            self.self_attn = MLASelfAttention(build, index)
         else:
-            self.self_attn = SelfAttention(config, index, ops, cos_sin, tp, plan)
+            self.self_attn = SelfAttention(build, index)
         self.mlp: DenseMLP | SparseMoE | DeepseekMoE
         names = checkpoint_names(config.architecture)
         self.mlp_prefix = names.dense_block
@@ -199,10 +189,8 @@ class CausalLM(nn.Module):
                 persistent=False,
             )
             index_cos_sin = self.index_cos_sin
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, ops, self.cos_sin_cache, tp, plan, index_cos_sin)
-            for i in range(config.num_layers)
-        )
+        build = ModelBuild(config, ops, tp, plan, self.cos_sin_cache, index_cos_sin)
+        self.layers = nn.ModuleList(DecoderLayer(build, i) for i in range(config.num_layers))
         if config.dsa is not None:
             link_selections([layer.self_attn.attn for layer in self.layers])
         self.norm = empty_weight(config.hidden_size)

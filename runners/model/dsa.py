@@ -38,11 +38,10 @@ import torch
 
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionMetadata
-from interlock.runners.model.config import DSAConfig, MLAConfig, ModelConfig
+from interlock.runners.model.build import ModelBuild
+from interlock.runners.model.config import DSAConfig, MLAConfig
 from interlock.runners.model.layers import CheckpointSlots, Linear, empty_weight
 from interlock.runners.model.mla import LatentAttention, MLASelfAttention
-from interlock.runners.model.sharding import ShardPlan
-from interlock.runners.parallel.group import TensorParallel
 
 #: transformers builds the indexer's key LayerNorm with this epsilon, whatever the config.
 INDEX_NORM_EPS = 1e-6
@@ -155,22 +154,14 @@ class DSASelfAttention(MLASelfAttention):
     """MLA's attention block with the lightning indexer's projections: before the split point
     they add the indexer's queries and head weights to the query and store its keys."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer_index: int,
-        ops: KernelTable,
-        cos_sin_cache: torch.Tensor,
-        tp: TensorParallel,
-        plan: ShardPlan,
-        index_cos_sin: torch.Tensor,
-    ) -> None:
+    def __init__(self, build: ModelBuild, layer_index: int) -> None:
+        config, ops = build.config, build.ops
         dsa = config.dsa
-        if dsa is None:
+        if dsa is None or build.index_cos_sin is None:
             raise ValueError(f"{config.architecture} has no DSA configuration")
         self.dsa = dsa
-        super().__init__(config, layer_index, ops, cos_sin_cache, tp, plan)
-        self.index_cos_sin = index_cos_sin
+        super().__init__(build, layer_index)
+        self.index_cos_sin = build.index_cos_sin
         self.runs_indexer = dsa.indexer_layers[layer_index]
         if self.runs_indexer:
             assert self.mla.q_lora_rank is not None  # refused at config load otherwise

@@ -26,7 +26,8 @@ from torch import nn
 
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
-from interlock.runners.model.config import LinearAttentionConfig, ModelConfig
+from interlock.runners.model.build import ModelBuild
+from interlock.runners.model.config import LinearAttentionConfig
 from interlock.runners.model.layers import (
     CheckpointSlots,
     Linear,
@@ -34,8 +35,7 @@ from interlock.runners.model.layers import (
     empty_weight,
     frozen,
 )
-from interlock.runners.model.sharding import Shard, ShardPlan
-from interlock.runners.parallel.group import TensorParallel
+from interlock.runners.model.sharding import Shard
 
 #: Tokens per chunk of the chunked delta rule in a prefill (transformers' default).
 CHUNK_SIZE = 64
@@ -116,9 +116,9 @@ class KDASelfAttention(nn.Module):
     their state in the pool; the gates' first (low-rank) projections and the output norm
     are whole, o_proj is row-parallel (one all-reduce)."""
 
-    def __init__(self, config: ModelConfig, layer_index: int, ops: KernelTable,
-                 tp: TensorParallel, plan: ShardPlan) -> None:
+    def __init__(self, build: ModelBuild, layer_index: int) -> None:
         super().__init__()
+        config, ops, tp, plan = build.config, build.ops, build.tp, build.plan
         linear = config.linear
         if linear is None:
             raise ValueError(f"{config.architecture} has no linear-attention configuration")

@@ -21,8 +21,8 @@ from torch import nn
 from interlock.kernels.packing import PACK_STRIP
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import Attention, AttentionMetadata
-from interlock.runners.model.config import ModelConfig
-from interlock.runners.model.sharding import Shard, ShardPlan
+from interlock.runners.model.build import ModelBuild
+from interlock.runners.model.sharding import Shard
 from interlock.runners.parallel.group import TensorParallel
 
 # (checkpoint tensor name, view to fill, rows of the checkpoint tensor it holds or None: all)
@@ -141,16 +141,9 @@ class RowParallelLinear(Linear):
 class SelfAttention(nn.Module):
     """q/k/v projection, optional per-head q/k norm, rotary, paged attention, output projection."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer_index: int,
-        ops: KernelTable,
-        cos_sin_cache: torch.Tensor,
-        tp: TensorParallel,
-        plan: ShardPlan,
-    ) -> None:
+    def __init__(self, build: ModelBuild, layer_index: int) -> None:
         super().__init__()
+        config, ops, tp, plan = build.config, build.ops, build.tp, build.plan
         # This rank's heads (all of them on one rank).
         self.num_heads, self.num_kv_heads = plan.num_heads, plan.num_kv_heads
         self.head_dim = config.head_dim
@@ -158,7 +151,7 @@ class SelfAttention(nn.Module):
         self.kv_size = plan.num_kv_heads * config.head_dim
         self.eps = config.rms_norm_eps
         self.ops = ops
-        self.cos_sin_cache = cos_sin_cache
+        self.cos_sin_cache = build.cos_sin
         dim = config.head_dim
         self.q_shard = plan.rows(tp.rank, self.q_size, config.num_heads * dim)
         kv_start = plan.kv_head_start(tp.rank) * dim

@@ -41,10 +41,9 @@ from torch import nn
 
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.attention import AttentionLayer, AttentionMetadata
-from interlock.runners.model.config import MLAConfig, ModelConfig
+from interlock.runners.model.build import ModelBuild
+from interlock.runners.model.config import MLAConfig
 from interlock.runners.model.layers import CheckpointSlots, Linear, RowParallelLinear, empty_weight
-from interlock.runners.model.sharding import ShardPlan
-from interlock.runners.parallel.group import TensorParallel
 
 #: transformers builds the q_a and kv_a norms with RMSNorm's default epsilon, whatever the
 #: config's rms_norm_eps.
@@ -122,22 +121,15 @@ class MLASelfAttention(nn.Module):
 
     attention_class: type[LatentAttention] = LatentAttention
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer_index: int,
-        ops: KernelTable,
-        cos_sin_cache: torch.Tensor,
-        tp: TensorParallel,
-        plan: ShardPlan,
-    ) -> None:
+    def __init__(self, build: ModelBuild, layer_index: int) -> None:
         super().__init__()
+        config, ops, tp, plan = build.config, build.ops, build.tp, build.plan
         mla = config.mla
         if mla is None:
             raise ValueError(f"{config.architecture} has no MLA configuration")
         self.mla = mla
         self.ops = ops
-        self.cos_sin_cache = cos_sin_cache
+        self.cos_sin_cache = build.cos_sin
         heads = self.num_heads = plan.num_heads
         self.q_size = heads * mla.qk_head_dim
         hidden = config.hidden_size
