@@ -39,8 +39,8 @@ from collections.abc import Callable
 
 import torch
 
+from interlock.app.query import model_target
 from interlock.llm import LLM
-from interlock.model_run import model_target
 from interlock.runners.contract import Decision
 from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint

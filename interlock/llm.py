@@ -14,7 +14,7 @@ runs conversations:
     [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}])
     out.text  # 'The capital of France is Paris.'
  Without a ``decision`` the policy decides, exactly as
-``policy run`` does (``interlock.model_run``): for the model's architecture and
+``policy run`` does (``interlock.app.query.decide``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from interlock.app.arguments import check_kv_cache_fits, check_llm_arguments
+from interlock.app.decided_by import decided_by, given_by_caller
 from interlock.app.outputs import (
     CompletionDelta,
     CompletionOutput,
@@ -52,11 +53,12 @@ from interlock.app.outputs import (
     StreamOutput,
     as_prompt_list,
 )
+from interlock.app.query import Query, decide, detected_device
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
+from interlock.core.env import DEBUG_GRAPHS
 from interlock.core.errors import InputError
-from interlock.model_run import decided_by, detected_device, given_by_caller, resolve_for_device
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
 from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
@@ -129,6 +131,7 @@ class LLM:
         overrides: Mapping[str, Any] | None = None,
         tensor_parallel_size: int = 1,
         decision_log: str | os.PathLike[str] | None = None,
+        debug_graphs: bool | None = None,
     ) -> None:
         check_llm_arguments(
             {"dtype": dtype, "load_format": load_format, "weights": weights, "device": device,
@@ -158,9 +161,11 @@ class LLM:
                     "decision=Decision(...) saying how to run it (the policy decides only "
                     "for the runners plugins register)"
                 )
-            self.resolution: Resolution | None = resolve_for_device(
-                source.name, device, policy, overrides, tensor_parallel_size
-            )
+            from interlock.policy.loader import load_policy
+
+            loaded = load_policy(policy)
+            self.resolution: Resolution | None = decide(loaded, Query.for_device(
+                loaded, source.name, device, overrides or {}, tensor_parallel_size))
             decision = self.resolution.decision
             decided = decided_by(self.resolution)
         else:
@@ -203,6 +208,9 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
+            # Read here, once: the runner (and every tensor-parallel rank) is handed it.
+            debug_graphs=(os.environ.get(DEBUG_GRAPHS.name, "") not in ("", "0")
+                          if debug_graphs is None else debug_graphs),
         )
         kv_cache = plan_kv_cache(
             spec, block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory

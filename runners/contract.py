@@ -60,6 +60,9 @@ class ModelSpec:
     # started (``interlock.runners.parallel``); a runner whose plugin declares no tensor
     # parallelism is never handed one (stage 5 of the policy).
     tensor_parallel_size: int = 1
+    # Replay captured graphs eagerly (the debug graph backend) wherever the runner's backend
+    # is automatic: tells a graph bug from a model bug, on any device.
+    debug_graphs: bool = False
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("dtype", self.dtype, DTYPES),

@@ -12,7 +12,7 @@ from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
 if TYPE_CHECKING:
-    from interlock.policy.context import Context
+    from interlock.app.query import Query
     from interlock.policy.resolution import Resolution
 
 GIVEN_ENV = "given with --env"
@@ -178,9 +178,9 @@ def env_of(
     """Values of the policy's env bindings: the process environment (if ``process``), then
     ``--env``; returns ``(env, sources)``. An ``--env`` name the policy does not bind is an
     error."""
+    from interlock.app.query import process_env
     from interlock.core.errors import PolicyError
     from interlock.core.suggest import hint
-    from interlock.model_run import process_env
 
     env, sources = process_env(policy) if process else ({}, {})
     for name, value in args.env:
@@ -240,23 +240,30 @@ def check_target(platform: str | None, device_arch: str | None, flag: str = "--p
             raise InputError(f"--device-arch {device_arch}: {problem}")
 
 
-def context_flags_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
-    """The keyword arguments of ``make_context`` that :func:`add_context_flags` collects."""
+def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
+    """The query the command line asks: ARCH or --model, --platform, --device-arch,
+    --feature, --env (over the process environment), --engine-version, --model-id and
+    --set, each checked and typed here, once. ``given``: :class:`~interlock.app.query.Query`
+    fields the command sets itself (``runs_here``, ``tensor_parallel_size``; ``model=None``
+    where MODEL is another engine's argument)."""
+    from interlock.app.query import Query, model_target
+
     check_target(args.platform, args.device_arch)
     env, sources = env_of(args, policy)
     engine, engine_sources = engine_of(args)
-    flags: dict[str, Any] = dict(
-        platform=args.platform,
-        device_arch=args.device_arch,
-        features=features_of(args, policy),
-        env=env,
-        sources={**sources, **engine_sources},
-        engine=engine,
+    sources.update(engine_sources)
+    model_id = getattr(args, "model_id", None)
+    if model_id is not None:
+        sources["model_id"] = "given with --model-id"
+    fields: dict[str, Any] = dict(
+        architecture=getattr(args, "architecture", None),
+        platform=args.platform, device_arch=args.device_arch,
+        features=features_of(args, policy), env=env, engine=engine, model_id=model_id,
+        overrides=overrides_of(args), sources=sources,
     )
-    if getattr(args, "model_id", None) is not None:
-        flags["model_id"] = args.model_id
-        flags["sources"]["model_id"] = "given with --model-id"
-    return flags
+    if "model" not in given and getattr(args, "model", None) is not None:
+        fields["model"] = model_target(args.model)
+    return Query(**{**fields, **given})
 
 
 def feature_types(policy: Policy) -> dict[str, str]:
@@ -311,17 +318,6 @@ def features_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     return features
 
 
-def context_of(args: argparse.Namespace, policy: Policy) -> Context:
-    flags = context_flags_of(args, policy)
-    if args.model is None:
-        from interlock.policy.context import make_context
-
-        return make_context(args.architecture, **flags)
-    from interlock.model_run import model_context
-
-    return model_context(args.model, args.architecture, **flags)
-
-
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
@@ -336,19 +332,17 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def resolve_args(args: argparse.Namespace) -> Resolution:
-    """Load, build the context and resolve: the shared body of explain and resolve. A
-    refused resolution is returned (its ``refusal`` set), for the command to show."""
-    from interlock.plugins.capabilities import capability_stage
-    from interlock.policy.resolution import resolve
+    """Load, ask and decide: the shared body of explain and resolve. A refused resolution
+    is returned (its ``refusal`` set), for the command to show."""
+    from interlock.app.query import decide
 
     policy = load(args)
-    context = context_of(args, policy)
-    overrides = overrides_of(args)
+    query = query_of(args, policy)
     # A refused context is shown and recorded like any other; the command exits `refused`.
-    resolution = resolve(policy, context, overrides, capabilities=capability_stage(), refused=True)
+    resolution = decide(policy, query, refused=True)
     if getattr(args, "decision_log", None) is not None or _logging_by_env():
         record_decision(args, resolution, f"policy {args.command}", model=args.model,
-                        overrides=overrides)
+                        overrides=dict(query.overrides))
     return resolution
 
 

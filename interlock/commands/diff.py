@@ -199,13 +199,12 @@ def _measure_engine(
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """``--engine vllm``: the old and new decisions for --model as two cells on `vllm serve`
     (none when vLLM would be started alike)."""
+    from interlock.app.query import Query
     from interlock.commands.measure import command_line, engine_setup, measure_on_engine
     from interlock.measure.engine import compare_cells
 
-    flags = {"platform": args.platform, "device_arch": args.device_arch, "env": {},
-             "sources": {}}
-    setup = engine_setup(args, new, flags, process=False)
-    before, after, cells = compare_cells(old, new, setup.context, setup.model, args.vllm_arg,
+    setup = engine_setup(args, Query(platform=args.platform, device_arch=args.device_arch))
+    before, after, cells = compare_cells(old, new, setup.query, setup.model, args.vllm_arg,
                                          setup.detected)
     if not cells:
         return before, after, None

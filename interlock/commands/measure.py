@@ -17,24 +17,27 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import (
     add_context_flags,
     add_policy_args,
-    context_flags_of,
     load,
     natural,
-    overrides_of,
     port,
     positive,
+    query_of,
     seconds,
     write_json,
 )
 from interlock.core.decision import DTYPE_CHOICES, LOAD_FORMATS
 from interlock.core.errors import InputError
 from interlock.core.platform import TRITON_FACT
+
+if TYPE_CHECKING:
+    from interlock.app.query import Query
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -252,14 +255,14 @@ def run(args: argparse.Namespace) -> int:
         return _run_serve(args, vary)
     workload = workload_of(args)
     policy = load(args)
-    flags = context_flags_of(args, policy)
+    query = query_of(args, policy, model=None)
     bar = progress_bar()
     try:
         record = bench_run(
             args.model, vary=vary, workload=workload, policy=args.policy,
-            platform=flags["platform"], device_arch=flags["device_arch"],
-            features=flags["features"], env={k: v for k, v in args.env},
-            overrides=overrides_of(args), dtype=args.dtype, load_format=args.load_format,
+            platform=query.platform, device_arch=query.device_arch,
+            features=query.features, env={k: v for k, v in args.env},
+            overrides=query.overrides, dtype=args.dtype, load_format=args.load_format,
             progress=bar, command=command_line(("measure", args.model), args),
         )
     finally:
@@ -306,8 +309,8 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     from interlock.measure.pick import policy_pick
 
     policy = load(args)
-    setup = engine_setup(args, policy, context_flags_of(args, policy))
-    base, cells, skipped = resolve_cells(policy, setup.context, setup.model, vary,
+    setup = engine_setup(args, query_of(args, policy, model=None))
+    base, cells, skipped = resolve_cells(policy, setup.query, setup.model, vary,
                                          args.vllm_arg, setup.detected, setup.triton)
     if not cells:
         raise PolicyError("--engine vllm: every cell was refused: "
@@ -322,17 +325,16 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
 
 def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     """``--engine interlock``: the cells on `policy serve` (interlock.measure.serve_engine)."""
+    from interlock.app.query import check_runs_here
     from interlock.core.errors import PolicyError
     from interlock.measure.pick import policy_pick
     from interlock.measure.serve_engine import measure_serve, serve_cells
-    from interlock.model_run import check_runs_here, model_context
 
     if args.vllm_arg or args.vllm_version:
         raise PolicyError("--vllm-arg and --vllm-version apply to --engine vllm")
     policy = load(args)
     check_runs_here(args.platform)
-    flags = context_flags_of(args, policy)
-    context = model_context(args.model, **flags)
+    query = query_of(args, policy, runs_here=True)
     passed: list[str] = []
     for path in args.policy or ():
         passed += ["--policy", str(path)]
@@ -341,8 +343,7 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
             passed += [f"--{flag}", f"{key}={value}"]
     if args.decision_log:  # each server appends its record; the variable reaches them as is
         passed += ["--decision-log", args.decision_log]
-    base, cells, skipped = serve_cells(policy, context, args.model, vary, overrides_of(args),
-                                       passed)
+    base, cells, skipped = serve_cells(policy, query, args.model, vary, passed)
     if not cells:
         raise PolicyError("--engine interlock: every cell was refused: "
                           + "; ".join(s["reason"] for s in skipped))
@@ -390,7 +391,8 @@ class EngineSetup:
 
     def __init__(self, **parts: Any) -> None:
         self.model: str = parts["model"]
-        self.context: Any = parts["context"]
+        #: The query of running MODEL on that vLLM (vLLM's runners: no capability stage).
+        self.query: Query = parts["query"]
         self.workload: Any = parts["workload"]
         self.prompts: list[str] = parts["prompts"]
         self.answers: list[str] | None = parts["answers"]
@@ -402,17 +404,14 @@ class EngineSetup:
         self.triton: tuple[bool, str] | None = parts["triton"]
 
 
-def engine_setup(
-    args: argparse.Namespace, policy: Any, flags: dict[str, Any], *, process: bool = True
-) -> EngineSetup:
-    """The engine workload, the accuracy prompts and answers, and the context of running
+def engine_setup(args: argparse.Namespace, asked: Query) -> EngineSetup:
+    """The engine workload, the accuracy prompts and answers, and the query of running
     MODEL on the `vllm` on PATH (its version detected: rules may test it, it decides which
-    flags the commands carry and which log formats are read). ``flags``: ``make_context``'s
-    keywords from the command line; ``process``: the process environment's values of the
-    policy's env bindings count (``policy diff`` measures with none set)."""
+    flags the commands carry and which log formats are read). ``asked``: the command line's
+    query (``policy diff`` measures with no env binding set)."""
+    from interlock.app.query import model_target
     from interlock.commands.vllm import engine_facts
     from interlock.core.errors import PolicyError
-    from interlock.model_run import model_context, process_env
     from interlock.vllm.model import vllm_model
     from interlock.vllm.version import find_install, find_vllm
 
@@ -426,20 +425,16 @@ def engine_setup(
     install = find_install(executable)
     workload, prompts, answers = engine_workload(args)
     model = vllm_model(args.model)
-    env, sources = process_env(policy) if process else ({}, {})
-    env.update(flags.get("env", {}))
-    sources.update(flags.get("sources", {}))
+    sources = dict(asked.sources)
     engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
-    features = dict(flags.get("features", {}))
-    triton = install.triton_fact(flags.get("platform") is not None, features)
+    features = dict(asked.features)
+    triton = install.triton_fact(asked.platform is not None, features)
     if triton is not None:
         features[TRITON_FACT], sources[f"features.{TRITON_FACT}"] = triton
-    context = model_context(model.readable, platform=flags.get("platform"),
-                            device_arch=flags.get("device_arch"),
-                            features=features, env=env, sources=sources,
-                            engine=engine)
-    return EngineSetup(model=model.argument, context=context, workload=workload,
+    query = replace(asked, model=model_target(model.readable), features=features,
+                    sources=sources, engine=engine, overrides={}, runners="vllm")
+    return EngineSetup(model=model.argument, query=query, workload=workload,
                        prompts=prompts, answers=answers, detected=engine.get("vllm"),
                        version=args.vllm_version or engine.get("vllm"), install=install,
                        triton=triton)

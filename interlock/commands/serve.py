@@ -1,8 +1,8 @@
 """``policy serve --model M``: the policy decides how to run M, then an OpenAI-compatible
 HTTP server answers from it (:mod:`interlock.serve`).
 
-The decision is resolved as ``policy run`` resolves it (``interlock.model_run``), and one
-line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
+The decision is resolved as ``policy run`` resolves it (``interlock.app.query.decide``), and
+one line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
 can be refused is checked before the model loads: the policy, the model's name and its
 tokenizer, and the address (a port in use is an input error, exit 1, naming it). torch,
 Starlette and uvicorn are imported only inside ``run``.
@@ -22,11 +22,10 @@ from interlock.commands.common import (
     add_context_flags,
     add_decision_log_args,
     add_policy_args,
-    context_flags_of,
     load,
     natural,
-    overrides_of,
     positive,
+    query_of,
     record_decision,
 )
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
@@ -85,7 +84,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
+    from interlock.app.decided_by import decided_by
+    from interlock.app.query import check_runs_here, decide
 
     try:
         from interlock.serve.app import ServeOptions, run_server
@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     policy = load(args)
     check_runs_here(args.platform)
-    model = model_target(args.model)
+    query = query_of(args, policy, runs_here=True)
+    model = str(query.model)
     if not (Path(model) / "tokenizer.json").is_file():  # demo, or a folder without one
         raise ModelError(f"--model {args.model}: policy serve needs the model's "
                          "tokenizer.json (the OpenAI API answers with text); it has none")
@@ -106,12 +107,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"the API key (--api-key or ${API_KEY.name}) is empty")
     sock = bind(args.host, args.port)
     try:
-        flags = context_flags_of(args, policy)
-        overrides = overrides_of(args)
-        resolution = resolve_model_run(policy, model, overrides, **flags)
+        resolution = decide(policy, query)
         print(f"policy serve: {decided_by(resolution)}", file=sys.stderr, flush=True)
         record_decision(args, resolution, "policy serve", model=args.model,
-                        overrides=overrides)
+                        overrides=dict(query.overrides))
         llm = _load(args, model, resolution)
         options = ServeOptions(
             served=[args.served_model_name or args.model], api_key=api_key,

@@ -18,6 +18,7 @@ import argparse
 import os
 import shlex
 import sys
+from dataclasses import replace
 from typing import Any
 
 from interlock.commands.common import (
@@ -134,11 +135,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.app.decided_by import decided_by
+    from interlock.app.query import Query, decide, model_target, process_env
     from interlock.commands.common import check_target, features_of
     from interlock.commands.release_check import engine_lines
     from interlock.core.errors import PolicyError
-    from interlock.model_run import decided_by, model_context, process_env
-    from interlock.policy.resolution import resolve
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import flags_for_features, level_overrides, read_user_flags
     from interlock.vllm.model import vllm_model
@@ -178,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
         sources[f"features.{TRITON_FACT}"] = triton[1]
     if args.model_id is not None:
         sources["model_id"] = "given with --model-id"
-    context = model_context(
-        model.readable,
+    query = Query(
+        model=model_target(model.readable),
         platform=args.platform,
         device_arch=args.device_arch,
         features={**user.features, **given},
@@ -189,13 +190,16 @@ def run(args: argparse.Namespace) -> int:
         model_id=args.model_id,
         # --runner names the task vLLM runs the model for: a given fact.
         traits={"task": user.task} if user.task is not None else None,
+        overrides=dict(user.overrides),
+        runners="vllm",
     )
-    resolution = resolve(policy, context, user.overrides)
+    resolution = decide(policy, query)
     by_level = level_overrides(resolution, user)
     if by_level:
         user.overrides.update(by_level)
         user.given_by.update(dict.fromkeys(by_level, user.level_flag))
-        resolution = resolve(policy, context, user.overrides)
+        resolution = decide(policy, replace(query, overrides=dict(user.overrides)))
+    context = resolution.context
     version = context.engine.get("vllm")
     command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version,
                             triton)

@@ -62,8 +62,9 @@ KERNELS = EnvVar(
 )
 DEBUG_GRAPHS = EnvVar(
     "INTERLOCK_DEBUG_GRAPHS", "1 (any value but empty or 0)",
-    "the debug graph backend wherever the backend is auto (policy run --debug-graphs sets it "
-    "for one run)", "docs/runners-and-graphs.md",
+    "the debug graph backend wherever the backend is auto, for an LLM that does not say "
+    "(policy run --debug-graphs and LLM(debug_graphs=True) ask for it)",
+    "docs/runners-and-graphs.md",
 )
 GRAPHS_FAIL_CAPTURE = EnvVar(
     "INTERLOCK_GRAPHS_FAIL_CAPTURE", "all, or capture sizes like 4,8",

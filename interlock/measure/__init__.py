@@ -49,11 +49,11 @@ def run(
     ``policy`` files, the process environment's bindings and ``env``, ``overrides``).
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
+    from interlock.app.query import Query, model_target, process_env
     from interlock.core.decision import check_field
     from interlock.core.errors import PolicyError
     from interlock.measure.harness import resolve_design
     from interlock.measure.pick import policy_pick
-    from interlock.model_run import check_runs_here, process_env
     from interlock.policy.loader import load_policy
 
     workload = workload or Workload()
@@ -72,7 +72,6 @@ def run(
     clashing = sorted(set(factors) & set(overrides or {}))
     if clashing:
         raise PolicyError(f"{', '.join(clashing)}: both varied and set with --set; choose one")
-    check_runs_here(platform)
     loaded_policy = load_policy(policy)
     process, sources = process_env(loaded_policy)
     for name, value in (env or {}).items():
@@ -83,13 +82,12 @@ def run(
             )
         process[name] = value
         sources[f"env.{name}"] = "given"
-    context_args = dict(
-        platform=platform, device_arch=device_arch, features=dict(features or {}),
-        env=process, sources=sources,
+    query = Query(
+        model=model_target(model), platform=platform, device_arch=device_arch,
+        features=dict(features or {}), env=process, sources=sources,
+        overrides=dict(overrides or {}), runs_here=True,
     )
-    base, configs, skipped = resolve_design(
-        loaded_policy, model, factors, dict(overrides or {}), context_args
-    )
+    base, configs, skipped = resolve_design(loaded_policy, query, factors)
     return measure(
         model, base, configs, skipped, factors, workload, policy=loaded_policy.stamp(),
         dtype=dtype, load_format=load_format, progress=progress, command=command,
@@ -112,12 +110,12 @@ def compare(
     running ``model`` here (env bindings unset, the runners' capabilities applied), measured
     side by side as the levels ``old`` and ``new`` of a factor ``policy`` when they differ
     (the record is None when they decide alike)."""
+    from interlock.app.query import Query, decide, model_target
     from interlock.measure.harness import Config
-    from interlock.model_run import resolve_model_run
 
     model = os.fspath(model)
-    before = resolve_model_run(old, model, {}, env={})
-    after = resolve_model_run(new, model, {}, env={})
+    query = Query(model=model_target(model), runs_here=True)
+    before, after = decide(old, query), decide(new, query)
     if before.decision == after.decision:
         return before, after, None
     configs = [Config("old", {"policy": "old"}, before), Config("new", {"policy": "new"}, after)]
@@ -147,9 +145,9 @@ def measure(
     """Load ``configs`` (resolutions of ``model``), run the trials and build the record;
     ``pick``: the policy's pick (:func:`interlock.measure.pick.policy_pick`), None when the
     configurations are not the policy's alternatives (``policy diff --measure``)."""
+    from interlock.app.query import model_target
     from interlock.measure.analysis import analyse
     from interlock.measure.harness import config_hash, load_configs, prompt_token_ids, run_trials
-    from interlock.model_run import model_target
     from interlock.runners.model.checkpoint import resolve_model
 
     # A named model or a GGUF file is read from its converted directory.

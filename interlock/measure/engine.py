@@ -29,12 +29,15 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import InputError, PolicyError
+
+if TYPE_CHECKING:
+    from interlock.app.query import Query
 from interlock.measure.client import complete, free_port, prompt_ids, run_trial
 
 
@@ -141,7 +144,7 @@ def gpu_name() -> str | None:
 
 def resolve_cells(
     policy: Any,
-    context: Any,
+    query: Query,
     model: str,
     factors: Mapping[str, Sequence[Any]],
     vllm_args: Sequence[str],
@@ -152,8 +155,8 @@ def resolve_cells(
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
     command for vLLM ``version`` (None: unknown, every flag set); a combination the policy
     or vLLM's adjustments refuse is skipped with why."""
+    from interlock.app.query import decide
     from interlock.measure.design import combinations
-    from interlock.policy.resolution import resolve
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
 
@@ -163,12 +166,12 @@ def resolve_cells(
         raise PolicyError(
             f"{', '.join(clashing)}: varied and also set by vllm serve arguments; choose one"
         )
-    base = resolve(policy, context, user.overrides)
+    base = decide(policy, replace(query, overrides=user.overrides))
     cells: list[Cell] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
-            resolution = resolve(policy, context, {**user.overrides, **levels})
+            resolution = decide(policy, replace(query, overrides={**user.overrides, **levels}))
             # The levels are forced in the resolution, not flags the user gave: the command
             # still carries them explicitly (those ``version`` reads).
             command = serve_command(resolution, model, vllm_args, user, (), version, triton)
@@ -180,20 +183,20 @@ def resolve_cells(
 
 
 def compare_cells(
-    old: Any, new: Any, context: Any, model: str, vllm_args: Sequence[str],
+    old: Any, new: Any, query: Query, model: str, vllm_args: Sequence[str],
     version: str | None,
 ) -> tuple[Any, Any, list[Cell]]:
-    """``(old resolution, new resolution, cells)``: what two policies decide for ``context``
+    """``(old resolution, new resolution, cells)``: what two policies decide for ``query``
     on vLLM, as the cells ``old`` and ``new`` of a factor ``policy`` (none when vLLM would be
     started alike)."""
-    from interlock.policy.resolution import resolve
+    from interlock.app.query import decide
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
 
     user = read_user_flags(vllm_args)
     cells = []
     for name, policy in (("old", old), ("new", new)):
-        resolution = resolve(policy, context, user.overrides)
+        resolution = decide(policy, replace(query, overrides=user.overrides))
         command = serve_command(resolution, model, vllm_args, user, (), version)
         cells.append(Cell(name, {"policy": name}, resolution, command))
     same = (cells[0].command.argv, cells[0].command.env) == (

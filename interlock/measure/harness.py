@@ -8,9 +8,10 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from interlock.app.query import Query, decide
 from interlock.app.timing import RequestTimes, decode_ms_per_token, mean_ttft_ms
 from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
@@ -77,23 +78,19 @@ class Loaded:
 
 
 def resolve_design(
-    policy: Any,
-    model: str,
-    factors: Mapping[str, Sequence[Any]],
-    overrides: Mapping[str, Any],
-    context_args: Mapping[str, Any],
+    policy: Any, query: Query, factors: Mapping[str, Sequence[Any]]
 ) -> tuple[Any, list[Config], list[dict[str, Any]]]:
     """``(base resolution, configurations, skipped)``: every combination resolved with its
-    levels forced on top of ``overrides``; one that stage 5 refuses is skipped with why."""
-    from interlock.model_run import resolve_model_run
+    levels forced on top of the query's overrides; one that stage 5 refuses is skipped
+    with why."""
     from interlock.plugins.capabilities import CapabilityError
 
-    base = resolve_model_run(policy, model, overrides, **context_args)
+    base = decide(policy, query)
     configs: list[Config] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
-            resolution = resolve_model_run(policy, model, {**overrides, **levels}, **context_args)
+            resolution = decide(policy, replace(query, overrides={**query.overrides, **levels}))
         except CapabilityError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue

@@ -19,13 +19,16 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
 from interlock.measure.client import complete, free_port, run_trial
 from interlock.measure.engine import Cell, EngineWorkload, Progress, accuracy
+
+if TYPE_CHECKING:
+    from interlock.app.query import Query
 
 #: ``policy serve``'s first line: ``policy serve: runner=mrv2 (who), cudagraph=... (who), ...``
 DECIDED = re.compile(r"^policy serve: (runner=.*)$")
@@ -89,23 +92,23 @@ class ServeCheck:
 
 
 def serve_cells(
-    policy: Any, context: Any, model: str, factors: Mapping[str, Sequence[Any]],
-    overrides: Mapping[str, Any], flags: Sequence[str],
+    policy: Any, query: Query, model: str, factors: Mapping[str, Sequence[Any]],
+    flags: Sequence[str],
 ) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
     """``(base resolution, cells, skipped)``: every combination's decision with its levels
-    forced over ``overrides``, and the ``policy serve`` command that runs it (``flags``:
-    the measurement's policy and context flags, passed on); a combination the policy refuses is
-    skipped with why."""
+    forced over the query's overrides, as `policy serve` decides it, and the command that
+    runs it (``flags``: the measurement's policy and context flags, passed on); a
+    combination the policy or the runners refuse is skipped with why."""
+    from interlock.app.query import decide
     from interlock.measure.design import combinations
-    from interlock.policy.resolution import resolve
 
-    base = resolve(policy, context, overrides)
+    base = decide(policy, query)
     cells: list[Cell] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
-        forced = {**overrides, **levels}
+        forced = {**query.overrides, **levels}
         try:
-            resolution = resolve(policy, context, forced)
+            resolution = decide(policy, replace(query, overrides=forced))
         except PolicyError as exc:
             skipped.append({"levels": dict(levels), "reason": str(exc)})
             continue

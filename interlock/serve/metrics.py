@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from interlock.model_run import LOGGED_FIELDS
+from interlock.app.decided_by import LOGGED_FIELDS
 from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.request import Request
 

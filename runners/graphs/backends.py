@@ -11,8 +11,8 @@ breakable program; they differ only in what replay does.
   the outputs the "capture" produced. Capture plans, static buffers, padding,
   segments and breaks are exactly those of ``cuda``, so a bug that shows up
   under both is a model bug and one that only shows up under ``cuda`` is a
-  graph bug. It is what runs on CPU and what ``INTERLOCK_DEBUG_GRAPHS=1``
-  (``policy run --debug-graphs``) forces on a GPU.
+  graph bug. It is what runs on CPU and what ``ModelSpec.debug_graphs`` (``policy run
+  --debug-graphs``, ``LLM(debug_graphs=True)``, ``INTERLOCK_DEBUG_GRAPHS=1``) forces on a GPU.
 * ``native`` (CPU) records the native kernels' calls into tapes
   (``interlock.kernels.native.tape``) and replays a tape in one C call, with no Python
   or torch dispatch between the kernels: the CPU's counterpart of a CUDA graph, with the
@@ -24,7 +24,6 @@ breakable program; they differ only in what replay does.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from interlock.core.env import DEBUG_GRAPHS
 from interlock.runners.graphs.segments import (
     AttentionBreak,
     Outputs,
@@ -74,15 +72,15 @@ class GraphBackend(Protocol):
         ...
 
 
-def select_backend(requested: str, device: torch.device, tapeable: bool = False
-                   ) -> GraphBackend:
-    """``auto``: unless $INTERLOCK_DEBUG_GRAPHS=1, cuda on a CUDA/ROCm device and native on
-    the CPU when the forward is ``tapeable`` (its kernel table chose the native kernels);
-    debug otherwise."""
+def select_backend(requested: str, device: torch.device, tapeable: bool = False,
+                   *, debug: bool = False) -> GraphBackend:
+    """``auto``: unless ``debug`` (``ModelSpec.debug_graphs``), cuda on a CUDA/ROCm device and
+    native on the CPU when the forward is ``tapeable`` (its kernel table chose the native
+    kernels); debug otherwise."""
     if requested not in BACKENDS:
         raise ValueError(f"graph backend {requested!r} is unknown; allowed: {', '.join(BACKENDS)}")
     if requested == "auto":
-        if os.environ.get(DEBUG_GRAPHS.name, "") not in ("", "0"):
+        if debug:
             requested = "debug"
         elif device.type == "cuda":
             requested = "cuda"

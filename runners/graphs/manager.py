@@ -28,6 +28,7 @@ class GraphManager:
         *,
         compile: bool = False,
         tapeable: bool = False,
+        debug: bool = False,
     ) -> None:
         self.plan = plan
         self.compile = compile
@@ -35,7 +36,7 @@ class GraphManager:
         self.backend: GraphBackend | None = None
         self.static: StaticInputs | None = None
         if self.order:
-            self.backend = select_backend(backend, device, tapeable)
+            self.backend = select_backend(backend, device, tapeable, debug=debug)
             self.static = StaticInputs(
                 max(k.tokens for k in self.order), max(k.seqs for k in self.order),
                 table_width, device,

@@ -134,6 +134,7 @@ class GraphRunner(ABC):
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
             compile=decision.compile, tapeable=self.ops.all_native(),
+            debug=model.debug_graphs,
         )
         with torch.inference_mode():
             self.graphs.capture(self.model)

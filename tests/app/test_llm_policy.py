@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from interlock.app.decided_by import decided_by
 from interlock.core.errors import PolicyError
 from interlock.llm import LLM
-from interlock.model_run import decided_by
 from interlock.plugins.capabilities import CapabilityError
 from interlock.policy.loader import shipped_policy_path
 from interlock.runners.contract import Decision

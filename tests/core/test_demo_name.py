@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from interlock.model_run import model_target
+from interlock.app.query import model_target
 from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.model.sources import DEMO, model_directory
 

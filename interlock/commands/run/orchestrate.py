@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, redirect_stdout
+from collections.abc import Sequence
+from contextlib import redirect_stdout
 from typing import Any
 
 from interlock.app.timing import (
@@ -16,13 +16,7 @@ from interlock.app.timing import (
     mean_ttft_ms,
     output_tokens_per_s,
 )
-from interlock.commands.common import (
-    context_flags_of,
-    load,
-    overrides_of,
-    record_decision,
-    write_json,
-)
+from interlock.commands.common import load, query_of, record_decision, write_json
 from interlock.commands.run.capture import cap_capture_sizes, step_tokens
 from interlock.commands.run.render import (
     header,
@@ -32,7 +26,6 @@ from interlock.commands.run.render import (
     run_document,
 )
 from interlock.commands.run.stream import Stream
-from interlock.core.env import DEBUG_GRAPHS
 from interlock.core.errors import InputError, InterlockError
 
 DEFAULT_PROMPT = (1, 2, 3)
@@ -44,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     worker = _torchrun_worker()
     if worker is not None:
         return worker
-    from interlock.model_run import check_runs_here, decided_by, model_target, resolve_model_run
+    from interlock.app.decided_by import decided_by
+    from interlock.app.query import check_runs_here, decide
     from interlock.plugins import load_registry
     from interlock.runners.engine.sampling import SamplingParams
 
@@ -54,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     check_runs_here(args.platform)
     # Everything the user gave is checked before the decision is logged: the model's form
     # (a config.json it cannot run is still explained, then refused), the sampling values.
-    model = model_target(args.model)
+    query = query_of(args, policy, runs_here=True,
+                     tensor_parallel_size=args.tensor_parallel_size,
+                     tensor_parallel_given=f"--tensor-parallel-size {args.tensor_parallel_size}")
     max_tokens = args.max_tokens
     if max_tokens is None:
         max_tokens = TEXT_MAX_TOKENS if args.prompt else IDS_MAX_TOKENS
@@ -62,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    flags = context_flags_of(args, policy)
-    flags["features"], flags["sources"] = _with_tensor_parallel(args, flags)
-    overrides = overrides_of(args)
-    resolution = resolve_model_run(policy, model, overrides, **flags)
+    resolution = decide(policy, query)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
@@ -74,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
         args.prompt and not args.json and sys.stdout.isatty()
     ) else None
     recorded: dict[str, Any] = dict(
-        model=args.model, overrides=overrides,
+        model=args.model, overrides=dict(query.overrides),
         prompts=prompts if args.decision_log_prompts else None,
     )
     try:
         # Plugin code (the runner) prints to stderr: stdout is this command's output.
-        with _debug_graphs(args.debug_graphs), redirect_stdout(sys.stderr):
-            result = _execute(args, resolution, model, prompts, params, stream)
+        with redirect_stdout(sys.stderr):
+            result = _execute(args, resolution, str(query.model), prompts, params, stream)
     except BaseException as exc:
         # What ran is recorded even when it failed, then the failure goes on as before.
         kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
@@ -129,21 +122,6 @@ def run_outcome(metrics: dict[str, Any], report: Any) -> dict[str, Any]:
     }
 
 
-@contextmanager
-def _debug_graphs(enabled: bool) -> Iterator[None]:
-    """Force the debug graph backend for this run only (runners read it when they load)."""
-    previous = os.environ.get(DEBUG_GRAPHS.name)
-    if enabled:
-        os.environ[DEBUG_GRAPHS.name] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(DEBUG_GRAPHS.name, None)
-        else:
-            os.environ[DEBUG_GRAPHS.name] = previous
-
-
 def _execute(
     args: argparse.Namespace,
     resolution: Any,
@@ -178,6 +156,7 @@ def _execute(
             max_num_batched_tokens=2048 if steps is None else min(2048, steps),
             decision=decision,
             tensor_parallel_size=args.tensor_parallel_size,
+            debug_graphs=args.debug_graphs or None,  # without the flag: the environment
         )
         loaded = time.perf_counter()
         if args.chat:
@@ -238,24 +217,3 @@ def _torchrun_worker() -> int | None:
         raise InputError(str(exc)) from None
     assert rdzv is not None
     return serve(rdzv)
-
-
-def _with_tensor_parallel(
-    args: argparse.Namespace, flags: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The context's features and sources with the run's tensor_parallel_size given."""
-    from interlock.plugins.capabilities import TENSOR_PARALLEL
-
-    features, sources = dict(flags["features"]), dict(flags["sources"])
-    given = features.get(TENSOR_PARALLEL, args.tensor_parallel_size)
-    if given != args.tensor_parallel_size:
-        raise InputError(
-            f"--feature {TENSOR_PARALLEL}={given} disagrees with --tensor-parallel-size "
-            f"{args.tensor_parallel_size}; policy run splits the model as "
-            "--tensor-parallel-size says, so give that alone"
-        )
-    features[TENSOR_PARALLEL] = args.tensor_parallel_size
-    sources[f"features.{TENSOR_PARALLEL}"] = "given (--tensor-parallel-size)"
-    return features, sources
-
-

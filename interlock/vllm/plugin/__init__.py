@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
@@ -125,9 +125,8 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     """The policy's decision for the model vLLM is loading, what to set in vLLM for it, and
     the lines to log; a decision the engine cannot run raises :class:`PluginRefusal` naming
     the rule that made it."""
-    from interlock.model_run import _chooser
-    from interlock.policy.context import make_context
-    from interlock.policy.resolution import resolve
+    from interlock.app.decided_by import chooser as provenance_chooser
+    from interlock.app.query import Query, decide
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import UserFlags, level_overrides
 
@@ -140,27 +139,29 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     sources.update({f"features.{k}": "vLLM's engine config" for k in facts.features})
     if facts.model_id is not None:
         sources["model_id"] = "vLLM's model_config.model"
-    context = make_context(
-        None if facts.model_dir else facts.architecture,
+    overrides = {name: value for name, (value, _) in facts.user_set.items()}
+    given_by = {name: how for name, (_, how) in facts.user_set.items()}
+    query = Query(
+        architecture=None if facts.model_dir else facts.architecture,
+        model=facts.model_dir,
         platform=facts.platform,
         device_arch=facts.device_arch,
-        model=facts.model_dir,
         features={**facts.features, TRITON_FACT: facts.has_triton},
         env=env,
         sources=sources,
         model_id=facts.model_id,
         engine={"vllm": facts.vllm_version},
+        overrides=dict(overrides),
+        runners="vllm",
     )
-    overrides = {name: value for name, (value, _) in facts.user_set.items()}
-    given_by = {name: how for name, (_, how) in facts.user_set.items()}
     user = UserFlags(overrides=dict(overrides), given_by=dict(given_by), level=facts.level,
                      level_flag=f"-O{facts.level}" if facts.level is not None else "")
-    resolution = resolve(policy, context, overrides)
+    resolution = decide(policy, query)
     by_level = level_overrides(resolution, user)
     if by_level:
         overrides.update(by_level)
         user.overrides.update(by_level)
-        resolution = resolve(policy, context, overrides)
+        resolution = decide(policy, replace(query, overrides=dict(overrides)))
     try:
         command = serve_command(resolution, facts.model_dir or facts.architecture, [], user,
                                 version=facts.vllm_version,
@@ -171,7 +172,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     prov = resolution.provenance
 
     def chooser(name: str) -> str:
-        return _chooser(prov[name])
+        return provenance_chooser(prov[name])
 
     if final["cudagraph"] != "none" and not facts.static_graphs:
         raise PluginRefusal(
@@ -203,7 +204,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         )
     files = ",".join(f.path for f in policy.files)
     header = (
-        f"{ACTIVE_PREFIX}{context.architecture} on {facts.platform}"
+        f"{ACTIVE_PREFIX}{resolution.context.architecture} on {facts.platform}"
         f"{' ' + facts.device_arch if facts.device_arch else ''}, vLLM {facts.vllm_version}, "
         f"{TRITON_FACT}={'true' if facts.has_triton else 'false'} ({facts.triton_source}); "
         f"policy {policy.version} revision {policy.revision} from {files}"

@@ -95,8 +95,11 @@ def test_forced_failures_and_backend_choice(monkeypatch):
     assert select_backend("auto", torch.device("cpu")).name == "debug"
     if native_unavailable("cpu") is None:
         assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "native"
+        # ModelSpec.debug_graphs: the environment is read once, where the LLM is made.
         monkeypatch.setenv("INTERLOCK_DEBUG_GRAPHS", "1")
-        assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "debug"
+        assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "native"
+        assert select_backend("auto", torch.device("cpu"), tapeable=True,
+                              debug=True).name == "debug"
     with pytest.raises(ValueError, match="the native graph backend replays the native CPU"):
         select_backend("native", torch.device("cpu"), tapeable=False)
     with pytest.raises(ValueError, match="the cuda graph backend needs a CUDA/ROCm device"):
