@@ -14,11 +14,17 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import percent, write_json
 from interlock.commands.measure import add_engine_args, add_workload_args
 from interlock.core.errors import PolicyError
+
+if TYPE_CHECKING:
+    from interlock.policy.context import Context
+    from interlock.policy.diff import PolicyDiff
+    from interlock.policy.model import Policy
+    from interlock.policy.resolution import Resolution
 
 GIT_PREFIX = "git:"
 DEFAULT_GIT_PATH = "policies.yaml"
@@ -119,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if args.exit_code and not diff.equal else 0
 
 
-def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[str, Any]:
+def _measure(args: argparse.Namespace, old: Policy, new: Policy, diff: PolicyDiff
+             ) -> dict[str, Any]:
     """Benchmark the decisions both policies make for --model here, when they differ; list
     the changed contexts this machine cannot measure, grouped by why."""
     from interlock.commands.measure import command_line, progress_bar, workload_of
@@ -195,8 +202,8 @@ def _measure(args: argparse.Namespace, old: Any, new: Any, diff: Any) -> dict[st
 
 
 def _measure_engine(
-    args: argparse.Namespace, old: Any, new: Any, words: tuple[str, ...]
-) -> tuple[Any, Any, dict[str, Any] | None]:
+    args: argparse.Namespace, old: Policy, new: Policy, words: tuple[str, ...]
+) -> tuple[Resolution, Resolution, dict[str, Any] | None]:
     """``--engine vllm``: the old and new decisions for --model as two cells on `vllm serve`
     (none when vLLM would be started alike)."""
     from interlock.app.query import Query
@@ -216,7 +223,7 @@ def _measure_engine(
     return before, after, record
 
 
-def _unmeasured(context: Any, architecture: str, here: str) -> str | None:
+def _unmeasured(context: Context, architecture: str, here: str) -> str | None:
     """Why a changed context cannot be measured by running the model here (None: it can)."""
     if context.platform != here:
         return f"on {context.platform}: this machine is {here}"
@@ -231,7 +238,7 @@ def _unmeasured(context: Any, architecture: str, here: str) -> str | None:
     return None
 
 
-def _keep(record: dict[str, Any]) -> Any:
+def _keep(record: dict[str, Any]) -> Path:
     from interlock.commands.measure import write_record
 
     return write_record(record, None)

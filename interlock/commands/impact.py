@@ -20,9 +20,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import write_json
+
+if TYPE_CHECKING:
+    from interlock.policy.model import Policy
+    from interlock.policy.trace import Provenance
 from interlock.core.terminal import one_line
 
 
@@ -45,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(run=run)
 
 
-def load_stack(text: str) -> Any:
+def load_stack(text: str) -> Policy:
     """A policy given as one file or a stack (``policy.loader.parse_stack``: ``os.pathsep``
     between files, ``@shipped`` for the shipped one), layered in order."""
     from interlock.policy.loader import load_policy
@@ -190,7 +194,7 @@ def _decide(policy: Any, record: dict[str, Any], log: str, line: int) -> dict[st
     }
 
 
-def _who(prov: Any) -> str:
+def _who(prov: Provenance) -> str:
     who = "defaults" if prov.stage == "defaults" else f"{prov.stage} {prov.source}"
     return f"{who} ({prov.location})" if prov.location else who
 

@@ -38,6 +38,10 @@ from interlock.core.platform import TRITON_FACT
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
+    from interlock.measure import Workload
+    from interlock.measure.engine import Cell, EngineWorkload
+    from interlock.policy.resolution import Resolution
+    from interlock.vllm.version import VllmInstall
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -199,7 +203,7 @@ def command_line(words: Sequence[str], args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-def workload_of(args: argparse.Namespace) -> Any:
+def workload_of(args: argparse.Namespace) -> Workload:
     """The ``Workload`` the flags of :func:`add_workload_args` describe (torch threads set)."""
     from interlock.measure import Workload
 
@@ -363,7 +367,9 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     return _finish(args, record)
 
 
-def engine_workload(args: argparse.Namespace) -> tuple[Any, list[str], list[str] | None]:
+def engine_workload(
+    args: argparse.Namespace,
+) -> tuple[EngineWorkload, list[str], list[str] | None]:
     """What each trial on a server sends, and the accuracy prompts and answers."""
     from interlock.measure.engine import (
         EngineWorkload,
@@ -393,14 +399,14 @@ class EngineSetup:
         self.model: str = parts["model"]
         #: The query of running MODEL on that vLLM (vLLM's runners: no capability stage).
         self.query: Query = parts["query"]
-        self.workload: Any = parts["workload"]
+        self.workload: EngineWorkload = parts["workload"]
         self.prompts: list[str] = parts["prompts"]
         self.answers: list[str] | None = parts["answers"]
         #: The vLLM release detected (None: not known), and the one whose log is read.
         self.detected: str | None = parts["detected"]
         self.version: str | None = parts["version"]
         #: The vLLM install found (how to launch it), and its Triton for this platform.
-        self.install: Any = parts["install"]
+        self.install: VllmInstall = parts["install"]
         self.triton: tuple[bool, str] | None = parts["triton"]
 
 
@@ -441,7 +447,7 @@ def engine_setup(args: argparse.Namespace, asked: Query) -> EngineSetup:
 
 
 def measure_on_engine(
-    args: argparse.Namespace, setup: EngineSetup, base: Any, cells: list[Any],
+    args: argparse.Namespace, setup: EngineSetup, base: Resolution, cells: list[Cell],
     skipped: list[dict[str, Any]], factors: dict[str, list[Any]], policy: dict[str, Any],
     command: str, pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import write_json
+
+if TYPE_CHECKING:
+    from interlock.plugins.registry import PluginRecord
+    from interlock.plugins.spec import PlatformSupport, RunnerSpec
+    from interlock.testing.checks import Finding
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _factories(plugin: Any) -> dict[str, str]:
+def _factories(plugin: PluginRecord) -> dict[str, str]:
     """Per runner: ``ok`` when its factory imports and is callable, else why not (a typo such
     as ``myrunner.runner:MyRuner`` would otherwise fail only when a run starts)."""
     from interlock.plugins.isolation import PluginCrash, plugin_code
@@ -77,7 +82,7 @@ def _factories(plugin: Any) -> dict[str, str]:
     return {spec.name: found.get(spec.name, "ok") for spec in plugin.runners}
 
 
-def _claims(plugin: Any) -> list[Any]:
+def _claims(plugin: PluginRecord) -> list[Finding]:
     """Runners subclassing another runner's class that claim more than its spec serves."""
     from interlock.plugins.isolation import PluginCrash, plugin_code
     from interlock.testing.checks import check_inherited_claims
@@ -89,7 +94,7 @@ def _claims(plugin: Any) -> list[Any]:
         return []
 
 
-def _provides_nothing(plugin: Any) -> str | None:
+def _provides_nothing(plugin: PluginRecord) -> str | None:
     """The warning for an ok plugin that provides no runner and no kernel, naming the hook
     functions that lack the ``@hookimpl`` marker (pluggy ignores them without it)."""
     if plugin.status != "ok" or plugin.runners or plugin.kernels:
@@ -129,7 +134,7 @@ def _entry_object(source: str) -> Any:
     return obj
 
 
-def _plugin_lines(plugin: Any, factories: dict[str, str]) -> list[str]:
+def _plugin_lines(plugin: PluginRecord, factories: dict[str, str]) -> list[str]:
     lines = [
         f"{plugin.name}  {plugin.distribution} {plugin.version}  {plugin.status_line}",
         f"  source       {plugin.source}",
@@ -151,13 +156,13 @@ def _plugin_lines(plugin: Any, factories: dict[str, str]) -> list[str]:
     return lines
 
 
-def _runner_lines(spec: Any) -> list[str]:
+def _runner_lines(spec: RunnerSpec) -> list[str]:
     import yaml
 
     from interlock.plugins.spec import SERVED_FIELDS
 
     # Platforms declaring the same support are listed together.
-    groups: dict[Any, list[str]] = {}
+    groups: dict[PlatformSupport, list[str]] = {}
     for platform, support in spec.platforms.items():
         groups.setdefault(support, []).append(platform)
     lines = []

@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from interlock.commands.common import (
     add_context_flags,
@@ -31,6 +31,10 @@ from interlock.commands.common import (
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
 from interlock.core.env import API_KEY
 from interlock.core.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    from interlock.llm import LLM
+    from interlock.policy.resolution import Resolution
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -151,7 +155,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load(args: argparse.Namespace, model: str, resolution: Any) -> Any:
+def _load(args: argparse.Namespace, model: str, resolution: Resolution) -> LLM:
     from interlock.core.platform import device_for
     from interlock.llm import LLM
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import (
     add_engine_args,
@@ -18,6 +18,10 @@ from interlock.commands.common import (
 )
 from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
+
+if TYPE_CHECKING:
+    from interlock.plugins.capabilities import CapabilityStage
+    from interlock.policy.fleet import Target
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(run=run)
 
 
-def _target(text: str) -> Any:
+def _target(text: str) -> Target:
     """argparse type for ``P[:ARCH][@ENGINE=VERSION]...``; a malformed engine part is a usage
     error naming it (exit 2)."""
     from interlock.core.errors import InputError
@@ -180,8 +184,8 @@ def _rows(policy: Policy, patterns: list[str] | None) -> list[str]:
 
 
 def _fleet(
-    args: argparse.Namespace, policy: Policy, architectures: list[str], stage: Any, fmt: str,
-    **context: Any,
+    args: argparse.Namespace, policy: Policy, architectures: list[str],
+    stage: CapabilityStage, fmt: str, **context: Any,
 ) -> int:
     from interlock.commands.common import check_target
     from interlock.commands.release_check import warn_outside

@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import (
     add_decision_log_args,
@@ -35,6 +35,11 @@ from interlock.commands.common import (
 )
 from interlock.commands.release_check import add_allow_arg
 from interlock.core.platform import TRITON_FACT
+
+if TYPE_CHECKING:
+    from interlock.policy.resolution import Resolution
+    from interlock.vllm.command import ServeCommand
+    from interlock.vllm.version import VllmInstall
 
 #: This command's options; after MODEL they would silently go to vllm serve.
 OWN_OPTIONS = (
@@ -297,7 +302,7 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0 if verdict.verification.verified else MISMATCH_EXIT
 
 
-def engine_facts(install: Any) -> tuple[dict[str, str], dict[str, str]]:
+def engine_facts(install: VllmInstall) -> tuple[dict[str, str], dict[str, str]]:
     """The version of a found vLLM install as context facts (none if it has none)."""
     if install.version is None:
         return {}, {}
@@ -311,15 +316,15 @@ def detected_engine(executable: str) -> tuple[dict[str, str], dict[str, str]]:
     return engine_facts(find_install(executable))
 
 
-def _vllm_runner(command: Any, version: str | None) -> dict[str, Any]:
+def _vllm_runner(command: ServeCommand, version: str | None) -> dict[str, Any]:
     """The record's runner for vLLM: vLLM's own runner, not an interlock plugin."""
     return {"name": command.decision["runner"], "plugin": None, "distribution": "vllm",
             "version": version}
 
 
 def _serve(
-    args: argparse.Namespace, resolution: Any, command: Any, overrides: dict[str, Any],
-    model: str, install: Any, version: str | None,
+    args: argparse.Namespace, resolution: Resolution, command: ServeCommand,
+    overrides: dict[str, Any], model: str, install: VllmInstall, version: str | None,
 ) -> int:
     from interlock import decision_log
     from interlock.vllm.engine import EngineCheck, Verification, supervise

@@ -3,10 +3,16 @@ its prompts hold, so the larger sizes are not captured."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from interlock.app.outputs import Prompt
+    from interlock.policy.trace import Step
+    from interlock.runners.contract import Decision
 
 
-def step_tokens(prompts: list[Any]) -> int | None:
+def step_tokens(prompts: Sequence[Prompt]) -> int | None:
     """The most tokens one step of this run can hold (every prompt prefilled at once), when
     the prompts are token ids; None for text (its length is known only once tokenized)."""
     if any(isinstance(p, str) for p in prompts):
@@ -14,12 +20,14 @@ def step_tokens(prompts: list[Any]) -> int | None:
     return max(len(prompts), sum(len(p) for p in prompts))
 
 
-def cap_capture_sizes(decision: Any, steps: int) -> tuple[Any, Any]:
-    """Keep the sizes a step of this run can pad to: those up to ``steps`` and the next one."""
+def cap_capture_sizes(decision: Decision, steps: int) -> tuple[Decision, Step | None]:
+    """Keep the sizes a step of this run can pad to: those up to ``steps`` and the next one
+    (``decision.capture_sizes`` is set: the runner's automatic sizes are its own)."""
     from dataclasses import replace
 
     from interlock.policy.trace import Step
 
+    assert decision.capture_sizes is not None
     sizes = sorted(decision.capture_sizes)
     kept = [s for s in sizes if s < steps]
     kept += [s for s in sizes if s >= steps][:1]

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import redirect_stdout
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.app.timing import (
     RequestTimes,
@@ -27,6 +27,13 @@ from interlock.commands.run.render import (
 )
 from interlock.commands.run.stream import Stream
 from interlock.core.errors import InputError, InterlockError
+
+if TYPE_CHECKING:
+    from interlock.app.outputs import Prompt, RequestOutput
+    from interlock.policy.resolution import Resolution
+    from interlock.policy.trace import Step
+    from interlock.runners.contract import RunnerReport
+    from interlock.runners.engine.sampling import SamplingParams
 
 DEFAULT_PROMPT = (1, 2, 3)
 TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     resolution = decide(policy, query)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
-    prompts: list[Any] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
+    prompts: list[Prompt] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
     # Text replies stream to a terminal as they are generated; the header comes first.
     stream = Stream(sys.stdout, resolution, plugin.provider, args) if (
         args.prompt and not args.json and sys.stdout.isatty()
@@ -105,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_outcome(metrics: dict[str, Any], report: Any) -> dict[str, Any]:
+def run_outcome(metrics: dict[str, Any], report: RunnerReport) -> dict[str, Any]:
     """A decision record's outcome of a run: tokens, TTFT and TPOT, the graphs captured."""
     graphs = report.graphs.to_dict() if report.graphs is not None else {}
     return {
@@ -124,12 +131,12 @@ def run_outcome(metrics: dict[str, Any], report: Any) -> dict[str, Any]:
 
 def _execute(
     args: argparse.Namespace,
-    resolution: Any,
+    resolution: Resolution,
     model: str,
-    prompts: list[Any],
-    params: Any,
+    prompts: list[Prompt],
+    params: SamplingParams,
     stream: Stream | None,
-) -> tuple[Any, Any, dict[str, Any], tuple[Any, ...]]:
+) -> tuple[list[RequestOutput], RunnerReport, dict[str, Any], tuple[Step, ...]]:
     """Run the prompts (with ``--chat`` the text ones as user messages), streaming text
     replies to ``stream``; returns (outputs, runner report, metrics, the trace with this
     run's own steps)."""
@@ -163,7 +170,7 @@ def _execute(
             first = len(args.prompt_token_ids)
             prompts = [*prompts[:first], *(
                 llm.apply_chat_template([{"role": "user", "content": text}])
-                for text in prompts[first:]
+                for text in args.prompt
             )]
         on_tokens = None
         if stream is not None:

@@ -3,13 +3,20 @@ the outputs, the metrics and with ``--verbose`` the trace, kernels and graphs)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.core.fields import show_scalar
 
+if TYPE_CHECKING:
+    from interlock.app.outputs import RequestOutput
+    from interlock.policy.resolution import Resolution
+    from interlock.policy.trace import Step
+    from interlock.runners.contract import KVCacheReport, RunnerReport
 
-def output_dict(o: Any) -> dict[str, Any]:
+
+def output_dict(o: RequestOutput) -> dict[str, Any]:
     return {
         "prompt_token_ids": list(o.prompt_token_ids),
         "token_ids": list(o.token_ids),
@@ -40,18 +47,18 @@ def prompt_label(index: int, text: str, chat: bool) -> str:
     return f"[{index}] {'user' if chat else 'prompt'}: {text}"
 
 
-def finish_line(tokens: Any, reason: str | None) -> str:
+def finish_line(tokens: Sequence[int], reason: str | None) -> str:
     why = {"stop": "end of sequence", "length": "max tokens"}.get(reason or "", reason)
     return f"[{len(tokens)} tokens, {why}]"
 
 
 def run_document(
-    resolution: Any,
+    resolution: Resolution,
     provider: str,
-    outputs: Any,
-    report: Any,
+    outputs: Sequence[RequestOutput],
+    report: RunnerReport,
     metrics: dict[str, Any],
-    trace: tuple[Any, ...],
+    trace: tuple[Step, ...],
     *,
     verbose: bool,
     prompts: list[str],
@@ -94,7 +101,7 @@ def run_document(
     return document
 
 
-def header(resolution: Any, provider: str, report: Any) -> str:
+def header(resolution: Resolution, provider: str, report: RunnerReport) -> str:
     """Which runner runs the model, and how (before the outputs, streamed or not)."""
     ctx, decision = resolution.context, resolution.decision
     graphs = report.graphs.to_dict() if report.graphs is not None else {}
@@ -119,7 +126,7 @@ def header(resolution: Any, provider: str, report: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kv_cache_line(kv: Any) -> str:
+def kv_cache_line(kv: KVCacheReport) -> str:
     """``kv cache: MLA latent, 192 bytes/token (per-head K/V: 896, 4.7x); 384 tokens``."""
     line = f"kv cache: {kv.layout}, {kv.bytes_per_token} bytes/token"
     if kv.per_head_bytes_per_token != kv.bytes_per_token:
@@ -133,7 +140,7 @@ def kv_cache_line(kv: Any) -> str:
     return line
 
 
-def render_tail(doc: dict[str, Any], trace: tuple[Any, ...], *, verbose: bool) -> str:
+def render_tail(doc: dict[str, Any], trace: tuple[Step, ...], *, verbose: bool) -> str:
     """The metrics (and with ``verbose`` the trace, kernels and graphs)."""
     from interlock.policy.explain import render_trace
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
 
 from interlock.commands.run.render import finish_line, header, prompt_label
+
+if TYPE_CHECKING:
+    from interlock.llm import LLM
+    from interlock.policy.resolution import Resolution
 
 
 class Stream:
@@ -13,7 +18,8 @@ class Stream:
     order: the first unfinished prompt live, each later one once those before it are done.
     Token-id prompts are shown with the metrics, at the end."""
 
-    def __init__(self, out: Any, resolution: Any, provider: str, args: argparse.Namespace):
+    def __init__(self, out: TextIO, resolution: Resolution, provider: str,
+                 args: argparse.Namespace) -> None:
         self.out, self.resolution, self.provider = out, resolution, provider
         self.first = len(args.prompt_token_ids)
         self.labels = [prompt_label(self.first + i, text, args.chat)
@@ -23,7 +29,7 @@ class Stream:
         self.turn = 0  # the prompt being shown
         self.shown: str | None = None  # its reply so far on the terminal (None: no label yet)
 
-    def start(self, llm: Any) -> Any:
+    def start(self, llm: LLM) -> Callable[[int, tuple[int, ...], str | None], None]:
         """Write the header of the loaded model; returns the ``on_tokens`` callback."""
         self.llm = llm
         self.out.write(header(self.resolution, self.provider, llm.report()) + "\n")
