@@ -21,6 +21,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +104,172 @@ static inline float half_value(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* ---- threads -------------------------------------------------------------------- */
+
+/* The products split their outputs' strips among `threads` threads: the caller's and
+ * threads - 1 workers of a pool that the first product after threads(n) starts
+ * (interlock.kernels.native.ops keeps n equal to torch's thread count). A strip's outputs
+ * are computed as on one thread, in the same order, so the results are bitwise the same at
+ * any thread count.
+ *
+ * A job is cut into up to 4 parts per thread, and every thread, the caller too, takes the
+ * next part not yet taken until none is left: a worker that the machine's other load keeps
+ * off a core leaves its share to the threads that run, instead of holding the caller at the
+ * end of every product. A product is ~10-100 us at decode, so a worker spins for the next
+ * job a while (the ops between two products take a few us) before it sleeps on a condition
+ * variable. One job runs at a time: a product called from a second Python thread while the
+ * pool is busy runs on its caller's thread alone. After a fork the child has no workers;
+ * its next product starts them again. */
+
+#define MAX_THREADS 256
+#define PARTS_PER_THREAD 4
+#define SPINS 20000 /* ~1 ms of pause instructions before a worker sleeps */
+
+typedef void (*RangeFn)(const void *ctx, long lo, long hi);
+
+static atomic_int threads = 1; /* wanted, including the caller */
+static int pool_size = 0;      /* workers running */
+static pthread_t workers[MAX_THREADS];
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
+static atomic_long generation; /* one more for each job, and for the stop */
+static atomic_int sleeping;    /* workers waiting on pool_wake */
+static atomic_flag busy = ATOMIC_FLAG_INIT;
+static int stopping = 0;
+static int pool_error = 0;     /* pthread_create's error when the pool last failed to start */
+static long born;              /* generation when the workers were started */
+/* The job's parts: job << 32 | parts << 16 | the next part to take. A part is taken only
+ * while the job's tag is current, and the caller changes the job only once every part is
+ * done, so whoever holds a part reads the job it belongs to. */
+static atomic_long claims;
+static atomic_int finished;    /* parts of the current job done */
+static long jobs = 0;          /* the caller's count of jobs: the tag */
+static struct { RangeFn fn; const void *ctx; long units, per; } job;
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+/* Takes and runs parts of the current job until none is left. */
+static void take_parts(void) {
+    long c = atomic_load(&claims);
+    for (;;) {
+        long next = c & 0xffff, parts = (c >> 16) & 0xffff;
+        if (next >= parts) return;
+        if (!atomic_compare_exchange_weak(&claims, &c, c + 1)) continue;
+        long lo = next * job.per, hi = lo + job.per < job.units ? lo + job.per : job.units;
+        if (lo < hi) job.fn(job.ctx, lo, hi);
+        atomic_fetch_add(&finished, 1);
+        c = atomic_load(&claims);
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    /* not generation now: the job that started the pool may have raised it already */
+    long seen = born;
+    for (;;) {
+        long now;
+        for (int spin = 0; (now = atomic_load(&generation)) == seen; spin++) {
+            if (spin < SPINS) {
+                relax();
+                continue;
+            }
+            /* sleeping is raised before generation is read again, and a job raises
+             * generation before it reads sleeping: one of the two sees the other */
+            pthread_mutex_lock(&pool_lock);
+            atomic_fetch_add(&sleeping, 1);
+            while (atomic_load(&generation) == seen) pthread_cond_wait(&pool_wake, &pool_lock);
+            atomic_fetch_sub(&sleeping, 1);
+            pthread_mutex_unlock(&pool_lock);
+            spin = 0;
+        }
+        seen = now;
+        if (stopping) return NULL;
+        take_parts();
+    }
+}
+
+static void wake_workers(void) {
+    atomic_fetch_add(&generation, 1);
+    if (atomic_load(&sleeping) > 0) {
+        pthread_mutex_lock(&pool_lock);
+        pthread_cond_broadcast(&pool_wake);
+        pthread_mutex_unlock(&pool_lock);
+    }
+}
+
+static void stop_pool(void) {
+    if (pool_size == 0) return;
+    stopping = 1;
+    wake_workers();
+    for (int i = 0; i < pool_size; i++) pthread_join(workers[i], NULL);
+    stopping = 0;
+    pool_size = 0;
+}
+
+/* The pool sized for `want` threads: 0, or the error number of a thread that did not
+ * start (the workers started are stopped again). */
+static int start_pool(int want) {
+    if (pool_size == want - 1) return 0;
+    stop_pool();
+    born = atomic_load(&generation);
+    for (int i = 0; i < want - 1; i++) {
+        int rc = pthread_create(&workers[i], NULL, worker, NULL);
+        if (rc != 0) {
+            stop_pool();
+            return rc;
+        }
+        pool_size = i + 1;
+    }
+    return 0;
+}
+
+/* In a forked child the workers do not exist: forget them (the next job starts new ones). */
+static void forget_pool(void) {
+    pool_size = 0;
+    pthread_mutex_init(&pool_lock, NULL);
+    pthread_cond_init(&pool_wake, NULL);
+    atomic_store(&sleeping, 0);
+    atomic_flag_clear(&busy);
+}
+
+/* fn(ctx, lo, hi) over [0, units) in parts of whole runs of `align` units, shared by the
+ * threads; 0, or -3 (pool_error says why) when the pool's threads cannot be started.
+ * (Unused in a portable build, which has no products.) */
+__attribute__((unused)) static int parallel_for(RangeFn fn, const void *ctx, long units, long align) {
+    int want = atomic_load(&threads);
+    long runs = (units + align - 1) / align;
+    long parts = (long)want * PARTS_PER_THREAD < runs ? (long)want * PARTS_PER_THREAD : runs;
+    if (want <= 1 || parts <= 1 || atomic_flag_test_and_set(&busy)) {
+        /* one part, or another Python thread's job holds the pool: the caller runs it all */
+        if (units > 0) fn(ctx, 0, units);
+        return 0;
+    }
+    int rc = start_pool(want);
+    if (rc != 0) {
+        atomic_flag_clear(&busy);
+        pool_error = rc;
+        return -3;
+    }
+    job.fn = fn;
+    job.ctx = ctx;
+    job.units = units;
+    job.per = (runs + parts - 1) / parts * align;
+    atomic_store(&finished, 0);
+    jobs = (jobs + 1) & 0x7fffffff;
+    atomic_store(&claims, jobs << 32 | parts << 16);
+    wake_workers();
+    take_parts();
+    while (atomic_load(&finished) < parts) relax();
+    atomic_flag_clear(&busy);
+    return 0;
 }
 
 #if NATIVE_X86
@@ -197,10 +365,18 @@ AVX2 static void tile_of(int mr, int ns, const float *x, long xs, const float *b
     }
 }
 
-/* y [T, N] = x [T, K] W^T (+ bias) for W packed in strips (N a multiple of 16). */
-AVX2 static void linear_packed(const float *x, long xs, const float *p, const float *bias,
-                               float *y, long T, long K, long N) {
-    long strips = N / STRIP;
+typedef struct {
+    const float *x, *p, *bias;
+    float *y;
+    long xs, T, K, N;
+} PackedProduct;
+
+/* Strips lo .. hi - 1 of a PackedProduct. */
+AVX2 static void packed_strips(const void *ctx, long lo, long hi) {
+    const PackedProduct *c = ctx;
+    const float *x = c->x, *p = c->p, *bias = c->bias;
+    float *y = c->y;
+    long xs = c->xs, T = c->T, K = c->K, N = c->N, strips = hi;
     for (long m0 = 0; m0 < T; m0 += ROW_BLOCK) {
         long rows = T - m0 < ROW_BLOCK ? T - m0 : ROW_BLOCK;
         /* The rows split evenly into tiles (8 = 4 + 4, not 6 + 2: a tile of two rows runs
@@ -208,7 +384,7 @@ AVX2 static void linear_packed(const float *x, long xs, const float *p, const fl
          * strips per tile instead. */
         int tiles = (int)((rows + TILE_ROWS - 1) / TILE_ROWS), base = (int)(rows / tiles);
         int wide = rows >= 4 ? 1 : rows == 1 ? 4 : 2;
-        for (long s = 0; s < strips;) {
+        for (long s = lo; s < strips;) {
             int ns = s + wide <= strips ? wide : 1;
             const float *b = p + s * K * STRIP;
             const float *next = ns == 1 && s + 1 < strips ? b + K * STRIP : NULL;
@@ -222,6 +398,14 @@ AVX2 static void linear_packed(const float *x, long xs, const float *p, const fl
             s += ns;
         }
     }
+}
+
+/* y [T, N] = x [T, K] W^T (+ bias) for W packed in strips (N a multiple of 16), its strips
+ * shared among the threads (in runs of 4: the widest tile). 0, or parallel_for's error. */
+AVX2 static int linear_packed(const float *x, long xs, const float *p, const float *bias,
+                              float *y, long T, long K, long N) {
+    PackedProduct c = {x, p, bias, y, xs, T, K, N};
+    return parallel_for(packed_strips, &c, N / STRIP, 4);
 }
 
 /* W [N, K] packed in strips in place: strip s holds rows 16 s .. 16 s + 15 of W, which
@@ -479,23 +663,23 @@ AVX512 static void qtile512_of(int kind, int mr, int ns, const float *x, long xs
     QKINDS(ZTILE_CASES)
 }
 
-/* y [T, N] = x [T, K] W^T (+ bias) for W quantized and packed (N a multiple of 16, K of
- * L; kind and L checked by the caller: qkind_known). -1 if the block sums' scratch cannot
- * be allocated. */
-AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int kind, long L,
-                                 const float *bias, float *y, long T, long K, long N) {
-    long nb = K / L, strips = N / STRIP, rec = qrecord(kind, (int)L), sb = nb * rec;
-    float *xsum = NULL;
-    if (!QSIGNED(kind)) {
-        xsum = malloc(sizeof(float) * (size_t)(T * nb > 0 ? T * nb : 1));
-        if (xsum == NULL) return -1;
-        for (long t = 0; t < T; t++)
-            for (long b = 0; b < nb; b++) {
-                float s = 0.0f;
-                for (long k = 0; k < L; k++) s += x[t * xs + b * L + k];
-                xsum[t * nb + b] = s;
-            }
-    }
+typedef struct {
+    const float *x, *xsum;
+    const uint8_t *w;
+    float *y;
+    long xs, T, nb, N;
+    int kind, L;
+} QuantizedProduct;
+
+/* Strips lo .. hi - 1 of a QuantizedProduct. */
+AVX2 static void quantized_strips(const void *ctx, long lo, long hi) {
+    const QuantizedProduct *c = ctx;
+    const float *x = c->x, *xsum = c->xsum;
+    const uint8_t *w = c->w;
+    float *y = c->y;
+    const int kind = c->kind;
+    long xs = c->xs, T = c->T, nb = c->nb, N = c->N, strips = hi;
+    long rec = qrecord(kind, c->L), sb = nb * rec;
     for (long m0 = 0; m0 < T; m0 += ROW_BLOCK) {
         long rows = T - m0 < ROW_BLOCK ? T - m0 : ROW_BLOCK;
         /* Tiles of at most four rows (a fifth would spill: each row holds two accumulators
@@ -505,7 +689,7 @@ AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int 
         int tiles = (int)((rows + QTILE_ROWS - 1) / QTILE_ROWS), base = (int)(rows / tiles);
         int wide = use_avx512 ? (rows == 1 ? 4 : 2) : rows == 1 ? 3 : rows == 2 ? 2 : 1;
         long lines = (rec / 64 + tiles - 1) / tiles;
-        for (long s = 0; s < strips;) {
+        for (long s = lo; s < strips;) {
             int ns = s + wide <= strips ? wide : 1;
             const uint8_t *ws = w + s * sb;
             const uint8_t *next = ns == 1 && s + 1 < strips ? ws + sb : NULL;
@@ -525,11 +709,33 @@ AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int 
             s += ns;
         }
     }
-    if (bias)
+}
+
+/* y [T, N] = x [T, K] W^T (+ bias) for W quantized and packed (N a multiple of 16, K of
+ * L; kind and L checked by the caller: qkind_known), its strips shared among the threads
+ * (in runs of 4: the widest tile). -1 if the block sums' scratch cannot be allocated, or
+ * parallel_for's error. */
+AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int kind, long L,
+                                 const float *bias, float *y, long T, long K, long N) {
+    long nb = K / L;
+    float *xsum = NULL;
+    if (!QSIGNED(kind)) {
+        xsum = malloc(sizeof(float) * (size_t)(T * nb > 0 ? T * nb : 1));
+        if (xsum == NULL) return -1;
+        for (long t = 0; t < T; t++)
+            for (long b = 0; b < nb; b++) {
+                float s = 0.0f;
+                for (long k = 0; k < L; k++) s += x[t * xs + b * L + k];
+                xsum[t * nb + b] = s;
+            }
+    }
+    QuantizedProduct c = {x, xsum, w, y, xs, T, nb, N, kind, (int)L};
+    int rc = parallel_for(quantized_strips, &c, N / STRIP, 4);
+    if (rc == 0 && bias)
         for (long t = 0; t < T; t++)
             for (long n = 0; n < N; n++) y[t * N + n] += bias[n];
     free(xsum);
-    return 0;
+    return rc;
 }
 
 
@@ -1273,8 +1479,7 @@ static int run_op(int64_t op, const Slot *a) {
     switch (op) {
 #if NATIVE_X86
     case OP_LINEAR:
-        linear_packed(P(0), a[1].i, P(2), P(3), P(4), a[5].i, a[6].i, a[7].i);
-        return 0;
+        return linear_packed(P(0), a[1].i, P(2), P(3), P(4), a[5].i, a[6].i, a[7].i);
     case OP_DECODE_ATTENTION:
         return decode_attention(P(0), a[1].i, P(2), P(3), P(4), a[5].i, P(6), P(7), a[8].i,
                                 a[9].i, a[10].i, a[11].i, a[12].i, a[13].i, (float)a[14].d,
@@ -1335,6 +1540,11 @@ static int run_op(int64_t op, const Slot *a) {
 static void describe(int64_t op, int rc, const Slot *a) {
     if (rc == -100) {
         PyErr_Format(PyExc_ValueError, "no native op %lld on this machine", (long long)op);
+        return;
+    }
+    if (rc == -3) {
+        PyErr_Format(PyExc_OSError, "native op %s: cannot start its %d threads: %s",
+                     NAMES[op], atomic_load(&threads), strerror(pool_error));
         return;
     }
     switch (op) {
@@ -1517,11 +1727,32 @@ static PyObject *py_quantized_isa(PyObject *Py_UNUSED(self), PyObject *const *ar
 #endif
 }
 
+/* threads(n=None) -> int: how many threads the products share their strips among (the
+ * caller's and n - 1 workers, started by the next product), 1..MAX_THREADS; given n, from
+ * now on. TypeError or ValueError for anything else. */
+static PyObject *py_threads(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {
+    if (argc > 1 || (argc == 1 && argv[0] != Py_None && !PyLong_Check(argv[0]))) {
+        PyErr_SetString(PyExc_TypeError, "threads(n: int | None = None)");
+        return NULL;
+    }
+    if (argc == 1 && argv[0] != Py_None) {
+        long n = PyLong_AsLong(argv[0]);
+        if (n == -1 && PyErr_Occurred()) return NULL;
+        if (n < 1 || n > MAX_THREADS) {
+            PyErr_Format(PyExc_ValueError, "threads(%ld): allowed 1..%d", n, MAX_THREADS);
+            return NULL;
+        }
+        atomic_store(&threads, (int)n);
+    }
+    return PyLong_FromLong(atomic_load(&threads));
+}
+
 static PyMethodDef methods[] = {
     {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, NULL},
     {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL, NULL},
     {"run_tape", (PyCFunction)(void (*)(void))py_run_tape, METH_FASTCALL, NULL},
     {"quantized_isa", (PyCFunction)(void (*)(void))py_quantized_isa, METH_FASTCALL, NULL},
+    {"threads", (PyCFunction)(void (*)(void))py_threads, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1534,6 +1765,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__cpu(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    pthread_atfork(NULL, NULL, forget_pool);
     const char *unsupported = NULL;
 #if NATIVE_X86
     __builtin_cpu_init();

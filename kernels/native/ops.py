@@ -18,6 +18,7 @@ import torch
 
 from interlock.kernels import quant
 from interlock.kernels.native import _cpu, tape
+from interlock.kernels.native.threads import follow_torch_threads
 from interlock.kernels.packing import PACK_STRIP as STRIP
 from interlock.kernels.reference import attention, dense, mla, moe
 from interlock.kernels.registry import KernelError
@@ -37,6 +38,7 @@ def _run(op: int, args: tuple[int | float, ...], *tensors: torch.Tensor) -> None
     recorder = tape.ACTIVE
     if recorder is not None:
         recorder.add(op, args, tensors)
+    follow_torch_threads()
     _cpu.call(op, *args)
 
 

@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from interlock.kernels.native import _cpu
+from interlock.kernels.native.threads import follow_torch_threads
 
 #: The tape now recording, if any (a forward records on one thread).
 ACTIVE: Tape | None = None
@@ -93,6 +94,7 @@ class Tape:
         return sum(isinstance(step, ForeignCall) for step in self._steps)
 
     def replay(self) -> None:
+        follow_torch_threads()
         for step in self._steps:
             if isinstance(step, bytes):
                 _cpu.run_tape(step)

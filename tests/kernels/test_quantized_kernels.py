@@ -202,6 +202,57 @@ def test_the_avx512_and_avx2_products_are_bitwise_the_same(
     assert torch.equal(results[0], results[1])
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@native_only
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(FORMATS), strips=st.integers(1, 13), blocks=st.integers(1, 3),
+       rows=st.integers(1, 64), with_bias=st.booleans(), threads=st.integers(2, 5),
+       isa=st.sampled_from(ISAS or ["none"]), seed=st.integers(0, 2**31 - 1))
+def test_the_products_are_bitwise_the_same_at_any_thread_count(
+    name: str, strips: int, blocks: int, rows: int, with_bias: bool, threads: int, isa: str,
+    seed: int,
+) -> None:
+    """The threads share out whole strips (runs of 4, the last part shorter or empty: more
+    threads than runs of strips leave some idle), and each output is computed as on one
+    thread: torch's thread count changes no bit, of the quantized or the float products."""
+    weight, _ = packed(name, 16 * strips, blocks * quant.FORMATS[name].file_block, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, blocks * quant.FORMATS[name].file_block, generator=gen)
+    bias = torch.randn(16 * strips, generator=gen) if with_bias else None
+    dense = torch.randn(16 * strips, x.shape[1], generator=gen)
+    quantized, linear = impl("quantized_linear", "native"), impl("linear", "native")
+    strip_packed = impl("pack_weight", "native")(dense.clone())
+    results = []
+    with running_with(isa):
+        for count in (1, threads):
+            with torch_threads(count):
+                results.append((quantized(x, weight, name, bias),
+                                linear(x, strip_packed, bias, False)))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+@native_only
+def test_the_thread_count_is_checked_and_follows_torch() -> None:
+    from interlock.kernels.native import _cpu
+    for bad, error in ((0, ValueError), (257, ValueError), ("2", TypeError)):
+        with pytest.raises(error):
+            _cpu.threads(bad)
+    weight, _ = packed("Q4_1", 64, 64, 0)
+    with torch_threads(3):
+        impl("quantized_linear", "native")(torch.randn(1, 64), weight, "Q4_1", None)
+        assert _cpu.threads() == 3
+
+
 @native_only
 def test_an_instruction_set_the_cpu_lacks_is_refused_by_name() -> None:
     from interlock.kernels.native import _cpu
