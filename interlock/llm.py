@@ -59,6 +59,7 @@ from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
 from interlock.core.env import DEBUG_GRAPHS
 from interlock.core.errors import InputError
+from interlock.core.heap import give_back_free_memory
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
 from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
@@ -224,6 +225,9 @@ class LLM:
                 else TensorParallelRunner(runner_factory(decision.runner), tensor_parallel_size)
             )
         self.engine = Engine(spec, kv_cache, runner, decision)
+        # The load's garbage (tokenizer.json's parse, the weights' repacking, the graphs'
+        # activations before they shared a buffer) back to the system: see core.heap.
+        give_back_free_memory()
 
     def generate(
         self,

@@ -113,6 +113,8 @@ class Query:
             env=dict(self.env), sources=sources, engine=dict(self.engine),
             model_id=self.model_id, traits=self.traits,
         )
+        if self.model is None:  # `policy explain ARCH`: nothing of the runners is imported
+            return make_context(self.architecture, **common)
         from interlock.runners.model.sources import DEMO
 
         if self.model != DEMO:

@@ -26,12 +26,31 @@ from interlock.kernels.native import quantized_isa
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.layers import Linear
+from interlock.runners.model.safetensors_format import data_offsets
 from interlock.runners.model.sharding import Shard
 from interlock.runners.model.weights import CheckpointError
 
 #: The conversion's file of quantized bytes, and the metadata key naming their types.
 QUANTIZED = "quantized.safetensors"
 GGML_TYPES_KEY = "ggml_types"
+#: Rows decoded and repacked at a time (whole strips): the load holds the records and one
+#: slice's temporaries, not a whole tensor's (SmolLM2's 49,152-row embedding: ~30 MB
+#: of bytes, and its quants and scales decoded, several times that while it is packed).
+PACK_ROWS = 1024
+
+
+def read_rows(path: Path, start: int, rows: int, width: int) -> torch.Tensor:
+    """``rows`` rows of ``width`` bytes from ``start`` in the file, as uint8 [rows, width]:
+    read, not mapped, so that once repacked their memory is given back (pages of a mapped
+    file stay in the process's resident set until the mapping ends)."""
+    size = rows * width
+    with open(path, "rb", buffering=0) as fh:
+        data = bytearray(size)
+        fh.seek(start)
+        got = fh.readinto(data)
+    if got != size:
+        raise OSError(f"the file ends {size - (got or 0)} bytes before the tensor does")
+    return torch.frombuffer(data, dtype=torch.uint8).view(rows, width)
 
 
 @dataclass
@@ -74,6 +93,7 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     try:
         handle = safe_open(path, framework="pt")
         types: dict[str, str] = json.loads((handle.metadata() or {})[GGML_TYPES_KEY])
+        starts = data_offsets(path)
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a conversion's quantized weights ({exc})") from None
     kept = KeptWeights()
@@ -85,19 +105,31 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
         rows, or its inputs: whole records, ``_why_float`` has checked)."""
         try:
             fmt = quant.format_of(types[name])
-            raw = handle.get_tensor(name)
-            if shard is not None and shard.dim == 0:
-                raw = raw[shard.start:shard.stop]
-            if shard is not None and shard.dim == 1:
-                q, scale, offset = quant.decode(raw, fmt.name, shard.full)
-                cols, blocks = slice(shard.start, shard.stop), slice(
-                    shard.start // fmt.block, shard.stop // fmt.block)
-                q, scale = q[:, cols].contiguous(), scale[:, blocks].contiguous()
-                offset = None if offset is None else offset[:, blocks].contiguous()
-            else:
-                q, scale, offset = quant.decode(raw, fmt.name, inputs)
-            return quant.pack(q, scale, offset, fmt)
-        except (quant.QuantFormatError, SafetensorError) as exc:  # a damaged conversion
+            found = handle.get_slice(name)
+            shape, dtype = tuple(found.get_shape()), found.get_dtype()
+            if dtype != "U8" or len(shape) != 2:
+                raise quant.QuantFormatError(f"holds {dtype} {list(shape)}, not rows of bytes")
+            rows, width = shape
+            first, last = (shard.start, shard.stop) if shard and shard.dim == 0 else (0, rows)
+            wanted = shard.stop - shard.start if shard and shard.dim == 1 else inputs
+            records = torch.empty(
+                (last - first) // quant.PACK_STRIP, wanted // fmt.block, fmt.record,
+                dtype=torch.uint8)
+            for lo in range(first, last, PACK_ROWS):
+                hi = min(lo + PACK_ROWS, last)
+                raw = read_rows(path, starts[name] + lo * width, hi - lo, width)
+                if shard is not None and shard.dim == 1:
+                    q, scale, offset = quant.decode(raw, fmt.name, shard.full)
+                    cols, blocks = slice(shard.start, shard.stop), slice(
+                        shard.start // fmt.block, shard.stop // fmt.block)
+                    q, scale = q[:, cols].contiguous(), scale[:, blocks].contiguous()
+                    offset = None if offset is None else offset[:, blocks].contiguous()
+                else:
+                    q, scale, offset = quant.decode(raw, fmt.name, inputs)
+                at = (lo - first) // quant.PACK_STRIP
+                records[at:at + (hi - lo) // quant.PACK_STRIP] = quant.pack(q, scale, offset, fmt)
+            return records
+        except (quant.QuantFormatError, SafetensorError, OSError) as exc:  # a damaged file
             raise CheckpointError(f"{path}: tensor {name}: {exc}") from None
 
     slots = list(model.checkpoint_slots())

@@ -16,6 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from interlock.core.heap import give_back_free_memory
 from interlock.kernels import REGISTRY
 from interlock.plugins import load_import_path
 from interlock.plugins.kernels import install_plugin_kernels
@@ -75,6 +76,7 @@ def serve(rdzv: Rendezvous) -> int:
         spec = ModelSpec(config=config, **{**fields, "device": str(device)})
         runner = load_import_path(factory)()
         runner.load(spec, kv_cache, decision)
+        give_back_free_memory()  # the load's garbage, as rank 0's LLM does (core.heap)
         while (message := messages.decode(channel.receive()))["op"] == messages.STEP:
             runner.execute(messages.step_batch(message))
         return 0

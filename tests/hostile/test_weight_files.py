@@ -60,3 +60,36 @@ def test_a_non_finite_block_scale_is_refused_when_kept_quantized(
     with pytest.raises(CheckpointError, match=f"tensor {name}: {kind}: 1 NaN or infinite "
                        f"block {where}"):
         keep_quantized(model, damaged)
+
+
+def test_quantized_bytes_of_another_dtype_or_cut_short_are_refused_by_name(
+    conversions: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from interlock.runners.dispatch import build_kernel_table
+    from interlock.runners.model.checkpoint import build_model
+    from interlock.runners.model.config_json import load_config
+    from interlock.runners.model.quantized import QUANTIZED, keep_quantized
+    from interlock.runners.model.weights import CheckpointError
+
+    damaged = tmp_path / "conversion"
+    shutil.copytree(conversions["Q4_1"], damaged)
+    with safe_open(damaged / QUANTIZED, "pt") as handle:
+        metadata = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    name = "model.layers.0.self_attn.q_proj.weight"
+    model = build_model(load_config(damaged), build_kernel_table("cpu", "float32"), "float32",
+                        "cpu", 64)
+    # the bytes as int16 pairs: the same size, but not rows of bytes
+    save_file({**tensors, name: tensors[name].view(torch.int16)}, str(damaged / QUANTIZED),
+              metadata=metadata)
+    with pytest.raises(CheckpointError, match=f"tensor {name}: holds I16 .*not rows of bytes"):
+        keep_quantized(model, damaged)
+    # a file whose last tensor's bytes are cut off after its header was written
+    save_file(tensors, str(damaged / QUANTIZED), metadata=metadata)
+    whole = (damaged / QUANTIZED).read_bytes()
+    (damaged / QUANTIZED).write_bytes(whole[:-100])
+    with pytest.raises(CheckpointError, match=f"{QUANTIZED}"):
+        keep_quantized(model, damaged)
