@@ -1799,6 +1799,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         Py_DECREF(k);                                                                      \
     }
     OP_TABLE(ADD)
+    if (PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);

@@ -8,6 +8,8 @@
 UNSUPPORTED: str | None
 # op name -> its argument kinds in order: "i" an int (address, size, stride), "d" a float.
 SIGNATURES: dict[str, str]
+# The argument slots of a tape record (after its op code), each 8 bytes.
+MAX_SLOTS: int
 OP_LINEAR: int
 OP_DECODE_ATTENTION: int
 OP_RMS_NORM: int

@@ -18,6 +18,7 @@ naming it: a replay would miss it.
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ _METADATA_OPS = frozenset({
     "transpose", "permute", "as_strided", "alias", "detach", "expand", "unsqueeze",
     "squeeze", "unbind", "narrow", "chunk", "empty", "empty_strided", "empty_like",
 })
+
+
+_ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like"})
 
 
 class TapeError(RuntimeError):
@@ -62,6 +66,12 @@ class ForeignCall:
                 static.copy_(new)
 
 
+#: A record's argument slots (after its op code), each 8 bytes.
+SLOTS = _cpu.MAX_SLOTS
+#: Op code -> the kinds of its argument slots ("i" an int, "d" a float: _cpu.SIGNATURES).
+KINDS = {getattr(_cpu, f"OP_{name.upper()}"): kinds for name, kinds in _cpu.SIGNATURES.items()}
+
+
 class Tape:
     """Recorded native calls (and foreign ones), and the tensors they read and write."""
 
@@ -70,6 +80,9 @@ class Tape:
         self._steps: list[bytes | ForeignCall] = []
         self._keep: list[torch.Tensor] = []
         self.calls = 0  # native calls recorded
+        #: (address, bytes) of each storage allocated while it recorded: its own buffers,
+        #: which nothing outside the forward holds (``runners.graphs.pool`` shares them)
+        self.born: list[tuple[int, int]] = []
 
     def add(self, op: int, args: tuple[int | float, ...], tensors: tuple[torch.Tensor, ...]
             ) -> None:
@@ -92,6 +105,40 @@ class Tape:
     @property
     def foreign_calls(self) -> int:
         return sum(isinstance(step, ForeignCall) for step in self._steps)
+
+    def kept_storages(self) -> set[int]:
+        """The addresses of the storages the tape keeps alive (every one a record names)."""
+        return {t.untyped_storage().data_ptr() for t in self._keep}
+
+    def address_slots(self) -> Iterator[list[int]]:
+        """Each native record's int slots (addresses among them), in order (a tape without
+        foreign calls; a record's float slots are left out)."""
+        for step in self._steps:
+            if not isinstance(step, bytes):
+                raise TapeError("a tape with foreign calls has no addresses of its own")
+            slots = array("q", step)
+            for at in range(0, len(slots), 1 + SLOTS):
+                kinds = KINDS[slots[at]]
+                yield [slots[at + 1 + j] for j, kind in enumerate(kinds) if kind == "i"]
+
+    def relocate(self, move: Callable[[int], int], moved: set[int], buffer: torch.Tensor
+                 ) -> None:
+        """Rewrite every int slot through ``move`` (an address into a storage of ``moved``
+        becomes one into ``buffer``; anything else unchanged); the tape then keeps
+        ``buffer`` instead of the moved storages."""
+        steps: list[bytes | ForeignCall] = []
+        for step in self._steps:
+            if not isinstance(step, bytes):
+                raise TapeError("a tape with foreign calls cannot be relocated")
+            slots = array("q", step)
+            for at in range(0, len(slots), 1 + SLOTS):
+                for j, kind in enumerate(KINDS[slots[at]]):
+                    if kind == "i":
+                        slots[at + 1 + j] = move(slots[at + 1 + j])
+            steps.append(slots.tobytes())
+        self._steps = steps
+        self._keep = [t for t in self._keep if t.untyped_storage().data_ptr() not in moved]
+        self._keep.append(buffer)
 
     def replay(self) -> None:
         follow_torch_threads()
@@ -117,6 +164,9 @@ class _NativeOnly(TorchDispatchMode):
             raise TapeError(f"{func} ran while a native tape was recording, and a tape "
                             "replays only native kernels")
         out = func(*args, **(kwargs or {}))
+        if name in _ALLOCATIONS and ACTIVE is not None:
+            storage = out.untyped_storage()
+            ACTIVE.born.append((storage.data_ptr(), storage.nbytes()))
         # reshape is a view when the strides allow one, else a copy a replay would miss.
         if name == "reshape" and (out.untyped_storage().data_ptr()
                                   != args[0].untyped_storage().data_ptr()):

@@ -7,10 +7,11 @@ from collections import Counter
 
 import torch
 
-from interlock.runners.graphs.backends import GraphBackend, select_backend
+from interlock.runners.graphs.backends import GraphBackend, NativeGraphBackend, select_backend
 from interlock.runners.graphs.buffers import ForwardInputs, StaticInputs
 from interlock.runners.graphs.capture import ForcedFailures, capture_program
 from interlock.runners.graphs.plan import CapturePlan, GraphKey
+from interlock.runners.graphs.pool import share_buffers
 from interlock.runners.graphs.report import CapturedGraph, GraphReport
 from interlock.runners.graphs.segments import Program
 from interlock.runners.model.decoder import CausalLM
@@ -48,6 +49,7 @@ class GraphManager:
         self.eager_steps: Counter[str] = Counter()
         self._views: dict[tuple[GraphKey, bool], ForwardInputs] = {}
         self.split_points: tuple[str, ...] = ()  # each attention split point, in order
+        self.buffers = ""  # where the programs' activations live (the native pool's line)
 
     def capture(self, model: CausalLM) -> None:
         """Capture every key, largest first; a key whose capture fails runs eagerly."""
@@ -67,6 +69,8 @@ class GraphManager:
             # CaptureError, ops CUDA cannot capture, out of memory, torch.compile failures.
             except RuntimeError as exc:
                 self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        if isinstance(self.backend, NativeGraphBackend):
+            self.buffers = share_buffers(self.programs).line()
         self.capture_s = time.perf_counter() - start
 
     def inputs(self, key: GraphKey, decode_only: bool) -> ForwardInputs:
@@ -119,6 +123,7 @@ class GraphManager:
             break_points=(self.split_points
                           if any(p.breaks for p in self.programs.values()) else ()),
             capture_s=self.capture_s,
+            buffers=self.buffers,
             replays=dict(self.replays),
             eager_steps=dict(self.eager_steps),
         )

@@ -33,6 +33,8 @@ class GraphReport:
     # split point computes); empty when no program breaks.
     break_points: tuple[str, ...] = ()
     capture_s: float = 0.0
+    # Where the captured programs' activations live (native: one shared buffer), or "".
+    buffers: str = ""
     replays: dict[str, int] = field(default_factory=dict)  # key -> steps it served
     eager_steps: dict[str, int] = field(default_factory=dict)  # reason -> steps
 
@@ -52,6 +54,7 @@ class GraphReport:
             "failed": dict(self.failed),
             "break_points": list(self.break_points),
             "capture_s": round(self.capture_s, 4),
+            "buffers": self.buffers,
             "replays": dict(self.replays),
             "eager_steps": dict(self.eager_steps),
         }

@@ -170,6 +170,8 @@ def render_tail(doc: dict[str, Any], trace: tuple[Step, ...], *, verbose: bool) 
             )
         for point in graphs.get("break_points", []):
             lines.append(f"  break point {point}")
+        if graphs.get("buffers"):
+            lines.append(f"  {graphs['buffers']}")
         for key, why in graphs.get("failed", {}).items():
             lines.append(f"  failed {key}: {why}")
         for key, count in graphs.get("replays", {}).items():

@@ -1,0 +1,69 @@
+"""The native programs share one buffer for their activations: laid out so that nothing
+alive at once overlaps, and giving the tokens the programs gave with buffers of their own."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interlock.kernels.native import unavailable as native_unavailable
+from interlock.llm import LLM
+from interlock.runners.contract import Decision
+from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.graphs.pool import ALIGN, Lifetime, _place
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+NATIVE = pytest.mark.skipif(native_unavailable("cpu") is not None,
+                            reason=f"native kernels: {native_unavailable('cpu')}")
+
+lifetimes = st.lists(
+    st.tuples(st.integers(1, 5000), st.integers(0, 40), st.integers(0, 10)).map(
+        lambda t: (t[0], t[1], t[1] + t[2])),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lifetimes)
+def test_storages_alive_at_once_never_share_bytes(drawn: list[tuple[int, int, int]]) -> None:
+    lives = [Lifetime(start=i, nbytes=n, first=a, last=b) for i, (n, a, b) in enumerate(drawn)]
+    offsets, size = _place(lives)
+    assert all(offset % ALIGN == 0 for offset in offsets)
+    assert size == max((o + life.nbytes for o, life in zip(offsets, lives, strict=True)),
+                       default=0)
+    for i, a in enumerate(lives):
+        for j, b in enumerate(lives[:i]):
+            if a.first <= b.last and b.first <= a.last:  # alive at a common step
+                assert (offsets[i] + a.nbytes <= offsets[j]
+                        or offsets[j] + b.nbytes <= offsets[i]), (a, b)
+    # never more than every storage apart
+    assert size <= sum(-(-life.nbytes // ALIGN) * ALIGN for life in lives)
+
+
+@NATIVE
+@pytest.mark.parametrize(("runner", "mode"), [
+    ("mrv1", "full"), ("mrv2", "full_and_piecewise"), ("mrv1", "piecewise"),
+])
+def test_shared_buffers_give_the_tokens_of_an_eager_replay(llama_oracle, runner, mode):
+    decision = Decision(runner, mode, capture_sizes=(1, 2, 4))
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [3, 4, 5, 6, 7, 8, 9], [12]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tokens = []
+    for debug in (False, True):
+        llm = LLM(str(llama_oracle.path), dtype="float32", block_size=4, num_blocks=32,
+                  max_model_len=32, max_num_seqs=4, decision=decision, debug_graphs=debug)
+        graphs = llm.report().graphs
+        assert graphs is not None
+        if not debug:
+            assert graphs.backend == "native"
+            assert graphs.buffers.startswith("activations: one buffer of ")
+            programs = len(graphs.captured)
+            assert f"shared by {programs} program(s)" in graphs.buffers
+            assert "keeps its own" not in graphs.buffers
+        # alone, then batched: each batch size replays its own program over the buffer
+        tokens.append([llm.generate([p], params)[0].token_ids for p in prompts]
+                      + [o.token_ids for o in llm.generate(prompts, [params] * 4)])
+        llm.close()
+    assert tokens[0] == tokens[1]
