@@ -329,7 +329,6 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
 
 def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     """``--engine interlock``: the cells on `policy serve` (interlock.measure.serve_engine)."""
-    from interlock.app.query import check_runs_here
     from interlock.core.errors import PolicyError
     from interlock.measure.pick import policy_pick
     from interlock.measure.serve_engine import measure_serve, serve_cells
@@ -337,7 +336,6 @@ def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
     if args.vllm_arg or args.vllm_version:
         raise PolicyError("--vllm-arg and --vllm-version apply to --engine vllm")
     policy = load(args)
-    check_runs_here(args.platform)
     query = query_of(args, policy, runs_here=True)
     passed: list[str] = []
     for path in args.policy or ():

@@ -89,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.app.decided_by import decided_by
-    from interlock.app.query import check_runs_here, decide
+    from interlock.app.query import decide
 
     try:
         from interlock.serve.app import ServeOptions, run_server
@@ -100,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
             "pip install 'interlock[serve]'"
         ) from None
     policy = load(args)
-    check_runs_here(args.platform)
     query = query_of(args, policy, runs_here=True)
     model = str(query.model)
     if not (Path(model) / "tokenizer.json").is_file():  # demo, or a folder without one

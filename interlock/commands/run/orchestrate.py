@@ -45,14 +45,13 @@ def run(args: argparse.Namespace) -> int:
     if worker is not None:
         return worker
     from interlock.app.decided_by import decided_by
-    from interlock.app.query import check_runs_here, decide
+    from interlock.app.query import decide
     from interlock.plugins import load_registry
     from interlock.runners.engine.sampling import SamplingParams
 
     if args.chat and not args.prompt:
         raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")
     policy = load(args)
-    check_runs_here(args.platform)
     # Everything the user gave is checked before the decision is logged: the model's form
     # (a config.json it cannot run is still explained, then refused), the sampling values.
     query = query_of(args, policy, runs_here=True,
