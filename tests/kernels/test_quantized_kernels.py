@@ -3,8 +3,9 @@ the gguf package does, and the native kernels against their references."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TypeVar
 
 import gguf
 import numpy as np
@@ -20,6 +21,7 @@ from interlock.kernels.native.ops import NativeArgumentError
 WHY_NOT = unavailable("cpu")
 native_only = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 FORMATS = sorted(quant.FORMATS)
+T = TypeVar("T")
 
 
 def _isas() -> list[str]:
@@ -34,14 +36,23 @@ ISAS = _isas()
 
 
 @contextmanager
-def running_with(isa: str) -> Iterator[None]:
-    from interlock.kernels.native import _cpu
-    before = _cpu.quantized_isa()
-    _cpu.quantized_isa(isa)
+def switched(get: Callable[[], T], put: Callable[[T], object], value: T) -> Iterator[None]:
+    """``put(value)`` for the block, then what ``get`` gave before it."""
+    before = get()
+    put(value)
     try:
         yield
     finally:
-        _cpu.quantized_isa(before)
+        put(before)
+
+
+def running_with(isa: str) -> AbstractContextManager[None]:
+    from interlock.kernels.native import _cpu
+    return switched(_cpu.quantized_isa, _cpu.quantized_isa, isa)
+
+
+def torch_threads(count: int) -> AbstractContextManager[None]:
+    return switched(torch.get_num_threads, torch.set_num_threads, count)
 
 
 def file_bytes(name: str, rows: int, inputs: int, seed: int) -> np.ndarray:
@@ -200,16 +211,6 @@ def test_the_avx512_and_avx2_products_are_bitwise_the_same(
         with running_with(isa):
             results.append(linear(x, weight, name, bias))
     assert torch.equal(results[0], results[1])
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @native_only
