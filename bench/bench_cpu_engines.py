@@ -16,8 +16,9 @@ the same functions ``policy run --json`` reports through; BENCHMARKS.md says the
 Engines, each in processes of its own, interleaved rep by rep at each thread count:
 
 * ``interlock``: ``LLM`` in a child process on the GGUF file, weights kept quantized; its
-  KV cache sized to the 16 requests (64 blocks of 16 tokens). Times from each request's
-  own clock readings (``RequestOutput.times``).
+  KV cache sized to the 16 requests (64 blocks of 16 tokens); ``torch.set_num_threads`` to
+  the thread count, which the native products follow. Times from each request's own clock
+  readings (``RequestOutput.times``).
 * ``llama.cpp``: ``llama-batched-bench`` (``LLAMA_BATCHED_BENCH=PATH``, built by
   bench/build_llama_cpp.sh), one invocation per workload, its context sized to it
   (``-c`` = prompts + outputs); its phase times (t_pp, t_tg) become requests through
