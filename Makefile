@@ -112,7 +112,8 @@ sanitize: native-check
 	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(PY) tools/sanitized_pytest.py $(SANITIZE_SO) -q --capture=sys -p no:cacheprovider \
 	  tests/kernels/test_native_kernels.py tests/kernels/test_native_tape.py \
-	  tests/kernels/test_native_build.py tests/kernels/test_quantized_kernels.py
+	  tests/kernels/test_native_build.py tests/kernels/test_quantized_kernels.py \
+	  tests/kernels/test_native_threads.py
 
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
