@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import InputError, PolicyError
+from interlock.measure.client import complete, free_port, prompt_ids, run_trial
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
-from interlock.measure.client import complete, free_port, prompt_ids, run_trial
+    from interlock.vllm.engine import EngineProcess
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,86 @@ def compare_cells(
 Progress = Callable[[int, int], None]
 
 
+def check_answers(prompts: Sequence[str], answers: Sequence[str] | None) -> None:
+    """--accuracy-answers gives one answer per accuracy prompt, or none at all."""
+    if answers is not None and len(answers) != len(prompts):
+        raise InputError(
+            f"--accuracy-answers has {len(answers)} answers for {len(prompts)} accuracy "
+            "prompts; give one per prompt"
+        )
+
+
+@dataclass(frozen=True)
+class Trials:
+    """What ``run_cells`` ran: the blocks' order of the cells, a sample per trial, and the
+    seconds they took."""
+
+    order: list[list[int]]
+    samples: list[dict[str, Any]]
+    seconds: float
+
+
+def run_cells(
+    cells: list[Cell], model: str, workload: EngineWorkload, accuracy_prompts: Sequence[str],
+    startup_timeout: float, progress: Progress | None,
+    start: Callable[[Cell, list[str], str], EngineProcess], what: str,
+) -> Trials:
+    """Every trial of the design, in its blocks' order: each starts its cell's ``what``
+    (``engine``, ``server``) with ``start(cell, argv, name)``, checks its startup log
+    against the cell's decision, asks the accuracy prompts the first time, runs the trial
+    and stops it. A failure is an ``EngineFailed`` naming the cell, with the process's last
+    output."""
+    from interlock.measure.design import block_order
+    from interlock.vllm.engine import EngineFailed
+
+    blocks = workload.warmup + workload.trials
+    order = block_order(len(cells), blocks, workload.seed)
+    total, done = len(cells) * blocks, 0
+    if progress is not None:
+        progress(0, total)
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for block, row in enumerate(order):
+        for position, index in enumerate(row):
+            cell = cells[index]
+            name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
+            process = start(cell, [*cell.command.argv, "--host", "127.0.0.1", "--port",
+                                   str(cell.port)], name)
+            try:
+                boot = time.perf_counter()
+                verdict = process.wait_ready(startup_timeout)
+                startup_s = time.perf_counter() - boot
+                if not verdict.verified:
+                    raise EngineFailed(f"{name}: the {what} does not run the cell's decision: "
+                                       + "; ".join(verdict.problems))
+                if cell.verification is None:
+                    cell.verification = verdict.to_dict()
+                if cell.answers is None:
+                    cell.answers = [complete(cell.port, model, p, workload.accuracy_tokens)
+                                    for p in accuracy_prompts]
+                sample = run_trial(cell.port, model, workload)
+                if not process.alive():
+                    raise PolicyError(f"the {what} exited before the trial's end")
+            except (OSError, http.client.HTTPException, PolicyError) as exc:
+                if isinstance(exc, EngineFailed):
+                    raise
+                code = process.exit_status(wait=1.0)
+                died = "" if code is None else f"the {what} exited (status {code}) mid-run: "
+                raise EngineFailed(f"{name}: {died}{exc}; its last output: "
+                                   f"{process.output()}") from None
+            finally:
+                process.stop()
+            samples.append({
+                "config": cell.id, "batch_size": workload.concurrency,
+                "block": block - workload.warmup, "position": position,
+                "warmup": block < workload.warmup, "startup_s": round(startup_s, 3), **sample,
+            })
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return Trials(order, samples, time.perf_counter() - started)
+
+
 def measure_engine(
     model: str,
     base: Any,
@@ -231,15 +312,10 @@ def measure_engine(
     :func:`interlock.measure.measure` takes it."""
     from interlock import decision_log as records
     from interlock.measure.analysis import analyse
-    from interlock.measure.design import block_order
-    from interlock.vllm.engine import EngineCheck, EngineFailed, EngineProcess, log_formats
+    from interlock.vllm.engine import EngineCheck, EngineProcess, log_formats
 
     log_formats(vllm_version)  # a version that is not one is refused before anything starts
-    if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
-        raise InputError(
-            f"--accuracy-answers has {len(accuracy_answers)} answers for "
-            f"{len(accuracy_prompts)} accuracy prompts; give one per prompt"
-        )
+    check_answers(accuracy_prompts, accuracy_answers)
     taken: set[int] = set()
     for cell in cells:
         cell.port = free_port(port, taken)
@@ -250,66 +326,20 @@ def measure_engine(
                     "distribution": "vllm", "version": vllm_version},
         )
     created = datetime.datetime.now(datetime.timezone.utc)
-    blocks = workload.warmup + workload.trials
-    order = block_order(len(cells), blocks, workload.seed)
-    total, done = len(cells) * blocks, 0
-    if progress is not None:
-        progress(0, total)
-    samples: list[dict[str, Any]] = []
-    started = time.perf_counter()
-    for block, row in enumerate(order):
-        for position, index in enumerate(row):
-            cell = cells[index]
-            name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
-            argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
-            if launch is not None:  # the install's own way: vllm serve, or python -m
-                argv = launch(argv)
-            engine = EngineProcess(argv, {**os.environ, **cell.command.env},
-                                   EngineCheck(cell.command.decision, vllm_version,
-                                               cell.resolution.context.platform),
-                                   cell.port, name)
-            try:
-                boot = time.perf_counter()
-                verdict = engine.wait_ready(startup_timeout)
-                startup_s = time.perf_counter() - boot
-                if not verdict.verified:
-                    raise EngineFailed(
-                        f"{name}: the engine does not run the cell's decision: "
-                        + "; ".join(verdict.problems)
-                    )
-                if cell.verification is None:
-                    cell.verification = verdict.to_dict()
-                if cell.answers is None:
-                    cell.answers = [
-                        complete(cell.port, model, p, workload.accuracy_tokens)
-                        for p in accuracy_prompts
-                    ]
-                sample = run_trial(cell.port, model, workload)
-                if not engine.alive():
-                    raise PolicyError("the engine exited before the trial's end")
-            except (OSError, http.client.HTTPException, PolicyError) as exc:
-                if isinstance(exc, EngineFailed):
-                    raise
-                code = engine.exit_status(wait=1.0)
-                died = "" if code is None else f"the engine exited (status {code}) mid-run: "
-                raise EngineFailed(
-                    f"{name}: {died}{exc}; its last output: {engine.output()}"
-                ) from None
-            finally:
-                engine.stop()
-            samples.append({
-                "config": cell.id, "batch_size": workload.concurrency,
-                "block": block - workload.warmup, "position": position,
-                "warmup": block < workload.warmup, "startup_s": round(startup_s, 3),
-                **sample,
-            })
-            done += 1
-            if progress is not None:
-                progress(done, total)
-    elapsed = time.perf_counter() - started
 
     def launched(argv: list[str]) -> list[str]:
+        """The install's own way: vllm serve, or python -m."""
         return launch(argv) if launch is not None else argv
+
+    def start(cell: Cell, argv: list[str], name: str) -> EngineProcess:
+        return EngineProcess(launched(argv), {**os.environ, **cell.command.env},
+                             EngineCheck(cell.command.decision, vllm_version,
+                                         cell.resolution.context.platform),
+                             cell.port, name)
+
+    trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
+                       start, "engine")
+    order, samples = trials.order, trials.samples
 
     if decision_log is not None:
         for cell in cells:
@@ -333,7 +363,7 @@ def measure_engine(
         },
         "software": {"vllm": version, "interlock": _interlock_version()},
         "engine": {"name": "vllm", "version": version, "gpu": gpu_name(),
-                   "trials_s": round(elapsed, 3)},
+                   "trials_s": round(trials.seconds, 3)},
         "policy": policy,
         "model": {"name": model, "architecture": base.context.architecture,
                   "config_sha256": _config_sha(model, config_hash)},

@@ -17,15 +17,21 @@ import datetime
 import os
 import re
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
-from interlock.measure.client import complete, free_port, run_trial
-from interlock.measure.engine import Cell, EngineWorkload, Progress, accuracy
+from interlock.measure.client import free_port
+from interlock.measure.engine import (
+    Cell,
+    EngineWorkload,
+    Progress,
+    accuracy,
+    check_answers,
+    run_cells,
+)
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
@@ -132,68 +138,25 @@ def measure_serve(
     from interlock import decision_log as records
     from interlock.measure import _balance, _cpu_model
     from interlock.measure.analysis import analyse
-    from interlock.measure.design import block_order
     from interlock.measure.engine import _config_sha, _interlock_version, _jsonable, gpu_name
     from interlock.measure.harness import config_hash
-    from interlock.vllm.engine import EngineFailed, EngineProcess
+    from interlock.vllm.engine import EngineProcess
 
-    if accuracy_answers is not None and len(accuracy_answers) != len(accuracy_prompts):
-        raise PolicyError(
-            f"--accuracy-answers has {len(accuracy_answers)} answers for "
-            f"{len(accuracy_prompts)} accuracy prompts; give one per prompt"
-        )
+    check_answers(accuracy_prompts, accuracy_answers)
     taken: set[int] = set()
     for cell in cells:
         cell.port = free_port(port, taken)
         taken.add(cell.port)
         cell.record = records.build_record(cell.resolution, "policy measure", model=model)
     created = datetime.datetime.now(datetime.timezone.utc)
-    blocks = workload.warmup + workload.trials
-    order = block_order(len(cells), blocks, workload.seed)
-    total, done = len(cells) * blocks, 0
-    if progress is not None:
-        progress(0, total)
-    samples: list[dict[str, Any]] = []
-    started = time.perf_counter()
-    for block, row in enumerate(order):
-        for position, index in enumerate(row):
-            cell = cells[index]
-            name = f"cell {cell.id} ({cell.label}) on port {cell.port}"
-            argv = [*cell.command.argv, "--host", "127.0.0.1", "--port", str(cell.port)]
-            server = EngineProcess(argv, {**os.environ, **cell.command.env},
-                                   ServeCheck(cell.command.decision), cell.port, name)
-            try:
-                boot = time.perf_counter()
-                verdict = server.wait_ready(startup_timeout)
-                startup_s = time.perf_counter() - boot
-                if not verdict.verified:
-                    raise EngineFailed(f"{name}: the server does not run the cell's decision: "
-                                       + "; ".join(verdict.problems))
-                if cell.verification is None:
-                    cell.verification = verdict.to_dict()
-                if cell.answers is None:
-                    cell.answers = [complete(cell.port, model, p, workload.accuracy_tokens)
-                                    for p in accuracy_prompts]
-                sample = run_trial(cell.port, model, workload)
-                if not server.alive():
-                    raise PolicyError("the server exited before the trial's end")
-            except (OSError, PolicyError) as exc:
-                if isinstance(exc, EngineFailed):
-                    raise
-                code = server.exit_status(wait=1.0)
-                died = "" if code is None else f"the server exited (status {code}) mid-run: "
-                raise EngineFailed(f"{name}: {died}{exc}; its last output: "
-                                   f"{server.output()}") from None
-            finally:
-                server.stop()
-            samples.append({
-                "config": cell.id, "batch_size": workload.concurrency,
-                "block": block - workload.warmup, "position": position,
-                "warmup": block < workload.warmup, "startup_s": round(startup_s, 3), **sample,
-            })
-            done += 1
-            if progress is not None:
-                progress(done, total)
+
+    def start(cell: Cell, argv: list[str], name: str) -> EngineProcess:
+        return EngineProcess(argv, {**os.environ, **cell.command.env},
+                             ServeCheck(cell.command.decision), cell.port, name)
+
+    trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
+                       start, "server")
+    order, samples = trials.order, trials.samples
     ids = [c.id for c in cells]
     version = _interlock_version()
     return {
@@ -207,7 +170,7 @@ def measure_serve(
         },
         "software": {"interlock": version},
         "engine": {"name": "interlock", "version": version, "gpu": gpu_name(),
-                   "trials_s": round(time.perf_counter() - started, 3)},
+                   "trials_s": round(trials.seconds, 3)},
         "policy": policy,
         "model": {"name": model, "architecture": base.context.architecture,
                   "config_sha256": _config_sha(model, config_hash)},
