@@ -311,7 +311,6 @@ def measure_engine(
     """Run the design on ``vllm serve`` and build the evidence record; ``pick`` as
     :func:`interlock.measure.measure` takes it."""
     from interlock import decision_log as records
-    from interlock.measure.analysis import analyse
     from interlock.vllm.engine import EngineCheck, EngineProcess, log_formats
 
     log_formats(vllm_version)  # a version that is not one is refused before anything starts
@@ -339,19 +338,40 @@ def measure_engine(
 
     trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
                        start, "engine")
-    order, samples = trials.order, trials.samples
 
     if decision_log is not None:
         for cell in cells:
             records.append_record(decision_log, {**cell.record, "engine": {
                 "name": "vllm", "argv": launched(cell.command.argv), "env": cell.command.env,
                 "target": cell.command.decision, **(cell.verification or {})}})
-    ids = [c.id for c in cells]
     version = next((c.verification["vllm_version"] for c in cells if c.verification),
                    vllm_version)
+    return evidence_record(
+        base, cells, skipped, factors, workload, trials, model=model, policy=policy,
+        command=command, created=created, pick=pick, launched=launched,
+        software={"vllm": version, "interlock": _interlock_version()},
+        engine={"name": "vllm", "version": version},
+        accuracy_prompts=accuracy_prompts, accuracy_answers=accuracy_answers,
+    )
+
+
+def evidence_record(
+    base: Any, cells: list[Cell], skipped: list[dict[str, Any]],
+    factors: Mapping[str, Sequence[Any]], workload: EngineWorkload, trials: Trials, *,
+    model: str, policy: dict[str, Any], command: str | None, created: datetime.datetime,
+    pick: dict[str, Any] | None, launched: Callable[[list[str]], list[str]],
+    software: dict[str, Any], engine: dict[str, Any], accuracy_prompts: Sequence[str],
+    accuracy_answers: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The evidence record of a design run on server processes (vLLM's or policy
+    serve's): ``software`` and ``engine`` (its name and version) say which; ``launched``
+    gives the argv each cell's process was started with."""
     from interlock.measure import _balance, _cpu_model
+    from interlock.measure.analysis import analyse
     from interlock.measure.harness import config_hash
 
+    ids = [c.id for c in cells]
+    order = trials.order
     return {
         "schema": "interlock-evidence/1",
         "created": created.isoformat(timespec="seconds"),
@@ -361,9 +381,8 @@ def measure_engine(
             "device_name": gpu_name() or _cpu_model(), "cpu_model": _cpu_model(),
             "cpu_count": os.cpu_count(),
         },
-        "software": {"vllm": version, "interlock": _interlock_version()},
-        "engine": {"name": "vllm", "version": version, "gpu": gpu_name(),
-                   "trials_s": round(trials.seconds, 3)},
+        "software": software,
+        "engine": {**engine, "gpu": gpu_name(), "trials_s": round(trials.seconds, 3)},
         "policy": policy,
         "model": {"name": model, "architecture": base.context.architecture,
                   "config_sha256": _config_sha(model, config_hash)},
@@ -398,8 +417,8 @@ def measure_engine(
             "warmup_blocks": workload.warmup,
             **_balance(order[workload.warmup:], len(ids)),
         },
-        "samples": samples,
-        "analysis": analyse(samples, ids, factors, [workload.concurrency],
+        "samples": trials.samples,
+        "analysis": analyse(trials.samples, ids, factors, [workload.concurrency],
                             complete=not skipped, seed=workload.seed,
                             pick=None if pick is None else pick["config"]),
         "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),

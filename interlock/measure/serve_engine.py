@@ -28,8 +28,8 @@ from interlock.measure.engine import (
     Cell,
     EngineWorkload,
     Progress,
-    accuracy,
     check_answers,
+    evidence_record,
     run_cells,
 )
 
@@ -136,10 +136,7 @@ def measure_serve(
     """Run the design on ``policy serve`` children and build the evidence record; ``pick``
     as ``--engine vllm``'s (``interlock.measure.pick``)."""
     from interlock import decision_log as records
-    from interlock.measure import _balance, _cpu_model
-    from interlock.measure.analysis import analyse
-    from interlock.measure.engine import _config_sha, _interlock_version, _jsonable, gpu_name
-    from interlock.measure.harness import config_hash
+    from interlock.measure.engine import _interlock_version
     from interlock.vllm.engine import EngineProcess
 
     check_answers(accuracy_prompts, accuracy_answers)
@@ -156,53 +153,10 @@ def measure_serve(
 
     trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
                        start, "server")
-    order, samples = trials.order, trials.samples
-    ids = [c.id for c in cells]
     version = _interlock_version()
-    return {
-        "schema": "interlock-evidence/1",
-        "created": created.isoformat(timespec="seconds"),
-        "command": command,
-        "machine": {
-            "platform": base.context.platform, "device_arch": base.context.device_arch,
-            "device_name": gpu_name() or _cpu_model(), "cpu_model": _cpu_model(),
-            "cpu_count": os.cpu_count(),
-        },
-        "software": {"interlock": version},
-        "engine": {"name": "interlock", "version": version, "gpu": gpu_name(),
-                   "trials_s": round(trials.seconds, 3)},
-        "policy": policy,
-        "model": {"name": model, "architecture": base.context.architecture,
-                  "config_sha256": _config_sha(model, config_hash)},
-        "context": {
-            "architecture": base.context.architecture, "platform": base.context.platform,
-            "device_arch": base.context.device_arch,
-            "traits": {name: fact.value for name, fact in base.traits.items()},
-            "features": dict(base.context.features), "env": dict(base.context.env),
-        },
-        "workload": workload.to_dict(),
-        "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
-        "base_decision": base.decision.to_dict(),
-        **({"pick": pick} if pick is not None else {}),
-        "configurations": [
-            {"id": c.id, "label": c.label, "levels": _jsonable(c.levels),
-             "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
-             "argv": c.command.argv, "port": c.port, "decision_record": c.record["id"],
-             "verification": c.verification}
-            for c in cells
-        ],
-        "skipped": skipped,
-        "order": {
-            "design": "blocks; each a row of a balanced Latin square (Williams) over the cells; "
-            "every trial starts its cell's server and stops it",
-            "seed": workload.seed,
-            "units": [{"config": cid, "batch_size": workload.concurrency} for cid in ids],
-            "blocks": order, "warmup_blocks": workload.warmup,
-            **_balance(order[workload.warmup:], len(ids)),
-        },
-        "samples": samples,
-        "analysis": analyse(samples, ids, factors, [workload.concurrency],
-                            complete=not skipped, seed=workload.seed,
-                            pick=None if pick is None else pick["config"]),
-        "accuracy": accuracy(cells, accuracy_prompts, accuracy_answers, workload),
-    }
+    return evidence_record(
+        base, cells, skipped, factors, workload, trials, model=model, policy=policy,
+        command=command, created=created, pick=pick, launched=list,
+        software={"interlock": version}, engine={"name": "interlock", "version": version},
+        accuracy_prompts=accuracy_prompts, accuracy_answers=accuracy_answers,
+    )
