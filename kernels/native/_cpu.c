@@ -240,8 +240,12 @@ static void forget_pool(void) {
     atomic_flag_clear(&busy);
 }
 
+/* What parallel_for returns when the pool's threads cannot be started (pool_error says
+ * why): a code no op returns for its own errors. */
+#define POOL_FAILED -99
+
 /* fn(ctx, lo, hi) over [0, units) in parts of whole runs of `align` units, shared by the
- * threads; 0, or -3 (pool_error says why) when the pool's threads cannot be started.
+ * threads; 0, or POOL_FAILED.
  * (Unused in a portable build, which has no products.) */
 __attribute__((unused)) static int parallel_for(RangeFn fn, const void *ctx, long units, long align) {
     int want = atomic_load(&threads);
@@ -256,7 +260,7 @@ __attribute__((unused)) static int parallel_for(RangeFn fn, const void *ctx, lon
     if (rc != 0) {
         atomic_flag_clear(&busy);
         pool_error = rc;
-        return -3;
+        return POOL_FAILED;
     }
     job.fn = fn;
     job.ctx = ctx;
@@ -401,7 +405,7 @@ AVX2 static void packed_strips(const void *ctx, long lo, long hi) {
 }
 
 /* y [T, N] = x [T, K] W^T (+ bias) for W packed in strips (N a multiple of 16), its strips
- * shared among the threads (in runs of 4: the widest tile). 0, or parallel_for's error. */
+ * shared among the threads (in runs of 4: the widest tile). 0, or POOL_FAILED. */
 AVX2 static int linear_packed(const float *x, long xs, const float *p, const float *bias,
                               float *y, long T, long K, long N) {
     PackedProduct c = {x, p, bias, y, xs, T, K, N};
@@ -714,7 +718,7 @@ AVX2 static void quantized_strips(const void *ctx, long lo, long hi) {
 /* y [T, N] = x [T, K] W^T (+ bias) for W quantized and packed (N a multiple of 16, K of
  * L; kind and L checked by the caller: qkind_known), its strips shared among the threads
  * (in runs of 4: the widest tile). -1 if the block sums' scratch cannot be allocated, or
- * parallel_for's error. */
+ * POOL_FAILED. */
 AVX2 static int linear_quantized(const float *x, long xs, const uint8_t *w, int kind, long L,
                                  const float *bias, float *y, long T, long K, long N) {
     long nb = K / L;
@@ -983,18 +987,85 @@ AVX2 static int decode_attention(
 
 /* Causal attention of a batch's new tokens (sequence b owns rows starts[b] .. starts[b+1]
  * - 1 of q, at the last positions of its lens[b] tokens) over the paged cache, which
- * holds their K/V already. For each sequence and KV head, the keys are gathered once
- * into strips, as a packed weight (K^T: [keys / 16][D][16]; V: [D / 16][keys][16]); then
- * for each query head of the group, six rows at a time, the scores are a packed product,
- * the softmax two passes of exp8 per row (softmax_row), and the output a packed product
- * over the exponentials, divided by their sum. Rows of no sequence are zero. -1: a
- * sequence's rows or length do not fit q or its block table; -2: a block table names a
- * block outside the cache; -3: the scratch cannot be allocated. */
+ * holds their K/V already. For each sequence and query head, its KV head's keys are
+ * gathered into strips, as a packed weight (K^T: [keys / 16][D][16]; V: [D / 16][keys]
+ * [16]); then six rows at a time, the scores are a packed product, the softmax two passes
+ * of exp8 per row (softmax_row), and the output a packed product over the exponentials,
+ * divided by their sum. The (sequence, head) pairs are shared among the threads (each
+ * pair's rows and head are its own, computed as on one thread). Rows of no sequence are
+ * zero. -1: a sequence's rows or length do not fit q or its block table; -2: a block table
+ * names a block outside the cache; -3: a scratch cannot be allocated; POOL_FAILED. */
+typedef struct {
+    const float *q, *kc, *vc;
+    const int32_t *tables, *lens, *starts;
+    float *out, scale;
+    long qs, width, Hq, Hk, D, BS, window;
+    atomic_int failed; /* a pair whose scratch could not be allocated */
+} PrefillAttention;
+
+/* Pairs lo .. hi - 1 (sequence u / Hq, head u % Hq) of a PrefillAttention. */
+AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
+    PrefillAttention *c = (PrefillAttention *)ctx;
+    const float *q = c->q, *kc = c->kc, *vc = c->vc;
+    const int32_t *tables = c->tables, *lens = c->lens, *starts = c->starts;
+    float *out = c->out, scale = c->scale;
+    long qs = c->qs, width = c->width, Hq = c->Hq, D = c->D, BS = c->BS, window = c->window;
+    long group = Hq / c->Hk, slot_stride = c->Hk * D, block_stride = BS * slot_stride;
+    for (long u = lo; u < hi; u++) {
+        long b = u / Hq, h = u % Hq, g = h / group;
+        long first_row = starts[b], n = starts[b + 1] - first_row, len = lens[b];
+        long first = len - n;
+        if (n == 0 || len <= 0) continue;
+        const int32_t *table = tables + b * width;
+        long keys16 = (len + STRIP - 1) / STRIP * STRIP;
+        float *kp = malloc(sizeof(float) * (keys16 * D * 2 + TILE_ROWS * keys16 + 1));
+        if (kp == NULL) {
+            atomic_store(&c->failed, 1);
+            return;
+        }
+        float *vp = kp + keys16 * D, *p = vp + keys16 * D;
+        for (long j = 0; j < keys16; j++) {
+            long at = j < len ? table[j / BS] * block_stride + j % BS * slot_stride + g * D : -1;
+            for (long d = 0; d < D; d++) {
+                float kv = at < 0 ? 0.0f : kc[at + d], vv = at < 0 ? 0.0f : vc[at + d];
+                kp[(j / STRIP * D + d) * STRIP + j % STRIP] = kv;
+                vp[(d / STRIP * keys16 + j) * STRIP + d % STRIP] = vv;
+            }
+        }
+        for (long i0 = 0; i0 < n; i0 += TILE_ROWS) {
+            int mr = n - i0 < TILE_ROWS ? (int)(n - i0) : TILE_ROWS;
+            long top = first + i0 + mr - 1;  /* the block's last position */
+            long start = window > 0 && first + i0 - window + 1 > 0
+                         ? (first + i0 - window + 1) / STRIP * STRIP : 0;
+            long stop = (top + 1 + STRIP - 1) / STRIP * STRIP, span = stop - start;
+            float sums[TILE_ROWS];
+            for (long s = start; s < stop; s += STRIP)
+                tile_of(mr, 1, q + (first_row + i0) * qs + h * D, qs, kp + s * D, D, NULL,
+                        p + s - start, keys16, NULL, 1);
+            for (int r = 0; r < mr; r++) {
+                long pos = first + i0 + r;
+                sums[r] = softmax_row(p + r * keys16, span, start,
+                                      window > 0 ? pos - window + 1 : 0, pos, scale);
+            }
+            /* as a flash kernel: the weighted sum of values, then divided once */
+            for (long d0 = 0; d0 < D / STRIP; d0++)
+                tile_of(mr, 1, p, keys16, vp + (d0 * keys16 + start) * STRIP, span, NULL,
+                        out + (first_row + i0) * Hq * D + h * D + d0 * STRIP, Hq * D, NULL, 1);
+            for (int r = 0; r < mr; r++) {
+                float *o = out + (first_row + i0 + r) * Hq * D + h * D;
+                __m256 sum = _mm256_set1_ps(sums[r]);
+                for (long d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), sum));
+            }
+        }
+        free(kp);
+    }
+}
+
 AVX2 static int prefill_attention(
     const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
     long width, const int32_t *lens, const int32_t *starts, long T, float *out, long B,
     long Hq, long Hk, long D, long BS, long NB, float scale, long window) {
-    long longest = 0;
     for (long b = 0; b < B; b++) {
         long lo = starts[b], hi = starts[b + 1], len = lens[b];
         if (lo < 0 || hi < lo || hi > T) return -1;
@@ -1002,61 +1073,12 @@ AVX2 static int prefill_attention(
         if (hi - lo > len) return -1;
         int rc = check_blocks(tables + b * width, len, width, BS, NB);
         if (rc) return rc;
-        longest = len > longest ? len : longest;
     }
     zero_floats(out, T * Hq * D);
-    long L16 = (longest + STRIP - 1) / STRIP * STRIP;
-    float *kp = malloc(sizeof(float) * (L16 * D * 2 + TILE_ROWS * L16 + 1));
-    if (kp == NULL) return -3;
-    float *vp = kp + L16 * D, *p = vp + L16 * D;
-    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * slot_stride;
-    for (long b = 0; b < B; b++) {
-        long lo = starts[b], n = starts[b + 1] - lo, len = lens[b], first = len - n;
-        if (n == 0 || len <= 0) continue;
-        const int32_t *table = tables + b * width;
-        long keys16 = (len + STRIP - 1) / STRIP * STRIP;
-        for (long g = 0; g < Hk; g++) {
-            for (long j = 0; j < keys16; j++) {
-                long at = j < len
-                          ? table[j / BS] * block_stride + j % BS * slot_stride + g * D : -1;
-                for (long d = 0; d < D; d++) {
-                    float kv = at < 0 ? 0.0f : kc[at + d], vv = at < 0 ? 0.0f : vc[at + d];
-                    kp[(j / STRIP * D + d) * STRIP + j % STRIP] = kv;
-                    vp[(d / STRIP * keys16 + j) * STRIP + d % STRIP] = vv;
-                }
-            }
-            for (long h = g * group; h < (g + 1) * group; h++) {
-                for (long i0 = 0; i0 < n; i0 += TILE_ROWS) {
-                    int mr = n - i0 < TILE_ROWS ? (int)(n - i0) : TILE_ROWS;
-                    long top = first + i0 + mr - 1;  /* the block's last position */
-                    long start = window > 0 && first + i0 - window + 1 > 0
-                                 ? (first + i0 - window + 1) / STRIP * STRIP : 0;
-                    long stop = (top + 1 + STRIP - 1) / STRIP * STRIP, span = stop - start;
-                    float sums[TILE_ROWS];
-                    for (long s = start; s < stop; s += STRIP)
-                        tile_of(mr, 1, q + (lo + i0) * qs + h * D, qs, kp + s * D, D, NULL,
-                                p + s - start, L16, NULL, 1);
-                    for (int r = 0; r < mr; r++) {
-                        long pos = first + i0 + r;
-                        sums[r] = softmax_row(p + r * L16, span, start,
-                                              window > 0 ? pos - window + 1 : 0, pos, scale);
-                    }
-                    /* as a flash kernel: the weighted sum of values, then divided once */
-                    for (long c = 0; c < D / STRIP; c++)
-                        tile_of(mr, 1, p, L16, vp + (c * keys16 + start) * STRIP, span, NULL,
-                                out + (lo + i0) * Hq * D + h * D + c * STRIP, Hq * D, NULL, 1);
-                    for (int r = 0; r < mr; r++) {
-                        float *o = out + (lo + i0 + r) * Hq * D + h * D;
-                        __m256 sum = _mm256_set1_ps(sums[r]);
-                        for (long d = 0; d < D; d += 8)
-                            _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), sum));
-                    }
-                }
-            }
-        }
-    }
-    free(kp);
-    return 0;
+    PrefillAttention c = {q, kc, vc, tables, lens, starts, out, scale, qs, width, Hq, Hk, D,
+                          BS, window, 0};
+    int rc = parallel_for(prefill_pairs, &c, B * Hq, 1);
+    return rc ? rc : atomic_load(&c.failed) ? -3 : 0;
 }
 
 /* Routed SwiGLU experts: out [T, H] = sum over each token's k picks (ids [T, k], weights
@@ -1542,7 +1564,7 @@ static void describe(int64_t op, int rc, const Slot *a) {
         PyErr_Format(PyExc_ValueError, "no native op %lld on this machine", (long long)op);
         return;
     }
-    if (rc == -3) {
+    if (rc == POOL_FAILED) {
         PyErr_Format(PyExc_OSError, "native op %s: cannot start its %d threads: %s",
                      NAMES[op], atomic_load(&threads), strerror(pool_error));
         return;

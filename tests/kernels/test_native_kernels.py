@@ -145,7 +145,7 @@ def test_embedding_reads_rows_of_a_packed_table(vocab: int) -> None:
 def test_paged_attention(seqs: list[tuple[int, int]], kv_heads: int, group: int,
                          head_dim: int, window: int | None, padding: int, seed: int) -> None:
     """Mixed batches: each sequence's new tokens (up to its length) at its last positions;
-    rows of no sequence (padding) are zero."""
+    rows of no sequence (padding) are zero; at any thread count."""
     gen = torch.Generator().manual_seed(seed)
     block_size, width, blocks = 4, 11, 40
     lens = [length for length, _ in seqs]
@@ -157,8 +157,15 @@ def test_paged_attention(seqs: list[tuple[int, int]], kv_heads: int, group: int,
     q = fused[:, : group * kv_heads]  # a view of a fused q/k/v projection, as models pass it
     args = (q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), starts,
             head_dim**-0.5, window)
-    torch.testing.assert_close(native("paged_attention")(*args),
-                               reference("paged_attention")(*args), **SUMS)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = native("paged_attention")(*args)
+        torch.set_num_threads(3)  # the (sequence, head) pairs shared: the same bits
+        assert torch.equal(native("paged_attention")(*args), alone)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(alone, reference("paged_attention")(*args), **SUMS)
 
 
 def test_a_head_size_the_strips_do_not_divide_goes_to_torch() -> None:
