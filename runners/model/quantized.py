@@ -14,9 +14,11 @@ quantized: its output rows, or, for a row-parallel product, its inputs in whole 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -39,18 +41,15 @@ GGML_TYPES_KEY = "ggml_types"
 PACK_ROWS = 1024
 
 
-def read_rows(path: Path, start: int, rows: int, width: int) -> torch.Tensor:
-    """``rows`` rows of ``width`` bytes from ``start`` in the file, as uint8 [rows, width]:
+def read_rows(file: BinaryIO, start: int, rows: int, width: int) -> torch.Tensor:
+    """``rows`` rows of ``width`` bytes from ``start`` in ``file``, as uint8 [rows, width]:
     read, not mapped, so that once repacked their memory is given back (pages of a mapped
     file stay in the process's resident set until the mapping ends)."""
     size = rows * width
-    with open(path, "rb", buffering=0) as fh:
-        data = bytearray(size)
-        fh.seek(start)
-        got = fh.readinto(data)
-    if got != size:
-        raise OSError(f"the file ends {size - (got or 0)} bytes before the tensor does")
-    return torch.frombuffer(data, dtype=torch.uint8).view(rows, width)
+    data = os.pread(file.fileno(), size, start)
+    if len(data) != size:
+        raise OSError(f"the file ends {size - len(data)} bytes before the tensor does")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(rows, width)
 
 
 @dataclass
@@ -115,19 +114,12 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
             records = torch.empty(
                 (last - first) // quant.PACK_STRIP, wanted // fmt.block, fmt.record,
                 dtype=torch.uint8)
-            for lo in range(first, last, PACK_ROWS):
-                hi = min(lo + PACK_ROWS, last)
-                raw = read_rows(path, starts[name] + lo * width, hi - lo, width)
-                if shard is not None and shard.dim == 1:
-                    q, scale, offset = quant.decode(raw, fmt.name, shard.full)
-                    cols, blocks = slice(shard.start, shard.stop), slice(
-                        shard.start // fmt.block, shard.stop // fmt.block)
-                    q, scale = q[:, cols].contiguous(), scale[:, blocks].contiguous()
-                    offset = None if offset is None else offset[:, blocks].contiguous()
-                else:
-                    q, scale, offset = quant.decode(raw, fmt.name, inputs)
-                at = (lo - first) // quant.PACK_STRIP
-                records[at:at + (hi - lo) // quant.PACK_STRIP] = quant.pack(q, scale, offset, fmt)
+            with open(path, "rb", buffering=0) as file:  # one open per tensor, read by slices
+                for lo in range(first, last, PACK_ROWS):
+                    hi = min(lo + PACK_ROWS, last)
+                    records[(lo - first) // quant.PACK_STRIP:(hi - first) // quant.PACK_STRIP] = (
+                        _repacked(read_rows(file, starts[name] + lo * width, hi - lo, width),
+                                  fmt, inputs, shard))
             return records
         except (quant.QuantFormatError, SafetensorError, OSError) as exc:  # a damaged file
             raise CheckpointError(f"{path}: tensor {name}: {exc}") from None
@@ -172,6 +164,19 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     if floats:
         kept.decisions["dequantized"] = "; ".join(floats)
     return kept
+
+
+def _repacked(raw: torch.Tensor, fmt: quant.Format, inputs: int, shard: Shard | None
+              ) -> torch.Tensor:
+    """A slice of a tensor's rows of file bytes as records; of ``shard``'s inputs only when
+    the shard splits the inputs (``_why_float`` has checked they are whole records)."""
+    if shard is None or shard.dim != 1:
+        return quant.pack(*quant.decode(raw, fmt.name, inputs), fmt)
+    q, scale, offset = quant.decode(raw, fmt.name, shard.full)
+    cols = slice(shard.start, shard.stop)
+    blocks = slice(shard.start // fmt.block, shard.stop // fmt.block)
+    return quant.pack(q[:, cols].contiguous(), scale[:, blocks].contiguous(),
+                      None if offset is None else offset[:, blocks].contiguous(), fmt)
 
 
 def _why_float(parts: list[tuple[int, str, int, Shard | None]], types: dict[str, str],
