@@ -1822,6 +1822,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
     }
     OP_TABLE(ADD)
     if (PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS) < 0) goto fail;
+    if (PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);

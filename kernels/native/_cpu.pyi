@@ -10,6 +10,8 @@ UNSUPPORTED: str | None
 SIGNATURES: dict[str, str]
 # The argument slots of a tape record (after its op code), each 8 bytes.
 MAX_SLOTS: int
+# The most threads the products' pool takes (threads(n) refuses more).
+MAX_THREADS: int
 OP_LINEAR: int
 OP_DECODE_ATTENTION: int
 OP_RMS_NORM: int
@@ -35,6 +37,6 @@ def run_tape(records: bytes, /) -> None: ...
 # (ValueError where the CPU lacks it). Both give bitwise the same results.
 def quantized_isa(name: str | None = None, /) -> str: ...
 # How many threads the products share their output strips among (ops.py keeps it equal to
-# torch's thread count); given n (1..256), from now on. The results are bitwise the same at
+# torch's thread count); given n (1..MAX_THREADS), from now on. The results are bitwise the same at
 # any count.
 def threads(n: int | None = None, /) -> int: ...

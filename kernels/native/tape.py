@@ -72,6 +72,12 @@ SLOTS = _cpu.MAX_SLOTS
 KINDS = {getattr(_cpu, f"OP_{name.upper()}"): kinds for name, kinds in _cpu.SIGNATURES.items()}
 
 
+def _int_positions(slots: array[int]) -> Iterator[list[int]]:
+    """Per record of a run, where its int slots are (float slots left out: _cpu.SIGNATURES)."""
+    for at in range(0, len(slots), 1 + SLOTS):
+        yield [at + 1 + j for j, kind in enumerate(KINDS[slots[at]]) if kind == "i"]
+
+
 class Tape:
     """Recorded native calls (and foreign ones), and the tensors they read and write."""
 
@@ -110,16 +116,19 @@ class Tape:
         """The addresses of the storages the tape keeps alive (every one a record names)."""
         return {t.untyped_storage().data_ptr() for t in self._keep}
 
-    def address_slots(self) -> Iterator[list[int]]:
-        """Each native record's int slots (addresses among them), in order (a tape without
-        foreign calls; a record's float slots are left out)."""
+    def _native_runs(self) -> Iterator[array[int]]:
+        """Each run of native records as its slots (a tape without foreign calls)."""
         for step in self._steps:
             if not isinstance(step, bytes):
                 raise TapeError("a tape with foreign calls has no addresses of its own")
-            slots = array("q", step)
-            for at in range(0, len(slots), 1 + SLOTS):
-                kinds = KINDS[slots[at]]
-                yield [slots[at + 1 + j] for j, kind in enumerate(kinds) if kind == "i"]
+            yield array("q", step)
+
+    def address_slots(self) -> Iterator[list[int]]:
+        """Each native record's int slots (addresses among them), in order (a tape without
+        foreign calls)."""
+        for slots in self._native_runs():
+            for ints in _int_positions(slots):
+                yield [slots[at] for at in ints]
 
     def relocate(self, move: Callable[[int], int], moved: set[int], buffer: torch.Tensor
                  ) -> None:
@@ -127,14 +136,10 @@ class Tape:
         becomes one into ``buffer``; anything else unchanged); the tape then keeps
         ``buffer`` instead of the moved storages."""
         steps: list[bytes | ForeignCall] = []
-        for step in self._steps:
-            if not isinstance(step, bytes):
-                raise TapeError("a tape with foreign calls cannot be relocated")
-            slots = array("q", step)
-            for at in range(0, len(slots), 1 + SLOTS):
-                for j, kind in enumerate(KINDS[slots[at]]):
-                    if kind == "i":
-                        slots[at + 1 + j] = move(slots[at + 1 + j])
+        for slots in self._native_runs():
+            for ints in _int_positions(slots):
+                for at in ints:
+                    slots[at] = move(slots[at])
             steps.append(slots.tobytes())
         self._steps = steps
         self._keep = [t for t in self._keep if t.untyped_storage().data_ptr() not in moved]

@@ -9,10 +9,8 @@ import torch
 
 from interlock.kernels.native import _cpu
 
-#: The most threads the C module's pool takes (its MAX_THREADS).
-MAX_THREADS = 256
-
 
 def follow_torch_threads() -> None:
-    """Before native calls run: their products use torch's thread count from now on."""
-    _cpu.threads(min(torch.get_num_threads(), MAX_THREADS))
+    """Before native calls run: their products use torch's thread count from now on (at
+    most the pool's ``_cpu.MAX_THREADS``)."""
+    _cpu.threads(min(torch.get_num_threads(), _cpu.MAX_THREADS))

@@ -101,6 +101,14 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _owner(starts: list[int], nbytes: Mapping[int, int], address: int) -> int | None:
+    """The storage (of ``starts``, sorted, each ``nbytes[start]`` long) holding ``address``."""
+    at = bisect.bisect_right(starts, address) - 1
+    if at >= 0 and address < starts[at] + nbytes[starts[at]]:
+        return starts[at]
+    return None
+
+
 def _lifetimes(program: SegmentedProgram) -> list[Lifetime]:
     """Each storage of the program's own (born while it recorded, still named), with the
     steps it is alive over."""
@@ -116,10 +124,9 @@ def _lifetimes(program: SegmentedProgram) -> list[Lifetime]:
     span: dict[int, list[int]] = {}
 
     def touch(address: int, step: int) -> None:
-        at = bisect.bisect_right(starts, address) - 1
-        if at >= 0 and address < starts[at] + born[starts[at]]:
-            seen = span.setdefault(starts[at], [step, step])
-            seen[1] = step
+        start = _owner(starts, born, address)
+        if start is not None:
+            span.setdefault(start, [step, step])[1] = step
 
     step = 0
     for part in program.steps:
@@ -166,14 +173,11 @@ def _relocate(program: SegmentedProgram, offsets: dict[int, tuple[int, int]],
               buffer: torch.Tensor) -> None:
     base = buffer.data_ptr()
     starts = sorted(offsets)
+    sizes = {start: nbytes for start, (_, nbytes) in offsets.items()}
 
     def move(address: int) -> int:
-        at = bisect.bisect_right(starts, address) - 1
-        if at < 0:
-            return address
-        start = starts[at]
-        offset, nbytes = offsets[start]
-        return base + offset + address - start if address < start + nbytes else address
+        start = _owner(starts, sizes, address)
+        return address if start is None else base + offsets[start][0] + address - start
 
     def view(t: torch.Tensor) -> torch.Tensor:
         if _storage(t) not in offsets:
