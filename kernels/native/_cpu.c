@@ -989,10 +989,11 @@ AVX2 static int decode_attention(
  * - 1 of q, at the last positions of its lens[b] tokens) over the paged cache, which
  * holds their K/V already. For each sequence and query head, its KV head's keys are
  * gathered into strips, as a packed weight (K^T: [keys / 16][D][16]; V: [D / 16][keys]
- * [16]); then six rows at a time, the scores are a packed product, the softmax two passes
- * of exp8 per row (softmax_row), and the output a packed product over the exponentials,
- * divided by their sum. The (sequence, head) pairs are shared among the threads (each
- * pair's rows and head are its own, computed as on one thread). Rows of no sequence are
+ * [16]), once for the heads of a KV group that follow each other in a thread's run; then
+ * six rows at a time, the scores are a packed product, the softmax two passes of exp8 per
+ * row (softmax_row), and the output a packed product over the exponentials, divided by
+ * their sum. The (sequence, head) pairs are shared among the threads (each pair's rows and
+ * head are its own, computed as on one thread). Rows of no sequence are
  * zero. -1: a sequence's rows or length do not fit q or its block table; -2: a block table
  * names a block outside the cache; -3: a scratch cannot be allocated; POOL_FAILED. */
 typedef struct {
@@ -1003,7 +1004,8 @@ typedef struct {
     atomic_int failed; /* a pair whose scratch could not be allocated */
 } PrefillAttention;
 
-/* Pairs lo .. hi - 1 (sequence u / Hq, head u % Hq) of a PrefillAttention. */
+/* Pairs lo .. hi - 1 (sequence u / Hq, head u % Hq) of a PrefillAttention, in one
+ * scratch sized for the run's longest sequence. */
 AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
     PrefillAttention *c = (PrefillAttention *)ctx;
     const float *q = c->q, *kc = c->kc, *vc = c->vc;
@@ -1011,6 +1013,17 @@ AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
     float *out = c->out, scale = c->scale;
     long qs = c->qs, width = c->width, Hq = c->Hq, D = c->D, BS = c->BS, window = c->window;
     long group = Hq / c->Hk, slot_stride = c->Hk * D, block_stride = BS * slot_stride;
+    long longest = 0;
+    for (long b = lo / Hq; b <= (hi - 1) / Hq; b++)
+        if (starts[b + 1] > starts[b] && lens[b] > longest) longest = lens[b];
+    if (longest == 0) return;
+    long L16 = (longest + STRIP - 1) / STRIP * STRIP;
+    float *kp = malloc(sizeof(float) * (L16 * D * 2 + TILE_ROWS * L16 + 1));
+    if (kp == NULL) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    long gathered = -1;  /* the (sequence, KV head) whose keys kp and vp hold */
     for (long u = lo; u < hi; u++) {
         long b = u / Hq, h = u % Hq, g = h / group;
         long first_row = starts[b], n = starts[b + 1] - first_row, len = lens[b];
@@ -1018,13 +1031,8 @@ AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
         if (n == 0 || len <= 0) continue;
         const int32_t *table = tables + b * width;
         long keys16 = (len + STRIP - 1) / STRIP * STRIP;
-        float *kp = malloc(sizeof(float) * (keys16 * D * 2 + TILE_ROWS * keys16 + 1));
-        if (kp == NULL) {
-            atomic_store(&c->failed, 1);
-            return;
-        }
         float *vp = kp + keys16 * D, *p = vp + keys16 * D;
-        for (long j = 0; j < keys16; j++) {
+        for (long j = 0; gathered != b * c->Hk + g && j < keys16; j++) {
             long at = j < len ? table[j / BS] * block_stride + j % BS * slot_stride + g * D : -1;
             for (long d = 0; d < D; d++) {
                 float kv = at < 0 ? 0.0f : kc[at + d], vv = at < 0 ? 0.0f : vc[at + d];
@@ -1032,6 +1040,7 @@ AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
                 vp[(d / STRIP * keys16 + j) * STRIP + d % STRIP] = vv;
             }
         }
+        gathered = b * c->Hk + g;
         for (long i0 = 0; i0 < n; i0 += TILE_ROWS) {
             int mr = n - i0 < TILE_ROWS ? (int)(n - i0) : TILE_ROWS;
             long top = first + i0 + mr - 1;  /* the block's last position */
@@ -1058,8 +1067,8 @@ AVX2 static void prefill_pairs(const void *ctx, long lo, long hi) {
                     _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(o + d), sum));
             }
         }
-        free(kp);
     }
+    free(kp);
 }
 
 AVX2 static int prefill_attention(
