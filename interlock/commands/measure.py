@@ -241,9 +241,10 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from interlock.app.query import model_target
     from interlock.core.decision import parse_field
     from interlock.core.errors import PolicyError
-    from interlock.measure import run as bench_run
+    from interlock.measure import design_factors, measure_query
 
     vary: dict[str, list[Any]] = {}
     for name, levels in args.vary:
@@ -259,15 +260,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_serve(args, vary)
     workload = workload_of(args)
     policy = load(args)
-    query = query_of(args, policy, model=None)
+    query = query_of(args, policy, model=None, runs_here=True)
+    factors = design_factors(vary, query.overrides)
+    query = replace(query, model=model_target(args.model))
     bar = progress_bar()
     try:
-        record = bench_run(
-            args.model, vary=vary, workload=workload, policy=args.policy,
-            platform=query.platform, device_arch=query.device_arch,
-            features=query.features, env={k: v for k, v in args.env},
-            overrides=query.overrides, dtype=args.dtype, load_format=args.load_format,
-            progress=bar, command=command_line(("measure", args.model), args),
+        record = measure_query(
+            policy, query, args.model, factors, workload=workload, dtype=args.dtype,
+            load_format=args.load_format, progress=bar,
+            command=command_line(("measure", args.model), args),
         )
     finally:
         if bar is not None:

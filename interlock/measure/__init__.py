@@ -17,10 +17,14 @@ import os
 import platform as pyplatform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlock.measure.harness import OVERHEAD_LIMIT, Workload
 from interlock.runners.model.sources import DEMO
+
+if TYPE_CHECKING:
+    from interlock.app.query import Query
+    from interlock.policy.model import Policy
 
 __all__ = ["OVERHEAD_LIMIT", "Workload", "compare", "measure", "run"]
 
@@ -50,28 +54,10 @@ def run(
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
     from interlock.app.query import Query, model_target, process_env
-    from interlock.core.decision import check_field
     from interlock.core.errors import PolicyError
-    from interlock.measure.harness import resolve_design
-    from interlock.measure.pick import policy_pick
     from interlock.policy.loader import load_policy
 
-    workload = workload or Workload()
-    model = os.fspath(model)
-    factors: dict[str, list[Any]] = {}
-    for name, levels in (vary or {}).items():
-        try:
-            typed = [check_field(name, level) for level in levels]
-        except ValueError as exc:
-            raise PolicyError(f"--vary {exc}") from None
-        if len(typed) < 2 or len(set(typed)) != len(typed):
-            raise PolicyError(
-                f"--vary {name}: give at least two distinct levels (got {list(levels)})"
-            )
-        factors[name] = typed
-    clashing = sorted(set(factors) & set(overrides or {}))
-    if clashing:
-        raise PolicyError(f"{', '.join(clashing)}: both varied and set with --set; choose one")
+    factors = design_factors(vary, overrides)
     loaded_policy = load_policy(policy)
     process, sources = process_env(loaded_policy)
     for name, value in (env or {}).items():
@@ -87,9 +73,49 @@ def run(
         features=dict(features or {}), env=process, sources=sources,
         overrides=dict(overrides or {}), runs_here=True,
     )
-    base, configs, skipped = resolve_design(loaded_policy, query, factors)
+    return measure_query(loaded_policy, query, os.fspath(model), factors,
+                         workload=workload or Workload(), dtype=dtype, load_format=load_format,
+                         progress=progress, command=command)
+
+
+def design_factors(
+    vary: Mapping[str, Sequence[Any]] | None, overrides: Mapping[str, Any] | None
+) -> dict[str, list[Any]]:
+    """``vary``'s levels typed as in a policy: at least two distinct ones per field, and no
+    field both varied and overridden (a ``PolicyError`` naming it)."""
+    from interlock.core.decision import check_field
+    from interlock.core.errors import PolicyError
+
+    factors: dict[str, list[Any]] = {}
+    for name, levels in (vary or {}).items():
+        try:
+            typed = [check_field(name, level) for level in levels]
+        except ValueError as exc:
+            raise PolicyError(f"--vary {exc}") from None
+        if len(typed) < 2 or len(set(typed)) != len(typed):
+            raise PolicyError(
+                f"--vary {name}: give at least two distinct levels (got {list(levels)})"
+            )
+        factors[name] = typed
+    clashing = sorted(set(factors) & set(overrides or {}))
+    if clashing:
+        raise PolicyError(f"{', '.join(clashing)}: both varied and set with --set; choose one")
+    return factors
+
+
+def measure_query(
+    policy: Policy, query: Query, model: str, factors: Mapping[str, list[Any]], *,
+    workload: Workload, dtype: str, load_format: str, progress: Progress | None,
+    command: str | None,
+) -> dict[str, Any]:
+    """``run`` for a query already asked (``policy measure`` builds it from its flags):
+    ``model`` as the user named it, ``factors`` from :func:`design_factors`."""
+    from interlock.measure.harness import resolve_design
+    from interlock.measure.pick import policy_pick
+
+    base, configs, skipped = resolve_design(policy, query, factors)
     return measure(
-        model, base, configs, skipped, factors, workload, policy=loaded_policy.stamp(),
+        model, base, configs, skipped, factors, workload, policy=policy.stamp(),
         dtype=dtype, load_format=load_format, progress=progress, command=command,
         pick=policy_pick(base, [(c.id, c.resolution) for c in configs], list(factors)),
     )
