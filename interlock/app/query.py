@@ -156,10 +156,14 @@ def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution
                    refused=refused)
 
 
-def process_env(policy: Policy) -> tuple[dict[str, str], dict[str, str]]:
-    """``(env, sources)``: the values the process environment gives the policy's bindings."""
-    env = {name: os.environ[name] for name in policy.env if name in os.environ}
-    return env, {f"env.{name}": PROCESS_ENV for name in env}
+def process_env(
+    policy: Policy, environ: Mapping[str, str] | None = None, source: str = PROCESS_ENV
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``(env, sources)``: the values an environment (this process's unless ``environ``)
+    gives the policy's bindings, each from ``source``."""
+    environ = os.environ if environ is None else environ
+    env = {name: environ[name] for name in policy.env if name in environ}
+    return env, {f"env.{name}": source for name in env}
 
 
 def check_runs_here(platform: str | None) -> None:

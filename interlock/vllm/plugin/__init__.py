@@ -126,12 +126,11 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     the lines to log; a decision the engine cannot run raises :class:`PluginRefusal` naming
     the rule that made it."""
     from interlock.app.decided_by import chooser as provenance_chooser
-    from interlock.app.query import Query, decide
+    from interlock.app.query import Query, decide, process_env
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import UserFlags, level_overrides
 
-    env = {name: environ[name] for name in policy.env if name in environ}
-    sources = {f"env.{name}": "process environment of the vLLM engine" for name in env}
+    env, sources = process_env(policy, environ, "process environment of the vLLM engine")
     sources["platform"] = "vLLM's current_platform"
     sources["device_arch"] = "vLLM's current_platform"
     sources[f"features.{TRITON_FACT}"] = facts.triton_source
