@@ -148,7 +148,7 @@ def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str |
         return resolve(policy, context), None
     except PolicyRefused as exc:
         # Compared by rule and message: the same rule read from another path refuses alike.
-        return None, f"{REFUSED_PREFIX}{exc.refusal.rule.id}: {exc.refusal.message}"
+        return None, f"{REFUSED_PREFIX}{exc.refusal.by}: {exc.refusal.message}"
     except PolicyError as exc:
         return None, "\n".join([exc.message, *exc.details])
 

@@ -339,11 +339,11 @@ def _compare(policy: Policy, row: SnapshotRow) -> list[Disagreement]:
     except PolicyRefused as exc:
         if row.refusal is not None:
             return []
-        rule = exc.refusal.rule
+        refusal = exc.refusal
         return [
             _disagree(
-                policy, row, OUTCOME, f"refused: {exc.refusal.message}", DECIDED,
-                f"{rule.id} (refusal) {rule.location}",
+                policy, row, OUTCOME, f"refused: {refusal.message}", DECIDED,
+                f"{refusal.by} (refusal) {refusal.location}",
             )
         ]
     except PolicyError as exc:
