@@ -65,7 +65,8 @@ def test_a_column_outside_the_policy_s_release_is_warned_about(cli: Any) -> None
                                                  "rocm:gfx942"]
     assert result.err == (
         "policy table: warning: vLLM 0.31.0 (given with --target rocm:gfx942@vllm=0.31.0) is "
-        "outside what the policy is written for: vLLM 0.33.0 (version: policies.yaml:11); "
+        "outside what the policy is written for: vLLM 0.33.0 to 0.34.0 (version: "
+        "policies.yaml:11); "
         "the decision shown is that release's, not necessarily vLLM 0.31.0's: use a policy "
         "written for vLLM 0.31.0\n"
     )
