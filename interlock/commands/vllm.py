@@ -18,7 +18,6 @@ import argparse
 import os
 import shlex
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import (
@@ -39,6 +38,7 @@ from interlock.core.platform import TRITON_FACT
 if TYPE_CHECKING:
     from interlock.policy.resolution import Resolution
     from interlock.vllm.command import ServeCommand
+    from interlock.vllm.releases import Release
     from interlock.vllm.version import VllmInstall
 
 #: This command's options; after MODEL they would silently go to vllm serve.
@@ -146,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     from interlock.commands.release_check import engine_lines
     from interlock.core.errors import PolicyError
     from interlock.vllm.command import serve_command
-    from interlock.vllm.flags import flags_for_features, level_overrides, read_user_flags
+    from interlock.vllm.flags import flags_for_features, read_user_flags
     from interlock.vllm.model import vllm_model
+    from interlock.vllm.stage import ReleaseStage, by_level
     from interlock.vllm.version import find_install, find_vllm
 
     own = [a for a in args.vllm_args if a.split("=")[0] in OWN_OPTIONS]
@@ -175,9 +176,12 @@ def run(args: argparse.Namespace) -> int:
     if "vllm" not in engine and install is not None:
         engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
-    # Before anything is decided: a policy for another release has no decision to give here.
-    release = engine_lines(policy, engine.get("vllm"), engine_sources.get("engine.vllm", ""),
-                           allow=args.allow_version_mismatch)
+    # Before anything is decided: a release interlock has not read, or a policy for another
+    # release, has no decision to give here.
+    release = release_of(engine.get("vllm"), allow=args.allow_version_mismatch)
+    policy_lines = engine_lines(policy, engine.get("vllm"),
+                                engine_sources.get("engine.vllm", ""),
+                                allow=args.allow_version_mismatch)
     triton = None if install is None else install.triton_fact(args.platform is not None, given)
     if triton is not None:
         given = {**given, TRITON_FACT: triton[0]}
@@ -197,41 +201,37 @@ def run(args: argparse.Namespace) -> int:
         traits={"task": user.task} if user.task is not None else None,
         overrides=dict(user.overrides),
         runners="vllm",
+        stage=ReleaseStage(None if release is None else release.version),
     )
     resolution = decide(policy, query)
-    by_level = level_overrides(resolution, user)
-    if by_level:
-        user.overrides.update(by_level)
-        user.given_by.update(dict.fromkeys(by_level, user.level_flag))
-        resolution = decide(policy, replace(query, overrides=dict(user.overrides)))
     context = resolution.context
     version = context.engine.get("vllm")
-    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version,
-                            triton)
+    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, release)
     where = f"{context.platform} {context.device_arch}".strip()
     print(
         f"policy vllm: vLLM {version or 'version unknown'} "
         f"({context.source('engine.vllm') if version else 'no vllm found; every flag is set'})",
         file=sys.stderr,
     )
-    for line in release:
+    for line in policy_lines:
         print(f"policy vllm: {line}", file=sys.stderr)
     print(
         f"policy vllm: {context.architecture} on {where}: {decided_by(resolution)}",
         file=sys.stderr,
     )
-    for name, flag in user.given_by.items():
+    given_by = {**user.given_by, **{name: prov.source for name, prov
+                                    in resolution.provenance.items() if by_level(prov)}}
+    for name, flag in given_by.items():
         print(f"policy vllm: {name} given by {flag}", file=sys.stderr)
     for key in sorted(context.features):
         origin = context.source(f"features.{key}")
         if key != TRITON_FACT:
             print(f"policy vllm: feature {key}={context.features[key]} ({origin})",
                   file=sys.stderr)
-    for adj in command.adjustments:
-        print(
-            f"policy vllm: vLLM adjusts {adj.field} {adj.before} -> {adj.after}: {adj.why}",
-            file=sys.stderr,
-        )
+    for adj in [a for a in command.adjustments() if a["field"] not in given_by]:
+        where = f" ({adj['where']})" if adj["where"] else ""
+        print(f"policy vllm: vLLM {release.version if release else ''} sets {adj['field']}="
+              f"{str(adj['to']).lower()}: {adj['why']}{where}", file=sys.stderr)
     if args.action == "args":
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,
@@ -300,6 +300,41 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"policy vllm verify: decision from {decided_by}")
         print(verdict.verification.line().replace("policy vllm: ", "policy vllm verify: "))
     return 0 if verdict.verification.verified else MISMATCH_EXIT
+
+
+def release_of(version: str | None, *, allow: bool) -> Release | None:
+    """The release interlock has read that vLLM ``version`` is (None: no version known). A
+    release not read is refused (exit 5); with ``--allow-version-mismatch`` the newest read
+    release older than it stands in, said loudly on stderr."""
+    from interlock.core.errors import PolicyError
+    from interlock.vllm.releases import RELEASES, UnknownRelease, known, release_number
+
+    if version is None:
+        return None
+    found = known(version)
+    if found is not None:
+        return found
+    if not allow:
+        raise UnknownRelease(
+            f"vLLM {version} is a release interlock has not read (it knows "
+            f"{', '.join(r.version for r in RELEASES)}): which knobs it reads and what it "
+            f"refuses are not established. Take it in with `make vllm-release "
+            f"VLLM={release_number(version)}`, or give --allow-version-mismatch to decide as "
+            "the newest release read before it"
+        )
+    from packaging.version import Version
+
+    older = [r for r in RELEASES if Version(r.version) < Version(version)]
+    if not older:
+        raise PolicyError(
+            f"vLLM {version} is older than the oldest release interlock has read "
+            f"({RELEASES[0].version}): which of its flags and env vars carry the decision is "
+            "not established; upgrade vLLM or pass the flags yourself"
+        )
+    stand_in = older[-1]
+    print(f"policy vllm: WARNING: vLLM {version} was not read by interlock; deciding as "
+          f"vLLM {stand_in.version} (--allow-version-mismatch)", file=sys.stderr)
+    return stand_in
 
 
 def engine_facts(install: VllmInstall) -> tuple[dict[str, str], dict[str, str]]:

@@ -116,15 +116,17 @@ rules: []
 def test_a_policy_without_the_refusing_rule_still_cannot_run_v2_without_triton(
     tmp_path: Path,
 ) -> None:
-    """The plugin checks the engine itself: a policy that decides V2 where vLLM has no
-    Triton stops the engine by the plugin's own word, naming what decided it."""
+    """The release's stage checks the engine itself: a policy that decides V2 where vLLM has
+    no Triton is refused in vLLM 0.32.0's words, at its file:line, naming what decided it."""
     path = tmp_path / "policy.yaml"
     path.write_text(NO_REFUSING_RULE)
-    with pytest.raises(PluginRefusal) as caught:
+    with pytest.raises(PolicyRefused) as caught:
         decide(_facts(), load_policy([str(path)]), {})
     text = str(caught.value)
-    assert "runner=mrv2 (defaults, " in text and "policy.yaml:" in text
-    assert "Model Runner V2 requires Triton" in text and "HAS_TRITON" in text
+    assert "refused by vLLM 0.32.0 (vllm/config/vllm.py:1443)" in text
+    assert "runner=mrv2 from defaults" in text
+    assert "Model Runner V2 requires Triton" in text
+    assert "HAS_TRITON" in " ".join(caught.value.details)
 
 
 def test_a_plugin_that_cannot_load_stops_the_engine(

@@ -13,7 +13,7 @@ import pytest
 from .planted_vllm import planted_venv
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED_RELEASE = "vLLM 0.33.0 (version: policies.yaml:11)"
+SHIPPED_RELEASE = "vLLM 0.33.0 to 0.34.0 (version: policies.yaml:11)"
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_explain_names_the_release_and_warns_on_another(cli: Any) -> None:
 
 def test_explain_json_lists_the_releases(cli: Any) -> None:
     doc = cli("explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--json").json()
-    assert doc["releases"] == [{"engine": "vllm", "first": "0.33.0", "last": "0.33.0",
+    assert doc["releases"] == [{"engine": "vllm", "first": "0.33.0", "last": "0.34.0",
                                 "location": {"file": "policies.yaml", "line": 11, "col": 1}}]
 
 
