@@ -9,8 +9,8 @@ In order, each step in the trace with the release's ``file:line``:
    otherwise is an error naming both (``policy vllm`` passes every field explicitly, so the
    level would be contradicted silently);
 2. the release's adjustments to explicit settings (no static graphs on the platform, no
-   piecewise graphs without compilation, pooling models piecewise); an adjustment to a value
-   the user forced is an error;
+   piecewise graphs without compilation, a model given as pooling captured piecewise); an
+   adjustment to a value the user forced is an error;
 3. what the release cannot run: a runner it does not have (0.34.0 has no Model Runner V1), a
    field it reads no knob for set to another value than the one it has, Model Runner V2 (or,
    on 0.34.0, any runner on an x86 CPU) without a Triton for the platform. Each is a
@@ -113,7 +113,10 @@ class ReleaseStage:
             lowered = without_piecewise(values["cudagraph"])
             if lowered != values["cudagraph"]:
                 self._adjusted(draft, rel, "cudagraph", lowered, "piecewise")
-        if draft.facts.traits.get("task") == "pooling" and values["cudagraph"] != "piecewise":
+        # Given as the model's task (vLLM's --runner pooling), vLLM serves it as a pooling
+        # model; which architectures vLLM's registry takes for pooling models by itself is
+        # the policy's to say (a rule on the task trait), release by release.
+        if draft.context.traits.get("task") == "pooling" and values["cudagraph"] != "piecewise":
             self._adjusted(draft, rel, "cudagraph", "piecewise", "pooling")
 
     def _adjusted(self, draft: Draft, rel: Release | None, name: str, value: Any,
