@@ -14,8 +14,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="compare a policy with an engine snapshot (conformance/vllm-*.jsonl)",
         description="Resolve the policy on every context of an engine snapshot (written by "
         "tools/vllm_probe from vLLM's own config code) and print every field where they "
-        "disagree, with the rule that decided it on the policy's side, through the engine stage of the "
-        "snapshot's release (interlock/vllm/releases.py). Disagreements the "
+        "disagree, with the rule that decided it on the policy's side, through the engine "
+        "stage of the snapshot's release (interlock/vllm/releases.py). Disagreements the "
         "policy declares under `deviations:` are counted apart; a deviation that covers no "
         "disagreement is stale. Exit 0 on full agreement outside declared deviations, 1 "
         "otherwise (and on a malformed snapshot).",
