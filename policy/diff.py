@@ -295,11 +295,13 @@ def _conditions_text(
     if _EVERY in envs_by_extra:
         text = _env_text(frozenset(envs_by_extra[_EVERY]), domain)
         return f", {text}" if text else ""
-    parts = []
-    for state in extras:
-        if state in envs_by_extra:
-            env_text = _env_text(frozenset(envs_by_extra[state]), domain)
-            parts.append(_extra_text(state, domain) + (f" ({env_text})" if env_text else ""))
+    present = [state for state in extras if state in envs_by_extra]
+    texts = [_env_text(frozenset(envs_by_extra[state]), domain) for state in present]
+    if len(set(texts)) == 1:  # the same env condition for every state: said once
+        shared = f", {texts[0]}" if texts[0] else ""
+        return ", with " + "; ".join(_extra_text(s, domain) for s in present) + shared
+    parts = [_extra_text(state, domain) + (f" ({text})" if text else "")
+             for state, text in zip(present, texts, strict=True)]
     return ", with " + "; ".join(parts)
 
 
@@ -321,7 +323,8 @@ def _extra_text(state: Extra, domain: Domain) -> str:
     if len(domain.model_states) > 1:
         parts.append(f"model {model[0]}" if model else "no model identity")
     if len(domain.engine_states) > 1:
-        parts.append(" ".join(f"{e} {v}" for e, v in engine) if engine else "no engine version")
+        parts.append(" ".join(domain.engine_text(e, v) for e, v in engine) if engine
+                     else "no engine version")
     return " and ".join(parts) or "no features given"
 
 

@@ -146,6 +146,17 @@ class Domain:
             whens=whens,
         )
 
+    def engine_text(self, engine: str, version: str) -> str:
+        """The releases ``version`` stands for in the domain, as ranges between the bounds the
+        engine conditions name (``vllm >=0.30,<0.34``; ``vllm <0.29 or >=0.34`` where two
+        ranges behave alike): a representative is not a release of its own."""
+        key = ("engine_text", engine, version)
+        if key not in self._memo:
+            matches = [c for w in self.whens for c in _all(w)
+                       if isinstance(c, EngineMatch) and c.engine == engine]
+            self._memo[key] = [_range_text(engine, version, matches)]  # type: ignore[list-item]
+        return str(self._memo[key][0])
+
     def extras_at(self, architecture: str, platform: str, device_arch: str) -> list[Extra]:
         """The feature, config, model and engine states at one place: over the conditions
         of the rules whose name conditions hold there."""
@@ -216,7 +227,7 @@ class Domain:
                          f"model globs ({names})")
         if len(self.engine_states) > 1:
             versions = ", ".join(
-                " ".join(f"{e} {v}" for e, v in s) for s in self.engine_states[1:]
+                " ".join(self.engine_text(e, v) for e, v in s) for s in self.engine_states[1:]
             )
             lines.append(f"engine: no version, and one per truth assignment of the engine "
                          f"conditions ({versions})")
@@ -447,6 +458,30 @@ def _engine_states(conditions: list[EngineMatch]) -> tuple[EngineState, ...]:
     return tuple(
         tuple(pair for pair in combo if pair is not None) for combo in itertools.product(*choices)
     )
+
+
+def _range_text(engine: str, version: str, matches: list[EngineMatch]) -> str:
+    """``vllm >=0.30,<0.34``: the ranges between ``matches``' bounds whose versions every
+    condition judges as it judges ``version``."""
+    bounds = sorted({b for m in matches for spec in m.spec for b in _bounds(spec)})
+    if not bounds:
+        return f"{engine} {version}"
+
+    def truth(v: str) -> tuple[bool, ...]:
+        return tuple(m.version_holds(v) for m in matches)
+
+    wanted = truth(version)
+    # Segment i holds the versions from bounds[i-1] (included) up to bounds[i] (excluded).
+    inside = [str(bounds[0]) if _below(bounds[0]) is None else _below(bounds[0])]
+    inside += [str(b) for b in bounds]
+    parts = []
+    for i, witness in enumerate(inside):
+        if witness is None or truth(witness) != wanted:
+            continue
+        low = f">={bounds[i - 1]}" if i > 0 else ""
+        high = f"<{bounds[i]}" if i < len(bounds) else ""
+        parts.append(",".join(p for p in (low, high) if p) or "any")
+    return f"{engine} " + (" or ".join(parts) if parts else version)
 
 
 def _bounds(spec: Any) -> list[Version]:

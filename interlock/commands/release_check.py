@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from interlock.core.errors import PolicyError
 from interlock.policy.model import Policy
 from interlock.policy.release import describe, mismatch, releases
+
+#: The checkout's root, where the examples are (absent from an installed wheel).
+REPO = Path(__file__).resolve().parents[2]
 
 ALLOW_FLAG = "--allow-version-mismatch"
 
@@ -33,13 +37,40 @@ def add_allow_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The one policy of every vLLM release interlock has read, each rule with its releases.
+ALL_RELEASES = "examples/vllm-all-releases.yaml"
+
+
+def use_instead(version: str) -> str:
+    """What to use for vLLM ``version`` instead: the all-releases policy where it covers it."""
+    from interlock.policy.loader import load_policy
+    from interlock.policy.release import releases
+
+    path = REPO / ALL_RELEASES
+    if path.is_file():
+        covering = [r for r in releases(load_policy([str(path)])) if r.covers(version)]
+        if covering:
+            return (f"use {ALL_RELEASES} (vLLM {covering[0].text}, one rule set for every "
+                    f"release read) or a policy written for vLLM {version}")
+    return f"use a policy written for vLLM {version}"
+
+
 def warn_outside(command: str, policy: Policy, version: str | None, source: str) -> None:
     """A warning on stderr when the given vLLM ``version`` is outside the policy's release."""
     problem = None if version is None else mismatch(policy, version, source)
     if problem is not None:
+        assert version is not None
         print(f"{command}: warning: {problem}; the decision shown is that release's, not "
-              f"necessarily vLLM {version}'s: use a policy written for vLLM {version}",
-              file=sys.stderr)
+              f"necessarily vLLM {version}'s: {use_instead(version)}", file=sys.stderr)
+
+
+def refuse_outside(command: str, policy: Policy, version: str | None, source: str) -> None:
+    """:class:`ReleaseMismatch` when vLLM ``version`` is outside the policy's release."""
+    problem = None if version is None else mismatch(policy, version, source)
+    if problem is not None:
+        assert version is not None
+        raise ReleaseMismatch(f"{command}: {problem}, so its cells would be another "
+                              f"release's decisions: {use_instead(version)}")
 
 
 def engine_lines(policy: Policy, version: str | None, source: str, *, allow: bool) -> list[str]:

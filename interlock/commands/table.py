@@ -188,32 +188,37 @@ def _fleet(
     stage: CapabilityStage, fmt: str, **context: Any,
 ) -> int:
     from interlock.commands.common import check_target
-    from interlock.commands.release_check import warn_outside
+    from interlock.commands.release_check import refuse_outside, warn_outside
     from interlock.core.errors import InputError
     from interlock.policy.fleet import fleet, render_fleet
     from interlock.policy.resolution import resolve
+    from interlock.vllm.releases import known
+    from interlock.vllm.stage import ReleaseStage
 
     if args.platform or args.device_arch:
         raise InputError("--target names each column's platform and arch; drop --platform and "
                          "--device-arch")
     for target in args.target:
         check_target(target.platform, target.device_arch, "--target")
-    table = fleet(
-        policy, architectures, args.target,
-        # A refusal is the cell's outcome, shown with its rule; not an error.
-        lambda p, ctx: resolve(p, ctx, capabilities=stage, refused=True), base=_base(args),
-        **context,
-    )
-    sys.stdout.write(render_fleet(table, fmt))
-    # Each column's vLLM against the policy's release: a 0.31 column under a policy for 0.33
-    # shows 0.33's decisions, which its cells alone do not say.
-    checked: set[tuple[str | None, str]] = set()
-    for target in args.target:
+        # A column of a release the policy is not written for would show another release's
+        # decisions under that release's name: refused before anything is decided.
         engine, sources = target.engine_facts(context["engine"], context["sources"])
-        given = (engine.get("vllm"), sources.get("engine.vllm", ""))
-        if given not in checked:
-            checked.add(given)
-            warn_outside("policy table", policy, *given)
+        if target.engine:
+            refuse_outside(f"policy table: --target {target.name}", policy,
+                           engine.get("vllm"), sources.get("engine.vllm", ""))
+
+    def decide(p: Policy, ctx: Any) -> Any:
+        # A column's release decides through its engine stage: the cell is what it runs. A
+        # refusal is the cell's outcome, shown with its rule; not an error.
+        read = known(ctx.engine["vllm"]) if "vllm" in ctx.engine else None
+        engine = ReleaseStage(read.version) if read is not None else None
+        return resolve(p, ctx, capabilities=stage, refused=True, engine=engine)
+
+    table = fleet(policy, architectures, args.target, decide, base=_base(args), **context)
+    sys.stdout.write(render_fleet(table, fmt))
+    # --engine-version's vLLM against the policy's release (a column's was checked above).
+    warn_outside("policy table", policy, context["engine"].get("vllm"),
+                 context["sources"].get("engine.vllm", ""))
     return 1 if table.failed else 0
 
 
