@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from interlock.core.errors import PolicyError
 from interlock.policy.model import Policy
 from interlock.policy.release import describe, mismatch, releases
-
-#: The checkout's root, where the examples are (absent from an installed wheel).
-REPO = Path(__file__).resolve().parents[2]
+from interlock.vllm.releases import use_instead
 
 ALLOW_FLAG = "--allow-version-mismatch"
 
@@ -35,24 +32,6 @@ def add_allow_arg(parser: argparse.ArgumentParser) -> None:
         help="use the policy on a vLLM outside the release its `version:` names (refused "
         "otherwise, exit 5)",
     )
-
-
-#: The one policy of every vLLM release interlock has read, each rule with its releases.
-ALL_RELEASES = "examples/vllm-all-releases.yaml"
-
-
-def use_instead(version: str) -> str:
-    """What to use for vLLM ``version`` instead: the all-releases policy where it covers it."""
-    from interlock.policy.loader import load_policy
-    from interlock.policy.release import releases
-
-    path = REPO / ALL_RELEASES
-    if path.is_file():
-        covering = [r for r in releases(load_policy([str(path)])) if r.covers(version)]
-        if covering:
-            return (f"use {ALL_RELEASES} (vLLM {covering[0].text}, one rule set for every "
-                    f"release read) or a policy written for vLLM {version}")
-    return f"use a policy written for vLLM {version}"
 
 
 def warn_outside(command: str, policy: Policy, version: str | None, source: str) -> None:

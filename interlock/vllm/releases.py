@@ -277,6 +277,28 @@ def release(version: str) -> Release:
     return found
 
 
+#: The one policy of every vLLM release interlock has read, each rule with its releases (in
+#: the checkout; an installed wheel has no examples).
+ALL_RELEASES = "examples/vllm-all-releases.yaml"
+
+
+def use_instead(version: str) -> str:
+    """What to use for vLLM ``version`` instead of a policy written for another release: the
+    all-releases policy where it covers it."""
+    from pathlib import Path
+
+    from interlock.policy.loader import load_policy
+    from interlock.policy.release import releases
+
+    path = Path(__file__).resolve().parents[2] / ALL_RELEASES
+    if path.is_file():
+        covering = [r for r in releases(load_policy([str(path)])) if r.covers(version)]
+        if covering:
+            return (f"use {ALL_RELEASES} (vLLM {covering[0].text}, one rule set for every "
+                    f"release read) or a policy written for vLLM {version}")
+    return f"use a policy written for vLLM {version}"
+
+
 def binding_problems(bindings: Mapping[str, Any]) -> list[str]:
     """Where a policy's env bindings (``policy.env``) read one of vLLM's env knobs otherwise
     than vLLM does (another field, or a text mapped to another value): the policy would

@@ -172,3 +172,13 @@ def test_the_plugin_refuses_to_govern_a_release_it_has_not_read(
     with pytest.raises(SystemExit):
         register()
     assert "config seam (try_verify_and_update_config) was not read" in capsys.readouterr().err
+
+
+def test_the_plugin_warns_when_the_policy_is_written_for_other_releases() -> None:
+    facts = _gpu_facts(vllm_version="0.32.0", architecture="LlamaForCausalLM")
+    (warning,) = decide(facts, load_policy([str(ROOT / "policies.yaml")]), {}).warnings
+    assert warning.startswith("interlock: WARNING: vLLM 0.32.0 (the running vLLM) is outside "
+                              "what the policy is written for: vLLM 0.33.0 to 0.34.0")
+    assert "use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0" in warning
+    every = load_policy([str(ROOT / "examples" / "vllm-all-releases.yaml")])
+    assert decide(facts, every, {}).warnings == ()

@@ -120,6 +120,8 @@ class PluginDecision:
     compilation: dict[str, str]
     settings: tuple[Setting, ...]
     header: str
+    #: Lines logged as warnings: the policy's release does not cover this vLLM.
+    warnings: tuple[str, ...] = ()
 
     @property
     def decision(self) -> dict[str, Any]:
@@ -223,7 +225,15 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         f"{TRITON_FACT}={'true' if facts.has_triton else 'false'} ({facts.triton_source}); "
         f"policy {policy.version} revision {policy.revision} from {files}"
     )
-    return PluginDecision(resolution, rel, out_env, compilation, tuple(settings), header)
+    from interlock.policy.release import mismatch
+    from interlock.vllm.releases import use_instead
+
+    problem = mismatch(policy, facts.vllm_version, "the running vLLM")
+    warnings = () if problem is None else (
+        f"interlock: WARNING: {problem}: the defaults applied are that release's, passed "
+        f"through vLLM {rel.version}'s own stage; {use_instead(facts.vllm_version)}",)
+    return PluginDecision(resolution, rel, out_env, compilation, tuple(settings), header,
+                          warnings)
 
 
 #: The decision this process applied (the stat logger reads it), and the env vars it set.
@@ -398,6 +408,8 @@ def apply(config: Any, made: PluginDecision) -> None:
         if getattr(compilation, key) is None:
             setattr(compilation, key, kinds[key](name))
     _logger.info("%s", made.header)
+    for warning in made.warnings:
+        _logger.warning("%s", warning)
     for setting in made.settings:
         _logger.info("%s", setting.line())
 
