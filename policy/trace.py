@@ -88,6 +88,8 @@ class Step:
     overridden: dict[str, str] = field(default_factory=dict)
     #: For a refusing rule: its message.
     refuse: str | None = None
+    #: For an engine stage's step: the values it replaced (field -> value before).
+    before: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +105,7 @@ class Step:
             "note": self.note,
             "overridden": dict(self.overridden),
             "refuse": self.refuse,
+            "before": {k: _jsonable(v) for k, v in self.before.items()},
         }
 
 

@@ -66,8 +66,8 @@ def engine_lines(policy: Policy, version: str | None, source: str, *, allow: boo
         return lines
     if not allow:
         raise ReleaseMismatch(
-            f"{problem}; its decision may not be what vLLM {version} needs or can run: use a "
-            f"policy written for vLLM {version}, or give {ALLOW_FLAG} to use this one anyway"
+            f"{problem}; its decision may not be what vLLM {version} needs or can run: "
+            f"{use_instead(version)}, or give {ALLOW_FLAG} to use this one anyway"
         )
     lines.append(f"warning: {problem}; going on ({ALLOW_FLAG})")
     return lines

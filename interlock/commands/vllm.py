@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     env, sources = process_env(policy)
     sources.update(user.sources())
     sources.update({f"features.{k}": "given with --feature" for k in given})
+    # The flag that forced each decision field, for the release stage's messages.
+    sources.update({f"overrides.{k}": flag for k, flag in user.given_by.items()})
     executable = args.vllm or find_vllm()
     if args.vllm is not None and not os.access(args.vllm, os.X_OK):
         raise PolicyError(f"--vllm {args.vllm}: not an executable file")
@@ -230,8 +232,9 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     for adj in [a for a in command.adjustments() if a["field"] not in given_by]:
         where = f" ({adj['where']})" if adj["where"] else ""
-        print(f"policy vllm: vLLM {release.version if release else ''} sets {adj['field']}="
-              f"{str(adj['to']).lower()}: {adj['why']}{where}", file=sys.stderr)
+        print(f"policy vllm: {ReleaseStage(release.version if release else None).name} "
+              f"adjusts {adj['field']} {str(adj['from']).lower()} -> {str(adj['to']).lower()}: "
+              f"{adj['why']}{where}", file=sys.stderr)
     if args.action == "args":
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,

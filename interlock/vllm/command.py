@@ -52,7 +52,7 @@ class ServeCommand:
     def adjustments(self) -> list[dict[str, Any]]:
         """What the release changed, from the resolution's engine stage."""
         return [
-            {"field": name, "to": value, "why": step.note,
+            {"field": name, "from": step.before.get(name), "to": value, "why": step.note,
              "where": str(step.location) if step.location else None}
             for step in self.resolution.trace if step.stage == ENGINE
             for name, value in step.sets.items()

@@ -124,18 +124,23 @@ class ReleaseStage:
         prov = draft.provenance[name]
         if prov.forced:
             where = (rel.cites.get(why) if rel else None) or "vllm/config/vllm.py"
+            # The command line's own words where it gave the value (policy vllm's flags).
+            given = draft.context.sources.get(f"overrides.{name}") or (
+                f"{prov.source} ({prov.stage})")
             raise PolicyError(
                 f"{self.name} would run {name}={_shown(value)}, not the "
-                f"{_shown(draft.values[name])} forced by {prov.source} ({prov.stage}): "
-                f"{ADJUSTMENTS[why]} ({where})"
+                f"{_shown(draft.values[name])} asked for with {given}: {ADJUSTMENTS[why]} "
+                f"({where})"
             )
         self._assign(draft, rel, name, value, why, ADJUSTMENTS[why])
 
     def _assign(self, draft: Draft, rel: Release | None, name: str, value: Any, why: str,
                 reason: str, source: str | None = None) -> None:
         where = location(rel.cites.get(why)) if rel is not None else None
+        before = {name: draft.values[name]}
         draft.assign(Provenance(name, value, ENGINE, source or self.name, reason, where))
-        draft.record(Step(ENGINE, f"{self.name}: {why}", where, {name: value}, note=reason))
+        draft.record(Step(ENGINE, f"{self.name}: {why}", where, {name: value}, note=reason,
+                          before=before))
 
     # 3. what the release cannot run
     def _refuse(self, draft: Draft, rel: Release) -> None:

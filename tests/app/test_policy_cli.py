@@ -64,6 +64,14 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "vllm-cpu-no-cuda-graphs",
         "step5-refuses-mrv1",
         "v2-without-triton-refused",
+        "breakable-listed-0.34",
+        "rocm-not-breakable-0.34",
+        "musespark-1x-not-breakable-0.34",
+        "cuda-qwen35-breakable",
+        "rocm-hyv4-breakable",
+        "before-0.34-breakable",
+        "before-0.34-not-breakable",
+        "before-0.34-rocm-hyv4",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
     assert rules[-2]["refuse"] == "Model Runner V1 does not support: Step5"
