@@ -74,8 +74,8 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "before-0.34-rocm-hyv4",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
-    assert rules[-2]["refuse"] == "Model Runner V1 does not support: Step5"
-    assert rules[-1]["refuse"] == "Model Runner V2 requires Triton."
+    assert rules[9]["refuse"] == "Model Runner V1 does not support: Step5"
+    assert rules[10]["refuse"] == "Model Runner V2 requires Triton."
 
 
 def test_env_flags_and_process_environment(cli, monkeypatch) -> None:
