@@ -170,9 +170,11 @@ def test_verify_a_real_saved_log(cli: Any) -> None:
     assert ("verified: the engine runs the decision (mode=DYNAMO_TRACE_ONCE, "
             "cudagraph_mode=NONE, runner=mrv1, breakable=false)") in result.out
     doc = cli("vllm", "verify", "--json", REAL_LOG).json()
-    assert doc["decision"] == {"runner": "mrv1", "breakable": False, "cudagraph": "none",
-                               "compile": True}
-    assert doc["platform"] == "cpu" and doc["vllm_version"] == "0.32.0"
+    assert doc["verified"] is True and len(doc["starts"]) == 1
+    start = doc["starts"][0]
+    assert start["decision"] == {"runner": "mrv1", "breakable": False, "cudagraph": "none",
+                                 "compile": True}
+    assert start["platform"] == "cpu" and start["vllm_version"] == "0.32.0"
 
 
 def test_verify_finds_what_contradicts_the_decision(cli: Any, tmp_path: Path) -> None:
@@ -206,12 +208,17 @@ def test_verify_against_a_decision_record(cli: Any, tmp_path: Path) -> None:
     assert "runner: decided mrv2, but the engine came up without logging" in result.out
 
 
-def test_verify_a_log_without_plugin_lines_asks_for_a_record(cli: Any, tmp_path: Path) -> None:
+def test_verify_a_log_without_plugin_lines_cannot_confirm(cli: Any, tmp_path: Path) -> None:
+    # The plugin never loaded: nothing to check against, which is "cannot confirm" (4), not
+    # unreadable input (1).
     bare = tmp_path / "bare.log"
     bare.write_text("".join(line for line in REAL_LOG.read_text().splitlines(keepends=True)
                             if "interlock:" not in line))
     result = cli("vllm", "verify", bare)
-    assert result.code == 1 and "give the decision with --record" in result.err
+    assert result.code == 4, result.err
+    assert "NOT CONFIRMED: the log has no interlock plugin lines" in result.out
+    assert "give the decision with --record" in result.out
+    assert cli("vllm", "verify", "--record", REAL_RECORD, bare).code == 0
 
 
 def test_verify_rechecks_serve_records(cli: Any, tmp_path: Path) -> None:
