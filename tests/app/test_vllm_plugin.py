@@ -164,6 +164,29 @@ def test_the_plugin_stops_the_engine_with_the_documented_code(
     assert capsys.readouterr().err.startswith("interlock: the vLLM plugin stops the engine: ")
 
 
+def test_a_decision_log_the_plugin_cannot_write_stops_the_engine_as_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 51: the code was 1 (as for every command) where docs/vllm.md suggested 3.
+    from interlock.vllm.plugin import _record
+
+    facts = _facts()
+    made = decide(facts, _shipped(), {})
+    monkeypatch.setenv("INTERLOCK_DECISION_LOG", str(tmp_path))  # a directory
+    with pytest.raises(SystemExit) as caught:
+        try:
+            _record(made, facts)
+        except BaseException as exc:  # noqa: BLE001 - as register() hands it over
+            _stop(exc)
+    assert caught.value.code == EXIT_CODES["input"] == 1
+    assert capsys.readouterr().err.startswith(
+        "interlock: the vLLM plugin stops the engine: decision log ")
+    doc = " ".join((ROOT / "docs" / "vllm.md").read_text().split())
+    assert ("5 for a rule's `refuse:`, 1 for a policy error, a decision log it cannot write "
+            "or a decision the engine cannot run (as for every interlock command), 3 for any "
+            "other failure") in doc
+
+
 def test_verify_a_real_saved_log(cli: Any) -> None:
     result = cli("vllm", "verify", REAL_LOG)
     assert result.code == 0, result.err
