@@ -270,6 +270,11 @@ def test_the_entry_points_are_declared() -> None:
     assert '[project.entry-points."vllm.general_plugins"]\ninterlock = ' \
         '"interlock.vllm.plugin:register"' in text
     assert 'interlock = "interlock.vllm.plugin.metrics:DecisionInfo"' in text
+    # The captured log names the entry points vLLM found, as pyproject.toml declares them
+    # today (it named the module's old path, interlock.vllm_plugin.metrics, once).
+    found = [line.split(" -> ")[1] for line in REAL_LOG.read_text().splitlines()
+             if "] - interlock -> " in line]
+    assert found and all(f'interlock = "{target}"' in text for target in found), found
 
 
 def test_the_plugins_record_follows_the_schema() -> None:
