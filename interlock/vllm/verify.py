@@ -16,7 +16,7 @@ FILE is either a saved engine log or a decision log.
   ``policy measure --engine vllm``) is checked again: its expected values must be what its
   decision makes on its platform, and what the engine's log showed must agree with them.
 
-Both are streamed, a line at a time: memory does not grow with the file. A line longer than
+Both are streamed, a chunk (1 MiB) at a time: memory does not grow with the file. A line longer than
 :data:`MAX_LINE` is cut, a file larger than :data:`MAX_BYTES` is refused, and a log with more
 than :data:`MAX_STARTS` engine starts is refused. Exit 0 when what ran is the decision in
 every start, 4 when it is not in one (or the log cannot tell: no plugin lines and no record,
@@ -88,11 +88,11 @@ class LogVerdict:
                 **self.verification.to_dict()}
 
 
-def read_lines(path: str) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` for each line of a saved log, streamed: a line is cut at
-    :data:`MAX_LINE` bytes (the rest skipped), undecodable bytes are replaced, a file over
-    :data:`MAX_BYTES` is refused before a line is read (and reading stops there should it
-    grow)."""
+def read_lines(path: str, marker: bytes | None = None) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` for each line of a saved log that is not blank (and holds
+    ``marker``, when given), streamed a chunk at a time: a line is cut at :data:`MAX_LINE`
+    bytes (the rest skipped), undecodable bytes are replaced, a file over :data:`MAX_BYTES`
+    is refused before a line is read (and reading stops there should it grow)."""
     import os
 
     from interlock.core.files import FileProblem, open_regular
@@ -105,25 +105,66 @@ def read_lines(path: str) -> Iterator[tuple[int, str]]:
         try:
             if os.fstat(handle.fileno()).st_size > MAX_BYTES:
                 raise InputError(f"{path}: larger than {MAX_BYTES} bytes; not an engine log")
-            left, number = MAX_BYTES, 0
-            while left > 0:
-                raw = handle.readline(min(MAX_LINE, left))
-                if not raw:
-                    return
-                left -= len(raw)
-                number += 1
-                rest = raw
-                while left > 0 and rest and not rest.endswith(b"\n"):
-                    # A line over MAX_LINE: its first MAX_LINE bytes count, the rest is
-                    # skipped a bounded piece at a time.
-                    rest = handle.readline(min(MAX_LINE, left))
-                    left -= len(rest)
-                # str.splitlines(), as the whole log was split before it was streamed: a
-                # break inside vLLM's progress output (\r, \x0b...) ends a line here too.
-                for text in raw.decode("utf-8", "replace").splitlines():
-                    yield number, text
+            yield from _lines(handle, marker)
         except OSError as exc:
             raise InputError(f"{path}: {exc.strerror or exc}") from None
+
+
+#: A line that is not empty: runs of line breaks are counted in C, not walked in Python.
+_TEXT = re.compile(rb"[^\n]+")
+
+
+def _spans(chunk: bytes, at: int, last: int, marker: bytes | None) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each line of ``chunk[at:last]`` (whole lines) that is not empty
+    and holds ``marker``; the lines without it are passed over by ``bytes.find``."""
+    if marker is None:
+        for match in _TEXT.finditer(chunk, at, last):
+            yield match.start(), match.end()
+        return
+    while True:
+        found = chunk.find(marker, at, last)
+        if found < 0:
+            return
+        start = chunk.rfind(b"\n", at, found) + 1 or at
+        end = chunk.find(b"\n", found, last + 1)
+        yield start, end
+        at = end + 1
+
+
+def _lines(handle: Any, marker: bytes | None) -> Iterator[tuple[int, str]]:
+    number = 0  # the lines ended so far
+    head = bytearray()  # the first MAX_LINE bytes of the line the last chunk left unended
+    left = MAX_BYTES
+    while left > 0:
+        chunk = handle.read(min(MAX_LINE, left))
+        if not chunk:
+            break
+        left -= len(chunk)
+        first = chunk.find(b"\n")
+        if first < 0:
+            head += chunk[:max(0, MAX_LINE - len(head))]
+            continue
+        head += chunk[:max(0, min(first, MAX_LINE - len(head)))]
+        number += 1
+        if marker is None or marker in head:
+            yield from _texts(number, bytes(head))
+        head.clear()
+        last, at = chunk.rfind(b"\n"), first + 1
+        for start, end in _spans(chunk, at, last, marker):
+            number += chunk.count(b"\n", at, start) + 1
+            yield from _texts(number, chunk[start:end])
+            at = end + 1
+        number += chunk.count(b"\n", at, last + 1)
+        head += chunk[last + 1:]
+    if head and (marker is None or marker in head):
+        yield from _texts(number + 1, bytes(head))
+
+
+def _texts(number: int, raw: bytes) -> Iterator[tuple[int, str]]:
+    # str.splitlines(), as the whole log was split before it was streamed: a break inside
+    # vLLM's progress output (\r, \x0b...) ends a line here too.
+    for text in raw.decode("utf-8", "replace").splitlines():
+        yield number, text
 
 
 def is_decision_log(path: str) -> bool:
@@ -135,17 +176,20 @@ def is_decision_log(path: str) -> bool:
 def _message(text: str) -> str | None:
     """The message of a line of vLLM's logger, None for any other line (as
     :class:`EngineCheck` reads it)."""
+    if "]" not in text:  # no `[file:line]`: not the logger's (the quick answer for most lines)
+        return None
     match = _LOG_LINE.search(_ANSI.sub("", text).rstrip("\r\n"))
     return None if match is None else match["message"].rstrip()
 
 
 def starts(path: str) -> Iterator[tuple[Start, str]]:
-    """``(start, text)`` for each line of an engine log, with the engine start it belongs
-    to. A start begins at the plugin's ``governing`` line (unless the start it would end has
-    logged nothing yet), or at the engine's config line when the current start logged one or
-    came up already. The :class:`Start` is filled in as its lines pass."""
+    """``(start, text)`` for each line of vLLM's logger in an engine log (the only lines the
+    check reads), with the engine start it belongs to. A start begins at the plugin's
+    ``governing`` line (unless the start it would end has logged nothing yet), or at the
+    engine's config line when the current start logged one or came up already. The
+    :class:`Start` is filled in as its lines pass."""
     current = Start(1, 1)
-    for number, text in read_lines(path):
+    for number, text in read_lines(path, b"]"):
         message = _message(text)
         if message is not None:
             governing = _GOVERNING.match(message)
@@ -173,7 +217,7 @@ def starts(path: str) -> Iterator[tuple[Start, str]]:
                     if decided["field"] in ("breakable", "compile"):
                         value = value == "true"
                     current.decision[decided["field"]] = value
-        yield current, text
+            yield current, text
 
 
 def verify_log(path: str, decision: Mapping[str, Any] | None, platform: str, decided_by: str,
