@@ -71,22 +71,34 @@ lint: install
 test: lint
 	$(PY) -m pytest -q
 
-# The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
-# (-m replaces addopts' -m, so vllm_probe is excluded here again.)
 # Drift, found on purpose: a venv of its own (.venv-latest) with the newest versions pip
 # resolves today, and the whole suite on it. `make lock` then writes those versions to the lock.
+# The proof that the suite passed there is LATEST_PASSED, the venv's `pip freeze` written
+# only after `make test` in it succeeded; it lives in the venv, so a new venv starts without.
+LATEST_PASSED := .venv-latest/suite-passed-with.txt
+LATEST_FREEZE := .venv-latest/bin/python -m pip freeze --exclude-editable --all
 test-latest:
 	rm -rf .venv-latest
 	$(MAKE) test VENV=.venv-latest LOCK=
+	$(LATEST_FREEZE) > $(LATEST_PASSED).tmp
+	mv $(LATEST_PASSED).tmp $(LATEST_PASSED)
 
-# The lock from .venv-latest (run `make test-latest` first): every installed distribution but
-# torch (TORCH_SPEC's), pip's own tools and interlock itself.
+# The lock from .venv-latest, refused without the proof that `make test-latest` passed in it
+# or when the venv changed since: every installed distribution but torch (TORCH_SPEC's), pip's
+# own tools and interlock itself. Written to a temporary file and moved over the lock only when
+# every step succeeded: a failed freeze leaves the lock as it was.
 lock:
-	test -x .venv-latest/bin/python || { echo "run make test-latest first" >&2; exit 2; }
+	@test -f $(LATEST_PASSED) || { echo "make lock: no $(LATEST_PASSED), the proof that the" \
+	  "suite passed on .venv-latest: run make test-latest first" >&2; exit 2; }
+	$(LATEST_FREEZE) > .venv-latest/lock.freeze
+	@cmp -s .venv-latest/lock.freeze $(LATEST_PASSED) || { echo "make lock: .venv-latest" \
+	  "changed since make test-latest passed in it: run make test-latest again" >&2; exit 2; }
 	{ echo "# The versions \`make test\` last passed with: \`make test-latest && make lock\` refreshes it."; \
-	  .venv-latest/bin/python -m pip freeze --exclude-editable --all \
-	    | grep -viE '^(torch|pip|setuptools|wheel)==' ; } > $(LOCK)
+	  grep -viE '^(torch|pip|setuptools|wheel)==' .venv-latest/lock.freeze ; } > .venv-latest/lock.new
+	mv .venv-latest/lock.new $(LOCK)
 
+# The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
+# (-m replaces addopts' -m, so vllm_probe is excluded here again.)
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu"
 

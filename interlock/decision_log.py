@@ -324,6 +324,15 @@ def _shape_problem(record: Mapping[str, Any]) -> str | None:
     ) or not isinstance(engine.get("vllm_version", ""), (str, type(None))):
         return "engine: verified is not a bool, problems not strings or vllm_version not text"
     try:
+        for name, value in record["decision"].items():
+            if name == "capture_sizes":  # a list, or null for none
+                if value is not None:
+                    check_field(name, tuple(value) if isinstance(value, list) else value)
+            else:
+                check_field(name, value)
+    except (PolicyError, ValueError, TypeError) as exc:
+        return f"decision: {_brief(exc)}"
+    try:
         recorded_context(record)
         for name, value in (record.get("overrides") or {}).items():
             check_field(name, tuple(value) if isinstance(value, list) else value)

@@ -211,6 +211,14 @@ class Domain:
             for arch in self.architectures for platform, device_arch in self.places()
         )
 
+    def describe_size(self) -> str:
+        """Where the contexts come from, as a product in words, for a refusal."""
+        places = sum(len(archs) for archs in self.device_archs.values())
+        return (f"{len(self.architectures)} architectures x {places} platforms and device archs "
+                f"x {len(self.env_states)} env states x up to {len(self.feature_states)} "
+                f"feature, {len(self.config_states)} config, {len(self.model_states)} model and "
+                f"{len(self.engine_states)} engine states")
+
     def describe_enumeration(self) -> list[str]:
         """What the domain enumerates beyond the catalog, in words, for reports (where it is
         bounded, first)."""
@@ -372,12 +380,33 @@ def _keyed_states(
         else:
             if witness:
                 states[tuple(witness)] = None
+    kept = _one_per_outcome(states, whens, 0 if is_feature else 1)
     notes.append(
         f"{kind}: {len(keys)} keys whose distinctions make {total} combinations, over the "
-        f"bound of {MAX_STATES}: enumerated {len(states)} (none given, each key's values "
-        "alone, and each rule's conditions on several keys together)"
+        f"bound of {MAX_STATES}: enumerated {len(kept)} (none given, each key's values "
+        "alone, and each rule's conditions on several keys together, one state per set of "
+        "rules whose conditions of this kind hold)"
     )
-    return tuple(states)
+    return kept
+
+
+def _one_per_outcome(
+    states: Iterable[tuple[tuple[str, Any], ...]], whens: tuple[When, ...], kind: int
+) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """The first of ``states`` for each set of ``whens`` whose conditions of ``kind`` all
+    hold in it. Conditions see a state only through those sets (a rule matches where all its
+    conditions hold), so two states with the same set resolve alike in every context: the
+    others are left out. A key read by one rule alone, say, has its values alone shown by
+    the state with no key given."""
+    reading = [w for w in whens if any(isinstance(c, _EXTRA_KINDS[kind]) for c in _all(w))]
+    seen: set[tuple[bool, ...]] = set()
+    kept = []
+    for state in states:
+        outcome = tuple(_kind_holds(when, kind, state) for when in reading)
+        if outcome not in seen:
+            seen.add(outcome)
+            kept.append(state)
+    return tuple(kept)
 
 
 def _feature_holds(condition: FeatureMatch, value: Any) -> bool:

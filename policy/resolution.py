@@ -8,7 +8,7 @@ memoized per policy for identical (context, overrides, capabilities).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -392,19 +392,26 @@ def _apply_defaults(draft: Draft) -> None:
     draft.record(Step(DEFAULTS, "defaults", first.location if first else None, sets))
 
 
+def matching_rules(policy: Policy, facts: Facts) -> Iterator[int]:
+    """The indices, in file order, of the rules of ``policy`` whose ``when`` holds for
+    ``facts``: all a context's features, config, model and engine mean to a resolution."""
+    rules = policy.rules
+    for i in policy.index.candidates(facts.architecture, facts.platform, facts.traits):
+        if rules[i].when.matches(facts):
+            yield i
+
+
 def _apply_rules(draft: Draft) -> None:
-    facts = draft.facts
     rules = draft.policy.rules
     matched = draft.matched_rules
     setters: dict[str, Rule] = {}
-    for i in draft.policy.index.candidates(facts.architecture, facts.platform, facts.traits):
+    for i in matching_rules(draft.policy, draft.facts):
         rule = rules[i]
-        if rule.when.matches(facts):
-            matched.add(i)
-            if rule.decided:  # applied on the decision, after env bindings and overrides
-                continue
-            # Later wins per field: only the last setter of each field needs a provenance.
-            setters.update(dict.fromkeys(rule.set, rule))  # a refusing rule sets nothing
+        matched.add(i)
+        if rule.decided:  # applied on the decision, after env bindings and overrides
+            continue
+        # Later wins per field: only the last setter of each field needs a provenance.
+        setters.update(dict.fromkeys(rule.set, rule))  # a refusing rule sets nothing
     for name, rule in setters.items():
         setting = rule.set[name]
         draft.assign(

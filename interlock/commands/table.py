@@ -15,9 +15,14 @@ from interlock.commands.common import (
     env_of,
     load,
     pair,
+    positive,
 )
 from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
+
+#: The most rows (architectures x platforms x config states) ``policy table`` resolves unless
+#: told otherwise (``--max-contexts``): about 20,000 take seconds on a 2-core machine.
+MAX_ROWS = 20_000
 
 if TYPE_CHECKING:
     from interlock.plugins.capabilities import CapabilityStage
@@ -69,6 +74,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--against", metavar="STACK",
         help="the base policy changed cells are marked against (default: for a layered "
         "policy, its layers below the last)",
+    )
+    parser.add_argument(
+        "--max-contexts", dest="max_contexts", type=positive, default=MAX_ROWS, metavar="N",
+        help=f"refuse (exit 1, naming the size) a table of more than N rows (default "
+        f"{MAX_ROWS:,}; each row is one context resolved)",
     )
     parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
     parser.add_argument("--json", action="store_true", help="the same as --format json")
@@ -131,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
     for platform in args.platform or ():
         check_target(platform, args.device_arch)
     domain = Domain.of(policy)
+    size = len(architectures) * len(platforms) * len(domain.config_states)
+    if size > args.max_contexts:
+        raise PolicyError(
+            f"policy table: {len(architectures)} architectures x {len(platforms)} platforms x "
+            f"{len(domain.config_states)} config states make {size} rows, over the bound of "
+            f"{args.max_contexts} that keeps it to seconds; pick rows with --architecture or "
+            f"--platform, or give --max-contexts {size} to resolve them anyway"
+        )
     rows: list[Any] = []
     for arch in architectures:
         for platform in platforms:

@@ -260,49 +260,54 @@ def run(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from interlock.core.errors import InputError
+    from interlock.core.terminal import escape, one_line
     from interlock.vllm.verify import (
         MISMATCH_EXIT,
+        NO_DECISION,
         is_decision_log,
-        plugin_decision,
-        read_lines,
         record_decision,
         verify_log,
         verify_records,
     )
 
-    lines = read_lines(args.file)
-    if is_decision_log(lines):
+    def say(text: str, stream: Any = sys.stdout) -> None:
+        # One line of output per record or start, whatever the log's values hold: a line
+        # break in a record's field cannot print a line of its own (a spoofed "verified").
+        stream.write(one_line(escape(text)) + "\n")
+
+    if is_decision_log(args.file):
         if args.record is not None:
             raise InputError(f"{args.file} is a decision log; --record goes with an engine log")
-        checked = verify_records(args.file)
-        if not checked:
-            print(f"policy vllm verify: {args.file}: no record says what an engine ran",
-                  file=sys.stderr)
-            return MISMATCH_EXIT
-        bad = 0
-        for who, problems in checked:
-            print(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
-                                + "; ".join(problems)))
+        checked = bad = 0
+        for who, problems in verify_records(args.file):
+            say(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
+                              + "; ".join(problems)))
+            checked += 1
             bad += bool(problems)
+        if not checked:
+            say(f"policy vllm verify: {args.file}: no record says what an engine ran",
+                sys.stderr)
+            return MISMATCH_EXIT
         return MISMATCH_EXIT if bad else 0
     if args.record is not None:
         decision, platform, decided_by = record_decision(args.record, args.id)
+        verdicts = verify_log(args.file, decision, platform, decided_by, args.vllm_version)
     else:
-        found = plugin_decision(lines)
-        if found is None:
-            raise InputError(
-                f"{args.file}: the log has no interlock plugin lines ('interlock: governing "
-                "...'); give the decision with --record DECISION_LOG"
-            )
-        decision, platform = found
-        decided_by = f"the interlock plugin's lines in {args.file}"
-    verdict = verify_log(lines, decision, platform, decided_by, args.vllm_version)
+        verdicts = verify_log(args.file, None, "", "", args.vllm_version)
+    verified = all(v.verification.verified for v in verdicts)
     if args.json:
-        write_json(verdict.to_dict())
-    else:
-        print(f"policy vllm verify: decision from {decided_by}")
-        print(verdict.verification.line().replace("policy vllm: ", "policy vllm verify: "))
-    return 0 if verdict.verification.verified else MISMATCH_EXIT
+        write_json({"verified": verified, "starts": [v.to_dict() for v in verdicts]})
+        return 0 if verified else MISMATCH_EXIT
+    for verdict in verdicts:
+        where = (f"engine start {verdict.start} of {len(verdicts)} (line {verdict.line}): "
+                 if len(verdicts) > 1 else "")
+        if verdict.verification.ended_by == NO_DECISION:
+            say(f"policy vllm verify: {where}NOT CONFIRMED: "
+                + "; ".join(verdict.verification.problems))
+            continue
+        say(f"policy vllm verify: {where}decision from {verdict.decided_by}")
+        say(verdict.verification.line().replace("policy vllm: ", f"policy vllm verify: {where}"))
+    return 0 if verified else MISMATCH_EXIT
 
 
 def release_of(version: str | None, *, allow: bool) -> Release | None:

@@ -58,6 +58,8 @@ _LOG_LINE = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"\[(?P<where>[^\]\s]+:\d+)\] (?P<message>.*)$"
 )
+#: The most breakable lines kept in a verdict (each start logs one or two).
+_MAX_SHOWN = 8
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COMPILATION = re.compile(r"compilation_config=\{")
 _MODE = re.compile(r"'mode': <CompilationMode\.(?P<name>[A-Z_]+): \d+>")
@@ -176,7 +178,9 @@ class EngineCheck:
                 )
         elif message == BREAKABLE_MESSAGE or message.startswith(AUTO_BREAKABLE_MESSAGE):
             self.seen["breakable"] = True
-            self.seen.setdefault("breakable_lines", []).append(f"{where} {message}")
+            shown = self.seen.setdefault("breakable_lines", [])
+            if len(shown) < _MAX_SHOWN:  # a log repeating the line costs no more memory
+                shown.append(f"{where} {message}")
             if not self.expected["breakable"]:
                 self.problems.append(
                     f"breakable: decided false, but vLLM logged {message!r} [{where}]"

@@ -251,11 +251,12 @@ def register() -> None:
 
 def _stop(exc: BaseException) -> None:
     """Log the one line, write it to stderr, and exit with interlock's documented code: 5
-    for a rule's refusal, 1 for a policy error or a decision the engine cannot run, 3 for
-    any other failure of the plugin."""
+    for a rule's refusal, 1 for a policy error, a decision log it cannot write or a decision
+    the engine cannot run (interlock's errors for the user, named by their message alone), 3
+    for any other failure of the plugin."""
     if isinstance(exc, SystemExit):
         raise exc
-    text = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+    text = str(exc) if error_kind(exc) else f"{type(exc).__name__}: {exc}"
     message = f"interlock: the vLLM plugin stops the engine: {text}"
     _logger.error("%s", message)
     print(message, file=sys.stderr, flush=True)
