@@ -127,3 +127,108 @@ def test_the_round_trip_compares_refusals() -> None:
     assert roundtrip._differences(
         decided, {"outcome": "decided", **decided, "cudagraph": "full_and_piecewise"}
     ) == ["cudagraph"]
+
+
+def test_0_34_refusals_are_recorded_as_the_outcome_refused(probe) -> None:
+    """vLLM 0.34.0 refuses VLLM_USE_V2_MODEL_RUNNER=0 (Platform.validate_environ) and what its
+    one runner cannot serve (_validate_model_runner): refusals, never "not probed"."""
+    for text in (
+        "ValueError: VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has "
+        "been removed. Unset this variable.",
+        "ValueError: The GPU model runner does not support: pipeline parallelism with "
+        "external_launcher",
+        "ValueError: The CPU model runner without Triton does not yet support: speculative "
+        "decoding",
+    ):
+        assert probe.classify({"error": text}) == {"outcome": "refused", "refusal": text}
+
+
+def test_the_breakable_verdict_is_read_from_the_final_config_where_it_lives(probe) -> None:
+    """0.34.0 keeps the verdict in CompilationConfig.use_breakable_cudagraph and no longer
+    writes the env var: the env reader would say false for every auto-enabled model."""
+    from types import SimpleNamespace
+
+    env_says_off = lambda: False  # noqa: E731 - the release's env reader
+    assert probe.breakable_of(SimpleNamespace(use_breakable_cudagraph=True), env_says_off)
+    assert not probe.breakable_of(SimpleNamespace(use_breakable_cudagraph=False), lambda: True)
+    assert probe.breakable_of(SimpleNamespace(), lambda: True)  # up to 0.33.0: the env
+    with pytest.raises(probe.ProbeError, match="use_breakable_cudagraph is unresolved"):
+        probe.breakable_of(SimpleNamespace(use_breakable_cudagraph=None), env_says_off)
+
+
+def _fake_vllm(root: Path, files: dict[str, str]) -> None:
+    for name, text in {"vllm/__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            init = root / parent / "__init__.py"
+            if parent != Path(".") and not init.exists():
+                init.write_text("")
+        path.write_text(text)
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A stand-in ``vllm`` package on sys.path (interlock's venv has none)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield lambda files: _fake_vllm(tmp_path, files)
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+V2_WORKER = '''
+class Worker:
+    def _make_model_runner(self):
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+        return GPUModelRunner()
+'''
+
+
+def test_a_release_with_one_runner_is_read_as_mrv2_from_its_worker(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/v1/worker/gpu_worker.py": V2_WORKER})
+    assert probe.only_runner() == "mrv2"
+
+
+def test_a_release_still_shipping_v1_stops_the_runner_reading(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/v1/worker/gpu_worker.py": V2_WORKER,
+               "vllm/v1/worker/gpu_model_runner.py": ""})  # fmt: skip
+    with pytest.raises(probe.ProbeError, match="Model Runner V1"):
+        probe.only_runner()
+
+
+def test_a_worker_building_another_runner_stops_the_runner_reading(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/v1/worker/gpu_worker.py": V2_WORKER.replace("gpu.model_runner", "other")})
+    with pytest.raises(probe.ProbeError, match="no longer builds"):
+        probe.only_runner()
+
+
+def test_the_triton_stand_in_follows_where_the_config_code_reads_it(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/config/vllm.py": "", "vllm/triton_utils.py": "HAS_TRITON = False\n"})
+    assert probe._triton_flag("cuda") is None  # 0.34.0's GPU config path reads none
+    assert probe._triton_flag("cpu").__name__ == "vllm.triton_utils"
+
+
+def test_a_triton_flag_read_elsewhere_in_the_config_stops_the_probe(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/config/vllm.py": "", "vllm/config/model.py": "from x import HAS_TRITON\n"})
+    with pytest.raises(probe.ProbeError, match=r"HAS_TRITON in vllm/config/model.py"):
+        probe._triton_flag("cuda")
+
+
+def test_up_to_0_33_the_triton_flag_is_the_config_modules(probe, fake_vllm) -> None:
+    fake_vllm({"vllm/config/vllm.py": "HAS_TRITON = False\n"})
+    assert probe._triton_flag("rocm").__name__ == "vllm.config.vllm"
+
+
+def test_an_encoder_decoder_architecture_gets_its_own_config(probe, tmp_path: Path) -> None:
+    """vLLM takes encoder-decoder from the config's flag: Whisper runs on transformers'
+    Whisper config, every decoder on the Llama-shaped one."""
+    import json
+
+    assert probe.encoder_decoder_type("WhisperForConditionalGeneration") == "whisper"
+    assert probe.encoder_decoder_type("LlamaForCausalLM") is None
+    assert probe.encoder_decoder_type("NoSuchArchitecture") is None
+    whisper = probe._model_dir(tmp_path, "WhisperForConditionalGeneration", stand_in="whisper")
+    config = json.loads((whisper / "config.json").read_text())
+    assert config["is_encoder_decoder"] is True and config["model_type"] == "whisper"
+    assert config["architectures"] == ["WhisperForConditionalGeneration"]
+
