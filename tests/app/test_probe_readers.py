@@ -129,6 +129,14 @@ def test_the_round_trip_compares_refusals() -> None:
     ) == ["cudagraph"]
 
 
+def _snapshot_module() -> ModuleType:
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return _load("vllm_snapshot_checked", TOOLS / "snapshot.py")
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
 def test_0_34_refusals_are_recorded_as_the_outcome_refused(probe) -> None:
     """vLLM 0.34.0 refuses VLLM_USE_V2_MODEL_RUNNER=0 (Platform.validate_environ) and what its
     one runner cannot serve (_validate_model_runner): refusals, never "not probed"."""
@@ -231,4 +239,70 @@ def test_an_encoder_decoder_architecture_gets_its_own_config(probe, tmp_path: Pa
     config = json.loads((whisper / "config.json").read_text())
     assert config["is_encoder_decoder"] is True and config["model_type"] == "whisper"
     assert config["architectures"] == ["WhisperForConditionalGeneration"]
+
+
+NAMED = {
+    "default_breakable_cudagraph_architectures()": ["B", "Q"],
+    "default_breakable_cudagraph_architectures() on rocm": ["R"],
+}
+
+
+def _decided(arch: str, platform: str, env: dict[str, str], **fields) -> dict:
+    return {"vllm": "0.34.0", "architecture": arch, "platform": platform,
+            "device_arch": "sm_90" if platform == "cuda" else "gfx942", "env": env,
+            "outcome": "decided", "runner": "mrv2", "breakable": False, "compile": True,
+            **fields}  # fmt: skip
+
+
+def test_the_self_check_passes_readings_that_match_the_release_sets() -> None:
+    snapshot = _snapshot_module()
+    rows = [
+        _decided("B", "cuda", {}, breakable=True, compile=False),
+        _decided("R", "cuda", {}),
+        _decided("R", "rocm", {}, breakable=True, compile=False),
+        _decided("B", "rocm", {}),
+        _decided("B", "cuda", {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}),
+        _decided("X", "cuda", {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}, breakable=True,
+                 compile=False),
+        # a multimodal wrapper hosting a breakable text model (0.34.0's hf_text_config match)
+        _decided("W", "cuda", {}, text_architectures=["Q"], breakable=True, compile=False),
+        {"vllm": "0.34.0", "architecture": "B", "platform": "cuda", "device_arch": "sm_90",
+         "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "outcome": "refused", "refusal": "..."},
+    ]  # fmt: skip
+    assert snapshot.self_check(rows, NAMED, {"only_runner": "mrv2"}) == []
+
+
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        # the env trap: an auto-enabled model recorded false
+        (_decided("B", "cuda", {}), "B on cuda/sm_90 env {}: breakable false, but ['B'] in"),
+        (_decided("W", "cuda", {}, text_architectures=["Q"]), "breakable false, but ['Q'] in"),
+        (_decided("R", "rocm", {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}),
+         "breakable false, but VLLM_USE_BREAKABLE_CUDAGRAPH=1"),
+        (_decided("X", "cuda", {}, runner="mrv1"), "runner mrv1, but the release runs only mrv2"),
+        (_decided("X", "cuda", {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+         "outcome decided, but vLLM 0.34.0 refuses VLLM_USE_V2_MODEL_RUNNER=0"),
+        (_decided("B", "cuda", {}, breakable=True), "compile true with breakable true"),
+    ],
+)  # fmt: skip
+def test_the_self_check_names_the_context_and_field_of_a_bad_reading(row, says) -> None:
+    problems = _snapshot_module().self_check([row], NAMED, {"only_runner": "mrv2"})
+    assert len(problems) == 1 and says in problems[0], problems
+
+
+def test_the_self_check_fails_the_snapshot_command_loudly(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    path = tmp_path / "vllm-0.34.0.jsonl"
+    header = {"snapshot": {"vllm": "0.34.0", "named_by_vllm_defaults": NAMED,
+                           "release": {"only_runner": "mrv2"}}}  # fmt: skip
+    path.write_text(json.dumps(header) + "\n" + json.dumps(_decided("B", "cuda", {})) + "\n")
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "snapshot.py"), "--check", str(path)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "B on cuda/sm_90 env {}: breakable false" in proc.stderr
 
