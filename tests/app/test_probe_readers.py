@@ -306,3 +306,48 @@ def test_the_self_check_fails_the_snapshot_command_loudly(tmp_path: Path) -> Non
     assert proc.returncode == 1
     assert "B on cuda/sm_90 env {}: breakable false" in proc.stderr
 
+
+PLUGIN = {"runner": "mrv2", "cudagraph": "piecewise", "breakable": False, "compile": True}
+
+
+@pytest.mark.parametrize(
+    ("row", "passes", "says"),
+    [
+        ({"plugin": PLUGIN, "final": PLUGIN}, True, "agrees: runner=mrv2 cudagraph=piecewise"),
+        ({"plugin": PLUGIN, "final": PLUGIN, "vllm_alone": {**PLUGIN, "cudagraph": "full"}},
+         True, "compile=true (vLLM alone: cudagraph=full)"),
+        ({"plugin": {**PLUGIN, "runner": "mrv1"}, "final": PLUGIN}, False,
+         "DIFFERS: runner plugin mrv1, vLLM mrv2"),
+        ({"plugin": PLUGIN, "final": {**PLUGIN, "breakable": True, "compile": False}}, False,
+         "breakable plugin false, vLLM true; compile plugin true, vLLM false"),
+        ({"plugin_exit": 5}, True, "refused by the policy"),
+        ({"plugin_exit": 3}, False, "the plugin stopped the engine (exit 3)"),
+        ({"plugin": PLUGIN, "vllm_error": "ValueError: VLLM_USE_V2_MODEL_RUNNER=0 is no longer "
+          "supported"}, False, "vLLM raised: ValueError"),
+        ({"final": PLUGIN}, False, "the plugin applied no decision"),
+    ],
+)  # fmt: skip
+def test_the_plugin_check_compares_vllms_final_config_with_the_plugins_decision(
+    row: dict, passes: bool, says: str
+) -> None:
+    check = _load("vllm_plugin_check_under_test", TOOLS / "plugin_check.py")
+    ok, why = check.verdict(row)
+    assert ok is passes and says in why, why
+
+
+def test_the_plugin_checks_site_policy_moves_every_seed_away_from_the_shipped() -> None:
+    """The site stack decides differently from the shipped policy on every seed context, so
+    the plugin check shows the plugin's decision, not vLLM's default, reaching the config."""
+    from interlock.policy import load_policy
+    from interlock.policy.context import Context
+    from interlock.policy.resolution import resolve
+
+    check = _load("vllm_plugin_check_site", TOOLS / "plugin_check.py")
+    shipped = load_policy([check.POLICIES["shipped"]])
+    site = load_policy(check.POLICIES["site"].split(":"))
+    for platform, device_arch, arch, _ in check.SEEDS:
+        context = Context(arch, platform=platform, device_arch=device_arch,
+                          engine={"vllm": "0.34.0"})  # fmt: skip
+        ours = resolve(site, context).decision.to_dict()
+        theirs = resolve(shipped, context).decision.to_dict()
+        assert ours != theirs, (arch, platform)
