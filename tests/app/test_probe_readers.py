@@ -325,6 +325,9 @@ PLUGIN = {"runner": "mrv2", "cudagraph": "piecewise", "breakable": False, "compi
         ({"plugin": PLUGIN, "vllm_error": "ValueError: VLLM_USE_V2_MODEL_RUNNER=0 is no longer "
           "supported"}, False, "vLLM raised: ValueError"),
         ({"final": PLUGIN}, False, "the plugin applied no decision"),
+        ({"plugin": {**PLUGIN, "runner": "mrv1"}, "final": PLUGIN,
+          "environ_refused": "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported"}, False,
+         "runner plugin mrv1, vLLM mrv2; vLLM refuses the environment the plugin left: VLLM_"),
     ],
 )  # fmt: skip
 def test_the_plugin_check_compares_vllms_final_config_with_the_plugins_decision(

@@ -20,8 +20,10 @@ Two halves:
 
 A context passes when every compared field agrees, or when the plugin stops the engine on
 a rule's refusal (exit 5: no config is built, nothing runs against the policy). It fails
-when a field differs, when vLLM rejects what the plugin set, or when the plugin stops for
-any other reason.
+when a field differs, when vLLM raises, when the release's own environment check
+(``Platform.validate_environ``, run before any config exists) refuses what the plugin left
+in the environment every engine process inherits, or when the plugin stops for any other
+reason.
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def worker(
                 row["vllm_error"] = record["error"]
             elif record:
                 row["final"] = {k: record[k] for k in COMPARED}
+                refused = _environ_refused()
+                if refused:
+                    row["environ_refused"] = refused
             results.append(row)
     out.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in results))
     return 0
@@ -172,6 +177,23 @@ def _model_dir(probe: Any, root: Path, arch: str) -> Path:
             config.pop(key, None)
         (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+def _environ_refused() -> str | None:
+    """What the release says of the environment the plugin left in this process (every
+    engine process inherits it): its own ``Platform.validate_environ``, which vLLM runs
+    before the config exists (0.31.0 on; 0.34.0 refuses VLLM_USE_V2_MODEL_RUNNER other
+    than 1). None when it accepts it or has no such check."""
+    from vllm.platforms import current_platform
+
+    validate = getattr(current_platform, "validate_environ", None)
+    if validate is None:
+        return None
+    try:
+        validate(False)  # unknown variables only warn, as vLLM's default
+    except ValueError as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 def _require_plugins() -> dict[str, Any]:
@@ -194,12 +216,17 @@ def verdict(row: dict[str, Any]) -> tuple[bool, str]:
         return False, f"vLLM raised: {row['vllm_error']}"
     if "plugin" not in row:
         return False, "the plugin applied no decision (not governed)"
+    problems = []
     differ = [k for k in COMPARED if row["plugin"][k] != row["final"][k]]
-    shown = " ".join(f"{k}={_show(row['final'][k])}" for k in COMPARED)
     if differ:
-        return False, "DIFFERS: " + "; ".join(
+        problems.append("DIFFERS: " + "; ".join(
             f"{k} plugin {_show(row['plugin'][k])}, vLLM {_show(row['final'][k])}" for k in differ
-        )
+        ))  # fmt: skip
+    if "environ_refused" in row:
+        problems.append(f"vLLM refuses the environment the plugin left: {row['environ_refused']}")
+    if problems:
+        return False, "; ".join(problems)
+    shown = " ".join(f"{k}={_show(row['final'][k])}" for k in COMPARED)
     own = row.get("vllm_alone", {})
     changed = " ".join(f"{k}={_show(v)}" for k, v in own.items() if row["final"][k] != v)
     return True, f"agrees: {shown}" + (f" (vLLM alone: {changed})" if changed else "")
