@@ -1,10 +1,12 @@
 """Conformance of policies to engine snapshots (conformance/vllm-*.jsonl): data only, fast.
 
-The shipped policy must agree with the newest vLLM snapshot, each history
-policy examples/history/vllm-X.yaml with the snapshot of its own release, and
-examples/vllm-all-releases.yaml (one policy, engine conditions) with every
+The shipped policy must agree with the snapshots of the releases its version names (the
+two newest), each history policy examples/history/vllm-X.yaml with the snapshot of its own
+release, and examples/vllm-all-releases.yaml (one policy, engine conditions) with every
 snapshot, on every context, and none of them declares a deviation: what vLLM refuses
-they refuse, and the model's task they derive as vLLM does.
+they refuse (or the release's own engine stage does), and the model's task they derive as
+vLLM does. Each comparison goes through the snapshot release's engine stage
+(interlock/vllm/stage.py), as `policy conformance` does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 from interlock.core.errors import PolicyError
 from interlock.policy import load_policy
 from interlock.policy.loader import load_policy_text
-from interlock.policy.snapshot import conformance, load_snapshot
+from interlock.policy.snapshot import Conformance, conformance, load_snapshot
+from interlock.vllm.stage import ReleaseStage
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = sorted(
@@ -33,25 +36,38 @@ def _policy_for(snapshot: Path) -> Path:
     return history if history.exists() else REPO / "policies.yaml"
 
 
+def _conformance(policy: Any, snapshot: Path) -> Conformance:
+    """``policy`` against ``snapshot``, through the snapshot release's engine stage."""
+    snap = load_snapshot(snapshot)
+    return conformance(policy, snap, ReleaseStage(snap.engine_version))
+
+
 ALL_RELEASES = REPO / "examples" / "vllm-all-releases.yaml"
 
 
-def test_there_is_a_snapshot_per_release_and_the_newest_is_shipped() -> None:
+def test_there_is_a_snapshot_per_release_and_the_two_newest_are_shipped() -> None:
     stems = [p.stem for p in SNAPSHOTS]
     assert stems == [
         "vllm-0.27.1", "vllm-0.28.0", "vllm-0.29.0", "vllm-0.30.0", "vllm-0.31.0",
-        "vllm-0.32.0", "vllm-0.33.0",
+        "vllm-0.32.0", "vllm-0.33.0", "vllm-0.34.0",
     ]  # fmt: skip
-    assert _policy_for(SNAPSHOTS[-1]) == REPO / "policies.yaml"
-    assert all(_policy_for(p) != REPO / "policies.yaml" for p in SNAPSHOTS[:-1])
-    assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0"
+    assert all(_policy_for(p) != REPO / "policies.yaml" for p in SNAPSHOTS)
+    assert load_policy([REPO / "policies.yaml"]).version == "vllm-0.33.0..0.34.0"
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS[-2:], ids=lambda p: p.stem)
+def test_the_shipped_policy_conforms_to_the_releases_it_names(snapshot: Path) -> None:
+    report = _conformance(load_policy([REPO / "policies.yaml"]), snapshot)
+    shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
+    assert report.undeclared == [], f"{len(report.undeclared)} disagreements:\n{shown}"
+    assert report.agreement == 1.0 and report.ok
 
 
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
 def test_one_policy_conforms_to_every_release(snapshot: Path) -> None:
     """examples/vllm-all-releases.yaml tells the releases apart by `engine:` conditions on
     the version each snapshot row carries."""
-    report = conformance(load_policy([ALL_RELEASES]), load_snapshot(snapshot))
+    report = _conformance(load_policy([ALL_RELEASES]), snapshot)
     shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
     assert report.undeclared == [], f"{len(report.undeclared)} disagreements:\n{shown}"
     assert report.stale_deviations == []
@@ -93,7 +109,7 @@ def test_the_state_between_0_29_and_0_30_is_consistent_with_both() -> None:
 @pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=lambda p: p.stem)
 def test_policy_conforms_to_its_release(snapshot: Path) -> None:
     policy = load_policy([_policy_for(snapshot)])
-    report = conformance(policy, load_snapshot(snapshot))
+    report = _conformance(policy, snapshot)
     shown = "\n".join(str(d.to_dict()) for d in report.undeclared[:10])
     assert report.undeclared == [], f"{len(report.undeclared)} disagreements:\n{shown}"
     assert report.stale_deviations == []
@@ -110,18 +126,28 @@ def test_no_shipped_or_history_policy_declares_a_deviation(path: Path) -> None:
 
 
 def test_the_engines_refusals_are_the_policys() -> None:
-    """Every refused row of the newest snapshot is refused by the shipped policy, by rule."""
+    """Every refused row of 0.33.0 is refused by the shipped policy, by rule; every refused
+    row of 0.34.0 (Model Runner V1 asked for) by the release's own stage, in its words."""
     from interlock.policy.resolution import PolicyRefused, resolve
 
     policy = load_policy([REPO / "policies.yaml"])
-    refused = [r for r in load_snapshot(SNAPSHOTS[-1]).rows if r.refusal is not None]
+    old, new = (load_snapshot(p) for p in SNAPSHOTS[-2:])
+    refused = [r for r in old.rows if r.refusal is not None]
     assert len(refused) == 24
     for row in refused:
         with pytest.raises(PolicyRefused) as info:
-            resolve(policy, row.context)
-        assert info.value.refusal.rule.id == "step5-refuses-mrv1"
+            resolve(policy, row.context, engine=ReleaseStage(old.engine_version))
+        assert info.value.refusal.by == "step5-refuses-mrv1"
         assert info.value.kind == "refused"
         assert "Model Runner V1 does not support: Step5" in row.refusal
+    refused = [r for r in new.rows if r.refusal is not None]
+    assert refused and all(r.context.env.get("VLLM_USE_V2_MODEL_RUNNER") == "0"
+                           for r in refused)
+    for row in refused:
+        with pytest.raises(PolicyRefused) as info:
+            resolve(policy, row.context, engine=ReleaseStage(new.engine_version))
+        assert "Model Runner V1 has been removed" in (row.refusal or "")
+        assert info.value.refusal.by in ("vLLM 0.34.0", "step5-refuses-mrv1")
 
 
 POLICY = """
