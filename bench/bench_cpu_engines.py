@@ -43,7 +43,7 @@ The figures to compare are like with like: interlock against llama.cpp in-proces
   CPU capability. Where the two sides of a ratio ran different ISAs, the ratio is refused
   (no figure, the reason printed).
 * each rep is watched for the CPU it could have (``availability``): /proc/stat sampled
-  every 0.2 s during it gives the CPU time every process used and the time stolen by the
+  every 0.5 s during it gives the CPU time every process used and the time stolen by the
   hypervisor; less what this bench and its children used, that is what others took. A rep
   during which others and steal took more than the cores its threads did not need (over
   the whole rep, or over any window of a second) is invalid: it gets no figure, only the
@@ -99,8 +99,10 @@ KEYS = ("decode_ms", "ttft_32_ms", "prefill_ms", "prefill_tokens_per_s",
         "requests_tokens_per_s", "peak_rss_mb", "memory_mb")
 
 
-#: Seconds between two readings of /proc during a rep, and the shortest window judged.
-SAMPLE_S = 0.2
+#: Seconds between two readings of /proc during a rep (a reading walks every process's
+#: stat for the bench's own tree, ~5 ms of a core: 1 % of one at this rate, counted as
+#: the bench's own), and the shortest window judged.
+SAMPLE_S = 0.5
 WINDOW_S = 1.0
 #: What others may take beyond the cores the engine's threads leave free, per thread of the
 #: engine: the kernel's own threads and /proc's 10 ms ticks (1 % of a core per second each
