@@ -38,11 +38,11 @@ The figures to compare are like with like: interlock against llama.cpp in-proces
 
 * each rep records its engine's ISA: interlock's quantized products' path
   (``interlock.kernels.native.quantized_isa``; ``--isa`` sets it), llama.cpp's from the
-  system info it prints (``AVX512 = 1``: avx512; build it with ``GGML_NATIVE=ON``,
-  bench/build_llama_cpp.sh's default), ``policy serve``'s as interlock's, vLLM's as torch's
-  CPU capability. Where the two sides of a ratio ran different ISAs, the ratio is refused
-  (no figure, the reason printed).
-* each rep is watched for the CPU it could have (``availability``): /proc/stat sampled
+  ``interlock-isa`` file bench/build_llama_cpp.sh writes next to its tools (its default
+  build is ``GGML_NATIVE=ON``; llama-batched-bench prints no system info), ``policy
+  serve``'s as interlock's, vLLM's as torch's CPU capability. Where the two sides of a
+  ratio ran different ISAs, the ratio is refused (no figure, the reason printed).
+* each rep is watched for the CPU it could have (``CpuWatch``, ``judge``): /proc/stat sampled
   every 0.5 s during it gives the CPU time every process used and the time stolen by the
   hypervisor; less what this bench and its children used, that is what others took. A rep
   during which others and steal took more than the cores its threads did not need (over
@@ -393,18 +393,19 @@ def llama_requests(row: dict[str, Any], workload: tuple[int, int, int]) -> list[
     return batched_requests(count, prompt, tokens - 1, float(row["t_pp"]), decode_s)
 
 
-def llama_isa(text: str) -> str | None:
-    """The instruction set of llama.cpp's CPU backend from the system info it prints
-    (``... | AVX2 = 1 | ... | AVX512 = 1 | ...``): "avx512", "avx2", or None where it
-    says neither."""
-    for line in text.splitlines():
-        flags = {name.strip(): value.strip() for name, _, value in
-                 (part.partition("=") for part in line.split("|")) if value.strip()}
-        if "AVX2" in flags:
-            if flags.get("AVX512") == "1":
-                return "avx512"
-            return "avx2" if flags["AVX2"] == "1" else None
-    return None
+#: The file next to llama.cpp's tools that bench/build_llama_cpp.sh writes: the ISA built.
+LLAMA_ISA_FILE = "interlock-isa"
+
+
+def llama_isa(binary: Path) -> str | None:
+    """The instruction set llama.cpp's CPU backend was built for: what
+    bench/build_llama_cpp.sh recorded next to ``binary`` ("avx512" or "avx2";
+    llama-batched-bench prints no system info), or None where no such record is."""
+    try:
+        text = (binary.parent / LLAMA_ISA_FILE).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return text if text in ("avx512", "avx2") else None
 
 
 def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, Any] | str:
@@ -416,7 +417,7 @@ def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, A
         return f"LLAMA_BATCHED_BENCH={binary} is not a file"
     requests: dict[str, list[RequestTimes]] = {}
     peak = 0.0
-    flash, isas = set(), set()
+    flash = set()
     for name, workload in (("decode", DECODE), ("prefill", PREFILL), ("requests", REQUESTS)):
         prompt, tokens, count = workload
         steps = max(tokens - 1, 1)
@@ -428,12 +429,11 @@ def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, A
             return f"llama-batched-bench failed ({code}): {err[-500:]}"
         row = batched_bench_row(out, workload)
         flash.add(row.get("flash_attn"))
-        isas.add(llama_isa(err + out))
         requests[name] = llama_requests(row, workload)
         peak = max(peak, rss)
     return {**figures(requests["decode"], requests["prefill"], requests["requests"]),
             "peak_rss_mb": peak, "memory_mb": peak, "flash_attn": sorted(flash),
-            "isa": isas.pop() if len(isas) == 1 else None}
+            "isa": llama_isa(Path(binary))}
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -125,7 +125,9 @@ def test_llama_runs_once_per_workload_with_its_context_sized(monkeypatch,
         " 't_pp': 1.0, 't_tg': 2.0, 'flash_attn': -1}))\n")
     fake.chmod(0o755)
     monkeypatch.setenv("LLAMA_BATCHED_BENCH", str(fake))
+    (tmp_path / bench.LLAMA_ISA_FILE).write_text("avx2\n")
     result = bench.run_llama(ARGS, tmp_path / "m.gguf", 2)
+    assert result["isa"] == "avx2"
     calls = log.read_text().splitlines()
     assert [c.split(" -c ")[1].split()[0] for c in calls] == ["95", "513", "944"]
     assert all("-t 2 " in c for c in calls)
@@ -165,15 +167,22 @@ def test_figures_of_two_instruction_sets_are_not_compared() -> None:
     assert "llama.cpp an unknown ISA" in refused[0]
 
 
-def test_llama_cpp_isa_is_read_from_its_system_info() -> None:
-    native = ("system_info: n_threads = 1 (n_threads_batch = 1) / 2 | CPU : SSE3 = 1 | "
-              "SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
-              "AVX512_VBMI = 1 | AVX512_VNNI = 1 | LLAMAFILE = 1 | REPACK = 1 |")
-    assert bench.llama_isa("build: 1 (abc)\n" + native + "\nmain: n_kv_max = 95") == "avx512"
-    assert bench.llama_isa(native.replace("AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | ",
-                                          "")) == "avx2"
-    assert bench.llama_isa("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 0 |") is None
-    assert bench.llama_isa("no system info here") is None
+def test_llama_cpp_isa_is_what_its_build_recorded(tmp_path: Path) -> None:
+    """bench/build_llama_cpp.sh writes the ISA next to the tools; none, or anything else,
+    is an unknown ISA (and so no ratio)."""
+    binary = tmp_path / "llama-batched-bench"
+    assert bench.llama_isa(binary) is None
+    for isa in ("avx512", "avx2"):
+        (tmp_path / bench.LLAMA_ISA_FILE).write_text(isa + "\n")
+        assert bench.llama_isa(binary) == isa
+    (tmp_path / bench.LLAMA_ISA_FILE).write_text("other\n")
+    assert bench.llama_isa(binary) is None
+
+
+def test_the_build_script_records_the_isa_it_builds() -> None:
+    script = (REPO / "bench" / "build_llama_cpp.sh").read_text()
+    assert "ISA=${ISA:-native}" in script and "-DGGML_NATIVE=ON" in script
+    assert f'> "$SRC/build-$ISA/bin/{bench.LLAMA_ISA_FILE}"' in script
 
 
 def test_the_medians_are_of_the_valid_reps_only() -> None:
