@@ -402,7 +402,8 @@ def llama_isa(binary: Path) -> str | None:
     bench/build_llama_cpp.sh recorded next to ``binary`` ("avx512" or "avx2";
     llama-batched-bench prints no system info), or None where no such record is."""
     try:
-        text = (binary.parent / LLAMA_ISA_FILE).read_text(errors="replace").strip()
+        with open(binary.parent / LLAMA_ISA_FILE, "rb") as record:
+            text = record.read(64).decode(errors="replace").strip()  # a word, no more
     except OSError:
         return None
     return text if text in ("avx512", "avx2") else None
