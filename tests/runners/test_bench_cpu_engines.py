@@ -338,3 +338,33 @@ def test_a_servers_memory_sums_its_process_tree() -> None:
         assert bench.tree_rss_mb(os.getpid()) >= alone + status_mb(child.pid) - 1
     finally:
         child.communicate(b"")
+
+
+def test_an_invalid_rep_keeps_no_figure(monkeypatch) -> None:
+    """run_rep drops every figure of a rep its watch judged invalid, and keeps the mark,
+    why, the CPU readings and the ISA."""
+    verdict = {"valid": False, "why": "others took 1.50 and steal 0.00 of 2 cores",
+               "others_cores": 1.5, "steal_cores": 0.0, "own_cores": 0.5, "load": [7.0, 8.0]}
+
+    class Watch:
+        def __init__(self, threads: int) -> None:
+            self.threads = threads
+
+        def __enter__(self) -> Watch:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def verdict(self) -> dict:
+            return dict(verdict)
+
+    monkeypatch.setattr(bench, "CpuWatch", Watch)
+    figures = {"decode_ms": 9.0, "prefill_ms": 900.0, "isa": "avx512"}
+    got = bench.run_rep("interlock", 2, lambda: dict(figures), None)
+    assert got == {"invalid": verdict["why"], "cpu": verdict, "isa": "avx512"}
+    assert "INVALID (others took 1.50" in bench.describe_rep(got, bench.KEYS)
+    verdict.update(valid=True, why=None)
+    kept = bench.run_rep("llama.cpp", 2, lambda: {"decode_ms": 9.0}, "avx2")
+    assert kept["decode_ms"] == 9.0 and kept["isa"] == "avx2" and kept["cpu"]["valid"]
+    assert bench.run_rep("llama.cpp", 2, lambda: "not built", None) == "not built"
