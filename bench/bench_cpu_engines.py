@@ -34,15 +34,37 @@ Engines, each in processes of its own, interleaved rep by rep at each thread cou
   (an idle vLLM's worker spins on its cores); a request's times are taken at the client.
 
 The figures to compare are like with like: interlock against llama.cpp in-process, and
-``policy serve`` against vLLM through the same client.
+``policy serve`` against vLLM through the same client, and only on one instruction set:
+
+* each rep records its engine's ISA: interlock's quantized products' path
+  (``interlock.kernels.native.quantized_isa``; ``--isa`` sets it), llama.cpp's from the
+  ``interlock-isa`` file bench/build_llama_cpp.sh writes next to its tools (its default
+  build is ``GGML_NATIVE=ON``; llama-batched-bench prints no system info), ``policy
+  serve``'s as interlock's, vLLM's as torch's CPU capability. Where the two sides of a
+  ratio ran different ISAs, the ratio is refused (no figure, the reason printed).
+* each rep is watched for the CPU it could have (``CpuWatch``, ``judge``): /proc/stat sampled
+  every 0.5 s during it gives the CPU time every process used and the time stolen by the
+  hypervisor; less what this bench and its children used, that is what others took. A rep
+  during which others and steal took more than the cores its threads did not need (over
+  the whole rep, or over any window of a second) is invalid: it gets no figure, only the
+  mark and why. Load averages and the engine's own CPU time per wall second are recorded
+  alongside.
+* the same run measures the machine's read bandwidth (``read_bandwidth``: the native
+  ``read_words`` over a buffer as large as the weights a decode step reads, at 1 thread, at
+  every thread count measured and at all cores, each watched as a rep is), and each decode
+  figure is also given as a fraction of that roofline: bytes a token reads (the GGUF
+  file's tensors; the token embedding left out unless it is the tied LM head) over the time
+  per token, over the bandwidth at that thread count.
 
     LLAMA_BATCHED_BENCH=PATH .venv/bin/python bench/bench_cpu_engines.py [--model smollm2]
-        [--threads 1,2] [--reps 3] [--engines interlock,llama.cpp,serve,vllm] [--json]
+        [--threads 1,2] [--reps 3] [--engines interlock,llama.cpp,serve,vllm]
+        [--isa avx512|avx2] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -52,6 +74,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +97,171 @@ BLOCK = 16
 KV_BLOCKS = REQUESTS[2] * -(-(REQUESTS[0] + REQUESTS[1]) // BLOCK)
 KEYS = ("decode_ms", "ttft_32_ms", "prefill_ms", "prefill_tokens_per_s",
         "requests_tokens_per_s", "peak_rss_mb", "memory_mb")
+
+
+#: Seconds between two readings of /proc during a rep (a reading walks every process's
+#: stat for the bench's own tree, ~5 ms of a core: 1 % of one at this rate, counted as
+#: the bench's own), and the shortest window judged.
+SAMPLE_S = 0.5
+WINDOW_S = 1.0
+#: What others may take beyond the cores the engine's threads leave free, per thread of the
+#: engine: the kernel's own threads and /proc's 10 ms ticks (1 % of a core per second each
+#: side of a window) stay within it.
+SLACK = 0.05
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """/proc/stat's first line in seconds, summed over the cores: every process's CPU time
+    (user, nice, system, irq, softirq; a guest's time is in user already) and the time the
+    hypervisor gave the cores to another machine (steal)."""
+
+    busy_s: float
+    steal_s: float
+    cores: int
+
+
+def parse_proc_stat(text: str) -> CpuTimes:
+    """/proc/stat's aggregate ``cpu`` line and its count of ``cpuN`` lines."""
+    lines = text.splitlines()
+    head = next((line.split() for line in lines if line.split()[:1] == ["cpu"]), None)
+    if head is None or len(head) < 9:
+        raise ValueError("/proc/stat has no aggregate cpu line with a steal field")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in head[1:9])
+    cores = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return CpuTimes((user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK, cores)
+
+
+def parse_pid_stat(text: str) -> tuple[int, float]:
+    """A /proc/PID/stat line's parent and CPU seconds (utime + stime, every thread's)."""
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_table() -> dict[int, tuple[int, float]]:
+    """Every process's parent and CPU seconds, from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = parse_pid_stat((entry / "stat").read_text())
+            except (OSError, IndexError, ValueError):  # gone, or not yet whole
+                continue
+    return table
+
+
+def descendants(pid: int, parents: dict[int, int]) -> set[int]:
+    """``pid`` and every process below it, from a map of each process to its parent."""
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this bench and everything it started: the live process tree (a child
+    that has exited but is not yet waited for is still there), and the waited-for ones."""
+    table = process_table()
+    live = sum(table[p][1] for p in descendants(os.getpid(), {p: v[0] for p, v in
+                                                               table.items()}) if p in table)
+    gone = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return live + gone.ru_utime + gone.ru_stime
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading during a rep: when, the machine's CPU times, this bench's own CPU time
+    (its children's included) and the 1-minute load average."""
+
+    t: float
+    cpu: CpuTimes
+    own_s: float
+    load: float
+
+
+def judge(samples: list[Sample], threads: int, window_s: float = WINDOW_S,
+          slack: float = SLACK) -> dict[str, Any]:
+    """Whether an engine at ``threads`` threads could have had them all through a rep:
+    what others took (every process's CPU time less this bench's) and steal, in cores,
+    over the whole rep and over each window of at least ``window_s`` seconds, against
+    the cores its threads leave free (plus ``slack`` per thread). Invalid where the worst
+    of them exceeds it (the reason names it); the whole rep's figures are given either way."""
+    if len(samples) < 2:
+        raise ValueError("a rep needs two readings of /proc/stat at least")
+    cores = samples[0].cpu.cores
+    allowed = cores - threads + slack * threads
+
+    def taken(a: Sample, b: Sample) -> dict[str, float]:
+        dt = b.t - a.t
+        own = b.own_s - a.own_s
+        return {"seconds": dt,
+                "others_cores": max(b.cpu.busy_s - a.cpu.busy_s - own, 0.0) / dt,
+                "steal_cores": (b.cpu.steal_s - a.cpu.steal_s) / dt,
+                "own_cores": own / dt}
+
+    whole = taken(samples[0], samples[-1])
+    verdict: dict[str, Any] = {
+        "valid": True, "why": None, "threads": threads, "cores": cores,
+        "allowed_cores": allowed, **whole,
+        "load": [min(s.load for s in samples), max(s.load for s in samples)]}
+    if threads > cores:
+        verdict.update(valid=False, why=f"{threads} threads on {cores} cores")
+        return verdict
+    spans = [(0, len(samples) - 1)]
+    j = 0
+    for i in range(len(samples)):
+        while j < len(samples) and samples[j].t - samples[i].t < window_s:
+            j += 1
+        if j == len(samples):
+            break
+        spans.append((i, j))
+    worst = max(spans, key=lambda span: sum(
+        taken(samples[span[0]], samples[span[1]])[k] for k in ("others_cores", "steal_cores")))
+    got = taken(samples[worst[0]], samples[worst[1]])
+    if got["others_cores"] + got["steal_cores"] > allowed:
+        offset = samples[worst[0]].t - samples[0].t
+        verdict.update(valid=False, why=(
+            f"others took {got['others_cores']:.2f} and steal {got['steal_cores']:.2f} "
+            f"of {cores} cores over {got['seconds']:.1f} s from {offset:.1f} s into the "
+            f"rep; {threads} thread(s) leave {allowed:.2f}"))
+    return verdict
+
+
+class CpuWatch:
+    """Reads /proc every SAMPLE_S seconds in a thread while a rep runs; ``verdict`` judges
+    the readings once it is over."""
+
+    def __init__(self, threads: int) -> None:
+        import threading
+
+        self.threads = threads
+        self.samples: list[Sample] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self) -> Sample:
+        return Sample(time.monotonic(), parse_proc_stat(Path("/proc/stat").read_text()),
+                      own_cpu_s(), os.getloadavg()[0])
+
+    def _run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            self.samples.append(self._read())
+
+    def __enter__(self) -> CpuWatch:
+        self.samples.append(self._read())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        self.samples.append(self._read())
+
+    def verdict(self) -> dict[str, Any]:
+        return judge(self.samples, self.threads)
 
 
 def figures(decode: list[RequestTimes], prefill: list[RequestTimes],
@@ -109,13 +297,17 @@ def rss_now_mb() -> float:
     raise RuntimeError("/proc/self/status has no VmRSS")
 
 
-def interlock_child(model: str, threads: int) -> dict[str, Any]:
-    """One rep of interlock, in this (child) process."""
+def interlock_child(model: str, threads: int, isa: str | None) -> dict[str, Any]:
+    """One rep of interlock, in this (child) process, its quantized products on ``isa``
+    (None: the widest this CPU has)."""
     import torch
 
+    from interlock.kernels.native import _cpu, quantized_isa
     from interlock.llm import LLM
     from interlock.runners.engine.sampling import SamplingParams
 
+    if isa is not None:
+        _cpu.quantized_isa(isa)
     torch.set_num_threads(threads)
     rss = {"torch imported": rss_now_mb()}
     start = time.perf_counter()
@@ -143,7 +335,7 @@ def interlock_child(model: str, threads: int) -> dict[str, Any]:
     [held] = [k.reason for k in llm.report().kernels if k.op == "quantized_linear"]
     return {**figures(result["decode"], result["prefill"], result["requests"]),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_mb": rss, "load_s": load, "weights": held}
+            "rss_mb": rss, "load_s": load, "weights": held, "isa": quantized_isa()}
 
 
 def measured(command: list[str], env: dict[str, str] | None = None
@@ -170,7 +362,7 @@ def baseline_mb(threads: int) -> float:
 
 def run_interlock(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--model", args.model,
-               "--threads", str(threads)]
+               "--threads", str(threads), *(["--isa", args.isa] if args.isa else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     code, out, err, _ = measured(command, env)
     if code:
@@ -201,6 +393,22 @@ def llama_requests(row: dict[str, Any], workload: tuple[int, int, int]) -> list[
     return batched_requests(count, prompt, tokens - 1, float(row["t_pp"]), decode_s)
 
 
+#: The file next to llama.cpp's tools that bench/build_llama_cpp.sh writes: the ISA built.
+LLAMA_ISA_FILE = "interlock-isa"
+
+
+def llama_isa(binary: Path) -> str | None:
+    """The instruction set llama.cpp's CPU backend was built for: what
+    bench/build_llama_cpp.sh recorded next to ``binary`` ("avx512" or "avx2";
+    llama-batched-bench prints no system info), or None where no such record is."""
+    try:
+        with open(binary.parent / LLAMA_ISA_FILE, "rb") as record:
+            text = record.read(64).decode(errors="replace").strip()  # a word, no more
+    except OSError:
+        return None
+    return text if text in ("avx512", "avx2") else None
+
+
 def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, Any] | str:
     """One rep of llama.cpp (three ``llama-batched-bench`` runs), or why it cannot run."""
     binary = os.environ.get("LLAMA_BATCHED_BENCH")
@@ -225,7 +433,8 @@ def run_llama(args: argparse.Namespace, gguf: Path, threads: int) -> dict[str, A
         requests[name] = llama_requests(row, workload)
         peak = max(peak, rss)
     return {**figures(requests["decode"], requests["prefill"], requests["requests"]),
-            "peak_rss_mb": peak, "memory_mb": peak, "flash_attn": sorted(flash)}
+            "peak_rss_mb": peak, "memory_mb": peak, "flash_attn": sorted(flash),
+            "isa": llama_isa(Path(binary))}
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,21 +447,8 @@ STARTUP_S = 1500.0
 
 def tree_rss_mb(pid: int) -> float:
     """The summed VmRSS of ``pid`` and its descendants, in MB."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grew = bool(more)
     total = 0
-    for member in tree:
+    for member in descendants(pid, {p: v[0] for p, v in process_table().items()}):
         try:
             status = Path(f"/proc/{member}/status").read_text()
         except OSError:
@@ -404,10 +600,6 @@ def float_folder(model: str, folder: Path) -> Path:
     return folder
 
 
-def load_average() -> float:
-    return os.getloadavg()[0]
-
-
 def _vocab(model: str) -> int:
     from interlock.runners.model.sources import model_directory
 
@@ -417,30 +609,165 @@ def _vocab(model: str) -> int:
     return int(json.loads((directory / "config.json").read_text())["vocab_size"])
 
 
-def medians(reps: list[dict[str, Any]]) -> dict[str, float | None]:
-    return {k: statistics.median(r[k] for r in reps if r.get(k) is not None)
-            if any(r.get(k) is not None for r in reps) else None for k in KEYS}
+def read_child(size: int, threads: int) -> dict[str, Any]:
+    """The read bandwidth at ``threads`` threads, in this (child) process: a buffer of
+    ``size`` bytes read by the native ``read_words`` once to warm it, then READS times (the
+    median's bytes per second)."""
+    import torch
+
+    from interlock.kernels.native import ops
+
+    torch.set_num_threads(threads)
+    buffer = torch.ones(size // 8, dtype=torch.int64)
+    ops.read_words(buffer)
+    seconds = []
+    for _ in range(READS):
+        start = time.perf_counter()
+        ops.read_words(buffer)
+        seconds.append(time.perf_counter() - start)
+    return {"bytes": buffer.numel() * 8,
+            "read_gb_per_s": buffer.numel() * 8 / statistics.median(seconds) / 1e9}
 
 
-def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
-    """The issue's goals as ratios of interlock to the other engines (None where either
-    side is missing)."""
-    mine, llama = table.get("interlock", {}), table.get("llama.cpp", {})
-    served, vllm = table.get("serve", {}), table.get("vllm", {})
+#: Reads of the buffer a bandwidth probe times.
+READS = 9
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else a / b
 
-    return {
-        "serve_requests_throughput_vs_vllm": ratio(served.get("requests_tokens_per_s"),
-                                                   vllm.get("requests_tokens_per_s")),
-        "serve_decode_time_vs_vllm": ratio(served.get("decode_ms"), vllm.get("decode_ms")),
-        "decode_time_vs_llama.cpp": ratio(mine.get("decode_ms"), llama.get("decode_ms")),
-        "prefill_time_vs_llama.cpp": ratio(mine.get("prefill_ms"), llama.get("prefill_ms")),
-        "requests_throughput_vs_llama.cpp": ratio(mine.get("requests_tokens_per_s"),
-                                                  llama.get("requests_tokens_per_s")),
-        "memory_vs_llama.cpp": ratio(mine.get("memory_mb"), llama.get("memory_mb")),
-    }
+def run_read(size: int, threads: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child-read", str(size), "--threads", str(threads)]
+    code, out, err, _ = measured(command, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if code:
+        raise SystemExit(f"the read-bandwidth probe failed:\n{err[-2000:]}")
+    result: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return result
+
+
+def token_bytes(gguf: Path) -> int:
+    """Bytes of weights a decode step reads: every tensor of the file but the token
+    embedding, of which one row is read, unless the LM head is tied to it (no
+    ``output.weight``) and reads it whole."""
+    from interlock.runners.model.gguf.reader import open_reader
+
+    sizes = {t.name: int(t.n_bytes) for t in open_reader(gguf).tensors}
+    tied = "output.weight" not in sizes
+    return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")
+
+
+def engine_isa(engine: str) -> str | None:
+    """A server's instruction set: ``policy serve``'s quantized products' path (the widest
+    this CPU has, as it picks at start), vLLM's torch CPU capability; None if not known."""
+    if engine == "serve":
+        argv = [sys.executable, "-c",
+                "from interlock.kernels.native import quantized_isa; print(quantized_isa())"]
+    elif VLLM_PYTHON.exists():
+        argv = [str(VLLM_PYTHON), "-c",
+                "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"]
+    else:
+        return None
+    code, out, _, _ = measured(argv)
+    return out.strip() or None if code == 0 else None
+
+
+def medians(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of the valid reps' figures, how many reps were valid, and the one ISA
+    they ran (None where they ran several or said none)."""
+    valid = [r for r in reps if "invalid" not in r]
+    isas = {r.get("isa") for r in reps}
+    return {**{k: statistics.median(r[k] for r in valid if r.get(k) is not None)
+               if any(r.get(k) is not None for r in valid) else None for k in KEYS},
+            "valid_reps": len(valid), "reps": len(reps),
+            "isa": isas.pop() if len(isas) == 1 else None}
+
+
+#: The ratios the issues set goals on: (name, figure, ours, theirs).
+RATIOS = (
+    ("serve_requests_throughput_vs_vllm", "requests_tokens_per_s", "serve", "vllm"),
+    ("serve_decode_time_vs_vllm", "decode_ms", "serve", "vllm"),
+    ("serve_prefill_time_vs_vllm", "prefill_ms", "serve", "vllm"),
+    ("decode_time_vs_llama.cpp", "decode_ms", "interlock", "llama.cpp"),
+    ("prefill_time_vs_llama.cpp", "prefill_ms", "interlock", "llama.cpp"),
+    ("requests_throughput_vs_llama.cpp", "requests_tokens_per_s", "interlock", "llama.cpp"),
+    ("memory_vs_llama.cpp", "memory_mb", "interlock", "llama.cpp"),
+)
+
+
+def refused(table: dict[str, dict[str, Any]], ours: str, theirs: str) -> str | None:
+    """Why ``ours`` and ``theirs`` may not be compared (different or unknown instruction
+    sets), or None."""
+    a, b = table[ours].get("isa"), table[theirs].get("isa")
+    if a is None or b is None or a != b:
+        return (f"{ours} ran {a or 'an unknown ISA'}, {theirs} {b or 'an unknown ISA'}: "
+                "figures of two instruction sets are not compared")
+    return None
+
+
+def ratios(table: dict[str, dict[str, Any]]) -> tuple[dict[str, float | None], list[str]]:
+    """The issues' goals as ratios of interlock to the other engines (None where either
+    side is missing, or the two ran different instruction sets), and why any was refused."""
+    got: dict[str, float | None] = {}
+    why: set[str] = set()
+    for name, figure, ours, theirs in RATIOS:
+        got[name] = None
+        if ours not in table or theirs not in table:
+            continue
+        reason = refused(table, ours, theirs)
+        if reason:
+            why.add(reason)
+            continue
+        a, b = table[ours].get(figure), table[theirs].get(figure)
+        if a is not None and b is not None:
+            got[name] = a / b
+    return got, sorted(why)
+
+
+def roofline(table: dict[str, dict[str, Any]], weights: int, read_gb_per_s: float | None
+             ) -> None:
+    """Each engine's decode as a fraction of the read-bandwidth roofline: ``weights``
+    bytes per token over its time per token, over the bandwidth (None without either)."""
+    for row in table.values():
+        decode = row.get("decode_ms")
+        row["decode_of_roofline"] = (None if decode is None or read_gb_per_s is None else
+                                     weights / (decode / 1e3) / (read_gb_per_s * 1e9))
+
+
+def run_rep(engine: str, threads: int, step: Callable[[], dict[str, Any] | str],
+            isa: str | None) -> dict[str, Any] | str:
+    """One rep of ``engine`` watched for the CPU it could have: its figures, or (no
+    figure) the mark "invalid" and why; or why it cannot run."""
+    with CpuWatch(threads) as watch:
+        result = step()
+    if isinstance(result, str):
+        return result
+    cpu = watch.verdict()
+    result.setdefault("isa", isa)
+    if not cpu["valid"]:
+        return {"invalid": cpu["why"], "cpu": cpu, "isa": result["isa"]}
+    return {**result, "cpu": cpu}
+
+
+def run_engine(engine: str, args: argparse.Namespace, gguf: Path, threads: int,
+               server: Server | None, vocab: int, rep: int) -> dict[str, Any] | str:
+    """One rep of ``engine``'s three workloads (a server resumed for it, then paused)."""
+    if engine == "interlock":
+        return run_interlock(args, threads)
+    if engine == "llama.cpp":
+        return run_llama(args, gguf, threads)
+    assert server is not None
+    server.resume()
+    try:
+        return run_server(server, vocab, rep)
+    finally:
+        server.pause()
+
+
+def describe_rep(result: dict[str, Any], keys: tuple[str, ...]) -> str:
+    cpu = result["cpu"]
+    where = (f"others {cpu['others_cores']:.2f}, steal {cpu['steal_cores']:.2f}, own "
+             f"{cpu['own_cores']:.2f} cores; load {cpu['load'][0]:.1f}-{cpu['load'][1]:.1f}")
+    if "invalid" in result:
+        return f"INVALID ({result['invalid']}); {where}"
+    return (", ".join(f"{k} {result[k]:.1f}" for k in keys if result.get(k) is not None)
+            + f"; {result.get('isa')}; {where}")
 
 
 def main() -> None:
@@ -449,11 +776,18 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--engines", default="interlock,llama.cpp")
+    parser.add_argument("--isa", choices=("avx512", "avx2"),
+                        help="interlock's quantized products' instruction set (default: the "
+                             "widest this CPU has)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-read", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(interlock_child(args.model, int(args.threads))))
+        print(json.dumps(interlock_child(args.model, int(args.threads), args.isa)))
+        return
+    if args.child_read:
+        print(json.dumps(read_child(args.child_read, int(args.threads))))
         return
     from interlock.runners.model.sources import NAMED_MODELS, named_file
 
@@ -464,10 +798,23 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--engines: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     thread_counts = [int(t) for t in args.threads.split(",")]
+    cores = parse_proc_stat(Path("/proc/stat").read_text()).cores
+    weights = token_bytes(gguf)
+    isas = {e: engine_isa(e) for e in engines if e in ("serve", "vllm")}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {
         t: {e: [] for e in engines} for t in thread_counts}
+    reads: dict[int, list[dict[str, Any]]] = {t: [] for t in sorted({1, cores, *thread_counts})}
     why_not: dict[str, str] = {}
     started = time.strftime("%H:%M:%S", time.gmtime())
+
+    def probe(threads: int) -> None:
+        result = run_rep("read", threads, lambda: run_read(weights, threads), None)
+        assert not isinstance(result, str)
+        reads[threads].append(result)
+        print(f"{time.strftime('%H:%M:%S', time.gmtime())} {threads} thread(s) read "
+              f"bandwidth: " + describe_rep(result, ("read_gb_per_s",)),
+              file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory(prefix="bench-cpu-engines-") as tmp:
         folder = Path(tmp)
         if "vllm" in engines:
@@ -481,68 +828,79 @@ def main() -> None:
                         servers[engine] = start_server(engine, args, threads, folder)
                         servers[engine].pause()
                 for rep in range(args.reps):  # interleaved: each rep runs every engine
+                    probe(threads)
                     for engine in engines:
-                        load = load_average()
-                        if engine == "interlock":
-                            result: dict[str, Any] | str = run_interlock(args, threads)
-                        elif engine == "llama.cpp":
-                            result = run_llama(args, gguf, threads)
-                        else:
-                            servers[engine].resume()
-                            try:
-                                result = run_server(servers[engine], vocab, rep)
-                            finally:
-                                servers[engine].pause()
+                        step = functools.partial(run_engine, engine, args, gguf, threads,
+                                                 servers.get(engine), vocab, rep)
+                        result = run_rep(engine, threads, step, isas.get(engine))
                         if isinstance(result, str):
                             why_not[engine] = result
                             continue
-                        result["load_before"] = load
-                        result["load_after"] = load_average()
                         runs[threads][engine].append(result)
                         print(f"{time.strftime('%H:%M:%S', time.gmtime())} {threads} thread(s) "
-                              f"rep {rep} {engine}: " + ", ".join(
-                                  f"{k} {result[k]:.1f}" for k in KEYS
-                                  if result.get(k) is not None)
-                              + f"; load {load:.1f}-{result['load_after']:.1f}",
+                              f"rep {rep} {engine}: " + describe_rep(result, KEYS),
                               file=sys.stderr, flush=True)
             finally:
                 for server in servers.values():
                     server.stop()
+        for threads in reads:  # single core and all cores, where no rep ran at them
+            if threads not in thread_counts:
+                for _ in range(args.reps):
+                    probe(threads)
         if "serve" in engines:  # policy serve's memory above the interpreter with torch
             for threads, by_engine in runs.items():
                 for result in by_engine["serve"]:
-                    result["baseline_mb"] = baseline_mb(threads)
-                    result["memory_mb"] = rss_above_baseline_mb(result["peak_rss_mb"],
-                                                                result["baseline_mb"])
+                    if "invalid" not in result:
+                        result["baseline_mb"] = baseline_mb(threads)
+                        result["memory_mb"] = rss_above_baseline_mb(result["peak_rss_mb"],
+                                                                    result["baseline_mb"])
         for by_engine in runs.values():
             for result in by_engine.get("vllm", []):
-                result["memory_mb"] = result["peak_rss_mb"]
+                if "invalid" not in result:
+                    result["memory_mb"] = result["peak_rss_mb"]
+    bandwidth = {t: statistics.median(valid) if (valid := [
+        r["read_gb_per_s"] for r in probes if "invalid" not in r]) else None
+        for t, probes in reads.items()}
     tables = {t: {e: medians(reps) for e, reps in by_engine.items() if reps}
               for t, by_engine in runs.items()}
+    for t, table in tables.items():
+        roofline(table, weights, bandwidth[t])
     goals = {t: ratios(table) for t, table in tables.items()}
-    loads = [r[k] for by_engine in runs.values() for reps in by_engine.values() for r in reps
-             for k in ("load_before", "load_after")]
-    notes = {"file": str(gguf), "reps": args.reps, "utc": f"{started}–"
-             f"{time.strftime('%H:%M:%S', time.gmtime())}",
+    loads = [v for by_engine in runs.values() for reps in by_engine.values() for r in reps
+             for v in r["cpu"]["load"]]
+    notes = {"file": str(gguf), "reps": args.reps, "cores": cores,
+             "utc": f"{started}–{time.strftime('%H:%M:%S', time.gmtime())}",
              "load_average": [min(loads), max(loads)] if loads else None,
-             "not_run": why_not}
+             "token_bytes": weights, "read_gb_per_s": bandwidth, "not_run": why_not}
     if args.json:
-        print(json.dumps({"medians": tables, "ratios": goals, "runs": runs, **notes},
-                         indent=2))
+        print(json.dumps({"medians": tables, "ratios": {t: g for t, (g, _) in goals.items()},
+                          "refused": {t: w for t, (_, w) in goals.items()}, "runs": runs,
+                          "reads": reads, **notes}, indent=2))
         return
-    print(f"{gguf.name}, medians of {args.reps} interleaved reps, {notes['utc']} UTC, "
-          f"load average {notes['load_average']}")
-    header = ("decode ms/tok", "ttft 32 ms", "prefill 512 ms", "prefill tok/s",
-              "16 req tok/s", "peak RSS MB", "memory MB")
+    print(f"{gguf.name}, medians of the valid reps of {args.reps} interleaved, "
+          f"{notes['utc']} UTC, {cores} cores, load average {notes['load_average']}")
+    print("read bandwidth (GB/s, by threads): " + ", ".join(
+        f"{t}: {'invalid' if b is None else f'{b:.1f}'}" for t, b in bandwidth.items())
+        + f"; a token reads {weights / 1e6:.1f} MB")
+    header = ("decode ms/tok", "of roofline", "ttft 32 ms", "prefill 512 ms",
+              "prefill tok/s", "16 req tok/s", "peak RSS MB", "memory MB", "valid", "ISA")
+    columns = ("decode_ms", "decode_of_roofline", *KEYS[1:])
     for threads, table in tables.items():
-        print(f"\n{threads} thread(s)\n{'engine':<12}" + "".join(f"{h:>16}" for h in header))
+        print(f"\n{threads} thread(s)\n{'engine':<12}" + "".join(f"{h:>15}" for h in header))
         for engine, row in table.items():
-            cells = ["-" if row[k] is None else f"{row[k]:.1f}" for k in KEYS]
-            print(f"{engine:<12}" + "".join(f"{c:>16}" for c in cells))
-        for goal, value in goals[threads].items():
-            print(f"  {goal}: {'-' if value is None else f'{value:.2f}x'}")
-    for engine, why in why_not.items():
-        print(f"{engine}: not run: {why}")
+            cells = ["-" if row[k] is None else f"{row[k]:.2f}" if k == "decode_of_roofline"
+                     else f"{row[k]:.1f}" for k in columns]
+            cells += [f"{row['valid_reps']}/{row['reps']}", str(row["isa"])]
+            print(f"{engine:<12}" + "".join(f"{c:>15}" for c in cells))
+        values, why = goals[threads]
+        for goal, _, ours, theirs in RATIOS:
+            if ours in table and theirs in table:
+                value = values[goal]
+                print(f"  {goal}: {'-' if value is None else f'{value:.2f}x'}")
+        for reason in why:
+            print(f"  refused: {reason}")
+    for engine, why_text in why_not.items():
+        print(f"{engine}: not run: {why_text}")
 
 
 if __name__ == "__main__":

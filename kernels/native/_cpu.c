@@ -245,9 +245,8 @@ static void forget_pool(void) {
 #define POOL_FAILED -99
 
 /* fn(ctx, lo, hi) over [0, units) in parts of whole runs of `align` units, shared by the
- * threads; 0, or POOL_FAILED.
- * (Unused in a portable build, which has no products.) */
-__attribute__((unused)) static int parallel_for(RangeFn fn, const void *ctx, long units, long align) {
+ * threads; 0, or POOL_FAILED. */
+static int parallel_for(RangeFn fn, const void *ctx, long units, long align) {
     int want = atomic_load(&threads);
     long runs = (units + align - 1) / align;
     long parts = (long)want * PARTS_PER_THREAD < runs ? (long)want * PARTS_PER_THREAD : runs;
@@ -274,6 +273,45 @@ __attribute__((unused)) static int parallel_for(RangeFn fn, const void *ctx, lon
     while (atomic_load(&finished) < parts) relax();
     atomic_flag_clear(&busy);
     return 0;
+}
+
+/* ---- a streaming read ------------------------------------------------------------ */
+
+/* The machine's read bandwidth, the roofline a decode step is held to (bench/
+ * bench_cpu_engines.py): a buffer read once front to back, shared among the threads as the
+ * products share their strips, its 64-bit words summed into a checksum so that nothing
+ * can be left unread. Eight independent sums per 64-byte line: the adds keep up with any
+ * memory. Portable C: the probe means the same on every build. */
+typedef struct {
+    const uint64_t *x;
+    long words;
+    _Atomic uint64_t *total;
+} StreamRead;
+
+#define READ_UNIT 512 /* words of a unit of work: 4 KiB */
+
+static void read_part(const void *ctx, long lo, long hi) {
+    const StreamRead *c = ctx;
+    long i = lo * READ_UNIT, to = hi * READ_UNIT < c->words ? hi * READ_UNIT : c->words;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    for (; i + 8 <= to; i += 8) {
+        const uint64_t *p = c->x + i;
+        s0 += p[0]; s1 += p[1]; s2 += p[2]; s3 += p[3];
+        s4 += p[4]; s5 += p[5]; s6 += p[6]; s7 += p[7];
+    }
+    for (; i < to; i++) s0 += c->x[i];
+    atomic_fetch_add(c->total, s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7);
+}
+
+/* out[0] = the sum of the `bytes` / 8 words at x (bytes a multiple of 8: -1 if not), read
+ * by the threads; 0, -1 or POOL_FAILED. */
+static int read_words(const uint64_t *x, long bytes, uint64_t *out) {
+    if (bytes < 0 || bytes % 8) return -1;
+    _Atomic uint64_t total = 0;
+    StreamRead c = {x, bytes / 8, &total};
+    int rc = parallel_for(read_part, &c, (bytes / 8 + READ_UNIT - 1) / READ_UNIT, 1);
+    *out = atomic_load(&total);
+    return rc;
 }
 
 #if NATIVE_X86
@@ -1487,7 +1525,9 @@ typedef union { int64_t i; double d; } Slot;
     X(ADD, "add", "iiiiiii")                                                               \
     /* grouped_route(logits, ls, bias|0, weights, ids, T, E, k, scoring, method, groups,   \
        topk_group, renormalize, scaling, scratch) */                                       \
-    X(GROUPED_ROUTE, "grouped_route", "iiiiiiiiiiiiidi")
+    X(GROUPED_ROUTE, "grouped_route", "iiiiiiiiiiiiidi")                                  \
+    /* read_words(x, bytes, out): out[0] = the words' sum, read by the threads */          \
+    X(READ_WORDS, "read_words", "iii")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -1559,6 +1599,8 @@ static int run_op(int64_t op, const Slot *a) {
     case OP_ADD:
         add_rows(P(0), a[1].i, P(2), a[3].i, P(4), a[5].i, a[6].i);
         return 0;
+    case OP_READ_WORDS:
+        return read_words(P(0), a[1].i, P(2));
     case OP_GROUPED_ROUTE:
         grouped_route(P(0), a[1].i, P(2), P(3), P(4), a[5].i, a[6].i, a[7].i, a[8].i, a[9].i,
                       a[10].i, a[11].i, a[12].i, (float)a[13].d, P(14));
@@ -1636,6 +1678,10 @@ static void describe(int64_t op, int rc, const Slot *a) {
                          (long long)a[9].i - 1);
         else
             PyErr_NoMemory();
+        return;
+    case OP_READ_WORDS:
+        PyErr_Format(PyExc_ValueError, "read_words: %lld bytes is not a whole number of "
+                     "64-bit words", (long long)a[1].i);
         return;
     case OP_QUANTIZED_LINEAR:
     case OP_QUANTIZED_EMBEDDING:

@@ -29,6 +29,7 @@ OP_MLA_DECODE: int
 OP_STORE_LATENT: int
 OP_ADD: int
 OP_GROUPED_ROUTE: int
+OP_READ_WORDS: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...

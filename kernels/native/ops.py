@@ -556,3 +556,14 @@ def quantized_embedding(ids: torch.Tensor, table: torch.Tensor, ggml_type: str) 
                                        fmt.code, fmt.block, vocab, hidden, out.data_ptr()),
          ids, table, out)
     return out
+
+
+def read_words(buffer: torch.Tensor) -> int:
+    """The sum (modulo 2**64, as a signed int64) of a contiguous int64 buffer's words,
+    read once front to back by the native threads (torch's thread count): the probe of
+    the machine's read bandwidth that decode figures are held to."""
+    _check_whole("buffer", buffer, torch.int64)
+    out = torch.zeros(1, dtype=torch.int64)
+    _run(_cpu.OP_READ_WORDS, (buffer.data_ptr(), buffer.numel() * 8, out.data_ptr()),
+         buffer, out)
+    return int(out.item())

@@ -76,3 +76,21 @@ def test_a_forked_child_starts_its_own_workers() -> None:
         os.close(read)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_read_probe_sums_every_word_at_any_thread_count() -> None:
+    """read_words (the bench's read-bandwidth probe) reads every word once, whatever the
+    threads' shares: 100,003 words are not whole 4 KiB units."""
+    from interlock.kernels.native import ops
+
+    buffer = torch.arange(1, 100_004, dtype=torch.int64)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert ops.read_words(buffer) == 100_003 * 100_004 // 2
+        assert ops.read_words(torch.full((4,), -1, dtype=torch.int64)) == -4  # modulo 2**64
+        with pytest.raises(ops.NativeArgumentError, match="contiguous torch.int64"):
+            ops.read_words(buffer.to(torch.int32))
+    finally:
+        torch.set_num_threads(before)
