@@ -152,7 +152,9 @@ class Server:
         # Paths of this machine that a refusal's message may carry (a tokenizer's, a chat
         # template's): a client is told the served name, not where the files are.
         tokenizer = llm.tokenizer
-        self._private = [(str(tokenizer.path.parent), self.name), (str(Path.home()), "~")]
+        self._private = [(str(tokenizer.path.parent), self.name)]
+        if Path.home().parent != Path.home():  # a home of "/" would be every path
+            self._private.append((str(Path.home()), "~"))
         self.created = now()
         self.app = Starlette(
             routes=[
