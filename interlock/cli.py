@@ -32,7 +32,7 @@ from interlock.core.terminal import EscapingWriter, one_line
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
 COMMANDS = (
     "explain", "resolve", "table", "check", "test", "diff", "conformance", "schema", "plugins",
-    "run", "serve", "measure", "vllm", "log", "impact",
+    "run", "serve", "measure", "vllm", "log", "impact", "model",
 )
 #: Subcommands that were renamed: the old word is refused naming the new one (exit 2).
 RENAMED = {"bench": "measure"}

@@ -38,7 +38,7 @@ from interlock.policy.trace import OVERRIDES
 
 if TYPE_CHECKING:
     from interlock.policy.model import Policy
-    from interlock.policy.resolution import Resolution
+    from interlock.policy.resolution import EngineStage, Resolution
 
 #: The environment variable naming the log when ``--decision-log`` / ``decision_log=`` is not
 #: given.
@@ -324,6 +324,15 @@ def _shape_problem(record: Mapping[str, Any]) -> str | None:
     ) or not isinstance(engine.get("vllm_version", ""), (str, type(None))):
         return "engine: verified is not a bool, problems not strings or vllm_version not text"
     try:
+        for name, value in record["decision"].items():
+            if name == "capture_sizes":  # a list, or null for none
+                if value is not None:
+                    check_field(name, tuple(value) if isinstance(value, list) else value)
+            else:
+                check_field(name, value)
+    except (PolicyError, ValueError, TypeError) as exc:
+        return f"decision: {_brief(exc)}"
+    try:
         recorded_context(record)
         for name, value in (record.get("overrides") or {}).items():
             check_field(name, tuple(value) if isinstance(value, list) else value)
@@ -415,9 +424,16 @@ def unrecorded(record: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(missing)
 
 
-def replay(policy: Policy, record: Mapping[str, Any]) -> Resolution:
+def replay(
+    policy: Policy, record: Mapping[str, Any], engine: EngineStage | None = None,
+    versions: Mapping[str, str] | None = None,
+) -> Resolution:
     """The recorded context resolved again under ``policy``, with the recorded overrides and
-    (when the record's resolution had it) stage 5's capabilities."""
+    (when the record's resolution had it) stage 5's capabilities; ``engine``: the engine
+    stage of the release the decision is handed to, ``versions``: engine versions replacing
+    the recorded ones (an upgrade's question)."""
+    from dataclasses import replace
+
     from interlock.policy.resolution import resolve
 
     capabilities = None
@@ -428,7 +444,10 @@ def replay(policy: Policy, record: Mapping[str, Any]) -> Resolution:
     overrides = record.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ValueError("overrides is not an object")
-    return resolve(policy, recorded_context(record), overrides, capabilities=capabilities)
+    context = recorded_context(record)
+    if versions:
+        context = replace(context, engine={**context.engine, **versions})
+    return resolve(policy, context, overrides, capabilities=capabilities, engine=engine)
 
 
 def parse_time(text: str) -> datetime:

@@ -22,7 +22,13 @@ from interlock.core.errors import PolicyError
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, Extra
 from interlock.policy.model import Policy
-from interlock.policy.resolution import PolicyRefused, Resolution, resolve
+from interlock.policy.resolution import (
+    PolicyRefused,
+    Resolution,
+    context_facts,
+    matching_rules,
+    resolve,
+)
 from interlock.policy.trace import DEFAULTS, ENV, IMPLIED, OVERRIDES, RULES, Provenance
 
 #: Text reports wrap context summaries at this width.
@@ -112,35 +118,77 @@ class PolicyDiff:
         return sorted(groups.values(), key=lambda g: (order[g.field], -g.count, g.old, g.new))
 
 
-def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIELDS) -> PolicyDiff:
-    """Every decision of ``fields`` that differs between ``old`` and ``new`` on their domain."""
+#: The most contexts ``policy diff`` compares unless told otherwise (``--max-contexts``): about
+#: 100,000 take seconds on a 2-core machine (a match per context and policy, a resolution per
+#: distinct set of matching rules).
+MAX_CONTEXTS = 100_000
+
+
+def check_size(domain: Domain, bound: int, command: str) -> int:
+    """The number of contexts of ``domain``; a :class:`PolicyError` (exit 1) naming it when it
+    is over ``bound``, before any is resolved."""
+    size = domain.size()
+    if size > bound:
+        raise PolicyError(
+            f"{command}: the domain holds {size} contexts, over the bound of {bound} that "
+            f"keeps it to seconds ({domain.describe_size()}); give --max-contexts {size} to "
+            "go through them anyway"
+        )
+    return size
+
+
+def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIELDS,
+                  max_contexts: int = MAX_CONTEXTS) -> PolicyDiff:
+    """Every decision of ``fields`` that differs between ``old`` and ``new`` on their domain
+    (refused, naming its size, past ``max_contexts`` contexts)."""
     unknown = [f for f in fields if f not in DECISION_FIELDS]
     if unknown:
         raise PolicyError(
             f"unknown decision field {unknown[0]!r}; allowed: {', '.join(DECISION_FIELDS)}"
         )
     domain = Domain.of(old, new)
+    check_size(domain, max_contexts, "policy diff")
     changes: list[Change] = []
-    for context in domain.contexts():
-        before, before_error = _outcome(old, context)
-        after, after_error = _outcome(new, context)
-        if before is None or after is None:
-            if before_error != after_error:
-                changes.append(
-                    Change(
-                        OUTCOME,
-                        _outcome_side(before_error),
-                        _outcome_side(after_error),
-                        context,
-                    )
-                )
-            continue
-        for name in fields:
-            a = getattr(before.decision, name)
-            b = getattr(after.decision, name)
-            if a != b:
-                changes.append(Change(name, _side(before, name), _side(after, name), context))
+    # A context reaches a resolution without overrides or stage 5 only through the rules
+    # it makes match (its architecture, place, traits, features, config, model and engine)
+    # and its environment, which acts after the rules: so the contexts in which the same
+    # rules of both policies match decide alike, env state by env state. Each such class is
+    # resolved once per env state; every other context costs one match per policy.
+    decided: dict[tuple[Any, ...], list[list[tuple[str, Side, Side]]]] = {}
+    for base in domain.contexts(with_env=False):
+        key = (_matched(old, base), _matched(new, base))
+        per_env = decided.get(key)
+        if per_env is None:
+            per_env = decided[key] = [
+                _differences(old, new, dataclasses.replace(base, env=dict(env)), fields)
+                for env in domain.env_states
+            ]
+        for env, found in zip(domain.env_states, per_env, strict=True):
+            if found:
+                context = dataclasses.replace(base, env=dict(env))
+                changes += [Change(name, a, b, context) for name, a, b in found]
     return PolicyDiff(domain, changes, tuple(fields))
+
+
+def _matched(policy: Policy, context: Context) -> tuple[int, ...]:
+    return tuple(matching_rules(policy, context_facts(policy, context)))
+
+
+def _differences(
+    old: Policy, new: Policy, context: Context, fields: Sequence[str]
+) -> list[tuple[str, Side, Side]]:
+    """What differs between the two policies' outcomes for ``context``: the outcome itself
+    (one fails to resolve), or each field of ``fields`` whose values differ."""
+    before, before_error = _outcome(old, context)
+    after, after_error = _outcome(new, context)
+    if before is None or after is None:
+        if before_error == after_error:
+            return []
+        return [(OUTCOME, _outcome_side(before_error), _outcome_side(after_error))]
+    return [
+        (name, _side(before, name), _side(after, name)) for name in fields
+        if getattr(before.decision, name) != getattr(after.decision, name)
+    ]
 
 
 def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str | None]:
@@ -148,7 +196,7 @@ def _outcome(policy: Policy, context: Context) -> tuple[Resolution | None, str |
         return resolve(policy, context), None
     except PolicyRefused as exc:
         # Compared by rule and message: the same rule read from another path refuses alike.
-        return None, f"{REFUSED_PREFIX}{exc.refusal.rule.id}: {exc.refusal.message}"
+        return None, f"{REFUSED_PREFIX}{exc.refusal.by}: {exc.refusal.message}"
     except PolicyError as exc:
         return None, "\n".join([exc.message, *exc.details])
 
@@ -295,11 +343,13 @@ def _conditions_text(
     if _EVERY in envs_by_extra:
         text = _env_text(frozenset(envs_by_extra[_EVERY]), domain)
         return f", {text}" if text else ""
-    parts = []
-    for state in extras:
-        if state in envs_by_extra:
-            env_text = _env_text(frozenset(envs_by_extra[state]), domain)
-            parts.append(_extra_text(state, domain) + (f" ({env_text})" if env_text else ""))
+    present = [state for state in extras if state in envs_by_extra]
+    texts = [_env_text(frozenset(envs_by_extra[state]), domain) for state in present]
+    if len(set(texts)) == 1:  # the same env condition for every state: said once
+        shared = f", {texts[0]}" if texts[0] else ""
+        return ", with " + "; ".join(_extra_text(s, domain) for s in present) + shared
+    parts = [_extra_text(state, domain) + (f" ({text})" if text else "")
+             for state, text in zip(present, texts, strict=True)]
     return ", with " + "; ".join(parts)
 
 
@@ -321,7 +371,8 @@ def _extra_text(state: Extra, domain: Domain) -> str:
     if len(domain.model_states) > 1:
         parts.append(f"model {model[0]}" if model else "no model identity")
     if len(domain.engine_states) > 1:
-        parts.append(" ".join(f"{e} {v}" for e, v in engine) if engine else "no engine version")
+        parts.append(" ".join(domain.engine_text(e, v) for e, v in engine) if engine
+                     else "no engine version")
     return " and ".join(parts) or "no features given"
 
 

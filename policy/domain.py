@@ -146,6 +146,17 @@ class Domain:
             whens=whens,
         )
 
+    def engine_text(self, engine: str, version: str) -> str:
+        """The releases ``version`` stands for in the domain, as ranges between the bounds the
+        engine conditions name (``vllm >=0.30,<0.34``; ``vllm <0.29 or >=0.34`` where two
+        ranges behave alike): a representative is not a release of its own."""
+        key = ("engine_text", engine, version)
+        if key not in self._memo:
+            matches = [c for w in self.whens for c in _all(w)
+                       if isinstance(c, EngineMatch) and c.engine == engine]
+            self._memo[key] = [_range_text(engine, version, matches)]  # type: ignore[list-item]
+        return str(self._memo[key][0])
+
     def extras_at(self, architecture: str, platform: str, device_arch: str) -> list[Extra]:
         """The feature, config, model and engine states at one place: over the conditions
         of the rules whose name conditions hold there."""
@@ -200,6 +211,14 @@ class Domain:
             for arch in self.architectures for platform, device_arch in self.places()
         )
 
+    def describe_size(self) -> str:
+        """Where the contexts come from, as a product in words, for a refusal."""
+        places = sum(len(archs) for archs in self.device_archs.values())
+        return (f"{len(self.architectures)} architectures x {places} platforms and device archs "
+                f"x {len(self.env_states)} env states x up to {len(self.feature_states)} "
+                f"feature, {len(self.config_states)} config, {len(self.model_states)} model and "
+                f"{len(self.engine_states)} engine states")
+
     def describe_enumeration(self) -> list[str]:
         """What the domain enumerates beyond the catalog, in words, for reports (where it is
         bounded, first)."""
@@ -216,7 +235,7 @@ class Domain:
                          f"model globs ({names})")
         if len(self.engine_states) > 1:
             versions = ", ".join(
-                " ".join(f"{e} {v}" for e, v in s) for s in self.engine_states[1:]
+                " ".join(self.engine_text(e, v) for e, v in s) for s in self.engine_states[1:]
             )
             lines.append(f"engine: no version, and one per truth assignment of the engine "
                          f"conditions ({versions})")
@@ -361,12 +380,33 @@ def _keyed_states(
         else:
             if witness:
                 states[tuple(witness)] = None
+    kept = _one_per_outcome(states, whens, 0 if is_feature else 1)
     notes.append(
         f"{kind}: {len(keys)} keys whose distinctions make {total} combinations, over the "
-        f"bound of {MAX_STATES}: enumerated {len(states)} (none given, each key's values "
-        "alone, and each rule's conditions on several keys together)"
+        f"bound of {MAX_STATES}: enumerated {len(kept)} (none given, each key's values "
+        "alone, and each rule's conditions on several keys together, one state per set of "
+        "rules whose conditions of this kind hold)"
     )
-    return tuple(states)
+    return kept
+
+
+def _one_per_outcome(
+    states: Iterable[tuple[tuple[str, Any], ...]], whens: tuple[When, ...], kind: int
+) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """The first of ``states`` for each set of ``whens`` whose conditions of ``kind`` all
+    hold in it. Conditions see a state only through those sets (a rule matches where all its
+    conditions hold), so two states with the same set resolve alike in every context: the
+    others are left out. A key read by one rule alone, say, has its values alone shown by
+    the state with no key given."""
+    reading = [w for w in whens if any(isinstance(c, _EXTRA_KINDS[kind]) for c in _all(w))]
+    seen: set[tuple[bool, ...]] = set()
+    kept = []
+    for state in states:
+        outcome = tuple(_kind_holds(when, kind, state) for when in reading)
+        if outcome not in seen:
+            seen.add(outcome)
+            kept.append(state)
+    return tuple(kept)
 
 
 def _feature_holds(condition: FeatureMatch, value: Any) -> bool:
@@ -447,6 +487,30 @@ def _engine_states(conditions: list[EngineMatch]) -> tuple[EngineState, ...]:
     return tuple(
         tuple(pair for pair in combo if pair is not None) for combo in itertools.product(*choices)
     )
+
+
+def _range_text(engine: str, version: str, matches: list[EngineMatch]) -> str:
+    """``vllm >=0.30,<0.34``: the ranges between ``matches``' bounds whose versions every
+    condition judges as it judges ``version``."""
+    bounds = sorted({b for m in matches for spec in m.spec for b in _bounds(spec)})
+    if not bounds:
+        return f"{engine} {version}"
+
+    def truth(v: str) -> tuple[bool, ...]:
+        return tuple(m.version_holds(v) for m in matches)
+
+    wanted = truth(version)
+    # Segment i holds the versions from bounds[i-1] (included) up to bounds[i] (excluded).
+    inside = [str(bounds[0]) if _below(bounds[0]) is None else _below(bounds[0])]
+    inside += [str(b) for b in bounds]
+    parts = []
+    for i, witness in enumerate(inside):
+        if witness is None or truth(witness) != wanted:
+            continue
+        low = f">={bounds[i - 1]}" if i > 0 else ""
+        high = f"<{bounds[i]}" if i < len(bounds) else ""
+        parts.append(",".join(p for p in (low, high) if p) or "any")
+    return f"{engine} " + (" or ".join(parts) if parts else version)
 
 
 def _bounds(spec: Any) -> list[Version]:

@@ -52,13 +52,14 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
     refusal = res.refusal
     if refusal is not None:
         lines += [
-            s("REFUSED", "bold", "red") + f"  by rule {s(refusal.rule.id, 'bold')}  "
-            + s(str(refusal.rule.location), "dim"),
+            s("REFUSED", "bold", "red")
+            + f"  by {'rule ' if refusal.rule is not None else ''}{s(refusal.by, 'bold')}  "
+            + s(str(refusal.location or ""), "dim"),
             f"  {refusal.message}",
-            f"  {s(refusal.rule.reason, 'dim')}",
+            f"  {s(refusal.reason, 'dim')}",
         ]
-        if refusal.rule.ref:
-            lines.append(f"  {s(refusal.rule.ref, 'dim')}")
+        if refusal.ref:
+            lines.append(f"  {s(refusal.ref, 'dim')}")
         lines += ["", s("decision (refused)", "bold")]
     else:
         lines.append(s("decision", "bold"))
@@ -258,7 +259,7 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
                 else:
                     record.update(dict.fromkeys(DECISION_FIELDS))
                     record["runner"] = (
-                        f"refused by {res.refusal.rule.id} ({res.refusal.rule.location})"
+                        f"refused by {res.refusal.by} ({res.refusal.location})"
                     )
         if with_config:
             as_data = None if config is None else dict(config)

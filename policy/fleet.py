@@ -124,7 +124,7 @@ def fleet(
 
 
 def _refused_by(res: Resolution) -> str | None:
-    return res.refusal.rule.id if res.refusal is not None else None
+    return res.refusal.by if res.refusal is not None else None
 
 
 def _cell_text(cell: Cell) -> str:

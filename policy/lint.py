@@ -515,7 +515,7 @@ def stale_deviations(subject: Subject) -> Iterator[Finding]:
                 refusal = None
             if refusal is None:
                 break
-            refusals.add(refusal.rule.id)
+            refusals.add(refusal.by)
         else:
             yield subject.finding(
                 where, WARNING, "stale-deviation",

@@ -49,7 +49,7 @@ class CaseResult:
         if self.resolution is None:
             return set()
         refusal = self.resolution.refusal
-        refused = {refusal.rule.id} if refusal is not None else set()
+        refused = {refusal.by} if refusal is not None else set()
         return rule_deciders(self.resolution.provenance.values()) | refused
 
 

@@ -8,7 +8,7 @@ memoized per policy for identical (context, overrides, capabilities).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -30,7 +30,7 @@ from interlock.policy.context import (
     Context,
     task_from_name,
 )
-from interlock.policy.model import Deviation, Policy, Rule
+from interlock.policy.model import Deviation, Location, Policy, Rule
 from interlock.policy.release import releases
 from interlock.policy.trace import (
     DEFAULTS,
@@ -87,24 +87,42 @@ class Draft:
 
 #: Stage 5: inspects the draft after overrides; falls back (assign + record) or raises PolicyError.
 CapabilityCheck = Callable[[Draft], None]
+#: The engine stage: what the engine release the decision is handed to makes of the draft
+#: (assign + record), or its refusal (``Draft.refusal``); raises PolicyError where it would
+#: change a forced value.
+EngineStage = Callable[[Draft], None]
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """A rule's ``refuse``: the policy says the context is not to be run, and why."""
+    """Why a context is not to be run: a refusing rule of the policy (``rule``), or the engine
+    release the decision is handed to (the engine stage: ``rule`` None, ``by`` naming the
+    release and ``location`` the engine's own ``file:line``)."""
 
-    rule: Rule
-    #: The decided fields the rule refuses, each with what decided its value.
+    by: str
+    location: Location | None
+    message: str
+    reason: str
+    ref: str | None
+    #: The decided fields refused, each with what decided its value.
     decided: dict[str, Provenance]
+    rule: Rule | None = None
+
+    @classmethod
+    def of_rule(cls, rule: Rule, decided: dict[str, Provenance]) -> Refusal:
+        return cls(rule.id, rule.location, rule.refuse or "", rule.reason, rule.ref, decided,
+                   rule)
 
     @property
-    def message(self) -> str:
-        return self.rule.refuse or ""
+    def who(self) -> str:
+        """``rule R`` for the policy's refusal, the engine release's name for the engine's."""
+        return f"rule {self.by}" if self.rule is not None else self.by
 
     def describe(self) -> str:
         """``refused by rule R (file:line): MESSAGE [runner=mrv1 from VLLM_USE_V2_MODEL_RUNNER
-        (env)]``: one line naming the rule and what decided the refused values."""
-        text = f"refused by rule {self.rule.id} ({self.rule.location}): {self.message}"
+        (env)]``: one line naming who refuses and what decided the refused values."""
+        where = f" ({self.location})" if self.location is not None else ""
+        text = f"refused by {self.who}{where}: {self.message}"
         if self.decided:
             why = ", ".join(
                 f"{name}={_shown(p.value)} from {p.source} ({p.stage})"
@@ -115,11 +133,12 @@ class Refusal:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rule": self.rule.id,
+            "rule": self.by if self.rule is not None else None,
+            "by": self.by,
             "message": self.message,
-            "reason": self.rule.reason,
-            "ref": self.rule.ref,
-            "location": self.rule.location.to_dict(),
+            "reason": self.reason,
+            "ref": self.ref,
+            "location": self.location.to_dict() if self.location is not None else None,
             "decided": {name: p.to_dict() for name, p in self.decided.items()},
         }
 
@@ -140,8 +159,8 @@ class PolicyRefused(PolicyError):
     def __init__(self, resolution: Resolution) -> None:
         refusal = resolution.refusal
         assert refusal is not None
-        # The rule's file:line is in the message, which names the rule.
-        super().__init__(refusal.describe(), details=(f"why: {refusal.rule.reason}",))
+        # The rule's (or the engine's) file:line is in the message, which names it.
+        super().__init__(refusal.describe(), details=(f"why: {refusal.reason}",))
         self.resolution = resolution
         self.refusal = refusal
 
@@ -267,17 +286,19 @@ def resolve(
     *,
     capabilities: CapabilityCheck | None = None,
     refused: bool = False,
+    engine: EngineStage | None = None,
 ) -> Resolution:
     """Decide for ``context`` under ``policy``; ``overrides`` (field -> typed value) win over all
-    policy stages. ``capabilities`` (stage 5) must be hashable. Raises :class:`PolicyError`,
+    policy stages. ``capabilities`` (stage 5) and ``engine`` (the engine release's stage) must
+    be hashable. Raises :class:`PolicyError`,
     and :class:`PolicyRefused` where a rule refuses the context unless ``refused`` asks for
     the refused resolution back (its ``refusal`` set) to show it."""
     frozen = _freeze(overrides) if overrides else None
-    key = (context, frozen, capabilities)
+    key = (context, frozen, capabilities, engine)
     memo = policy.memo
     resolution = memo.get(key)
     if resolution is None:
-        resolution = _resolve(policy, context, frozen or (), capabilities)
+        resolution = _resolve(policy, context, frozen or (), capabilities, engine)
         if len(memo) >= _MEMO_LIMIT:
             memo.clear()
         memo[key] = resolution
@@ -295,6 +316,7 @@ def _resolve(
     context: Context,
     overrides: tuple[tuple[str, Any], ...],
     capabilities: CapabilityCheck | None,
+    engine: EngineStage | None = None,
 ) -> Resolution:
     traits = _traits(policy, context)
     facts = facts_of(context, {k: t.value for k, t in traits.items()})
@@ -307,6 +329,8 @@ def _resolve(
     if capabilities is not None:
         capabilities(draft)
     _apply_implied(draft)
+    if engine is not None:
+        engine(draft)
     _apply_refusals(draft)
     decision = Decision(**draft.values)
     return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
@@ -368,19 +392,26 @@ def _apply_defaults(draft: Draft) -> None:
     draft.record(Step(DEFAULTS, "defaults", first.location if first else None, sets))
 
 
+def matching_rules(policy: Policy, facts: Facts) -> Iterator[int]:
+    """The indices, in file order, of the rules of ``policy`` whose ``when`` holds for
+    ``facts``: all a context's features, config, model and engine mean to a resolution."""
+    rules = policy.rules
+    for i in policy.index.candidates(facts.architecture, facts.platform, facts.traits):
+        if rules[i].when.matches(facts):
+            yield i
+
+
 def _apply_rules(draft: Draft) -> None:
-    facts = draft.facts
     rules = draft.policy.rules
     matched = draft.matched_rules
     setters: dict[str, Rule] = {}
-    for i in draft.policy.index.candidates(facts.architecture, facts.platform, facts.traits):
+    for i in matching_rules(draft.policy, draft.facts):
         rule = rules[i]
-        if rule.when.matches(facts):
-            matched.add(i)
-            if rule.decided:  # applied on the decision, after env bindings and overrides
-                continue
-            # Later wins per field: only the last setter of each field needs a provenance.
-            setters.update(dict.fromkeys(rule.set, rule))  # a refusing rule sets nothing
+        matched.add(i)
+        if rule.decided:  # applied on the decision, after env bindings and overrides
+            continue
+        # Later wins per field: only the last setter of each field needs a provenance.
+        setters.update(dict.fromkeys(rule.set, rule))  # a refusing rule sets nothing
     for name, rule in setters.items():
         setting = rule.set[name]
         draft.assign(
@@ -457,12 +488,13 @@ def _apply_implication(draft: Draft, implication: Implication) -> None:
 
 def _apply_refusals(draft: Draft) -> None:
     """The first refusing rule (file order) whose ``when`` held and whose ``decided`` values
-    the final decision has refuses the context."""
+    the final decision has refuses the context: the policy's own word comes before an engine
+    stage's refusal."""
     for index in sorted(draft.matched_rules):
         rule = draft.policy.rules[index]
         if rule.refuses(draft.values):
             decided = {name: draft.provenance[name] for name in rule.decided}
-            draft.refusal = Refusal(rule, decided)
+            draft.refusal = Refusal.of_rule(rule, decided)
             draft.record(
                 Step(REFUSAL, rule.id, rule.location, note=rule.refuse or "", refuse=rule.refuse)
             )

@@ -31,7 +31,13 @@ from interlock.core.terminal import one_line
 from interlock.policy.conditions import Facts, check_version
 from interlock.policy.context import Context
 from interlock.policy.model import Deviation, Policy
-from interlock.policy.resolution import PolicyRefused, Resolution, facts_of, resolve
+from interlock.policy.resolution import (
+    EngineStage,
+    PolicyRefused,
+    Resolution,
+    facts_of,
+    resolve,
+)
 
 SNAPSHOT_SOURCE = "snapshot"
 #: The engine a snapshot records; each row's context carries its version (``engine`` conditions).
@@ -308,16 +314,20 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
     )
 
 
-def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
-    """Compare ``policy`` with ``snapshot`` on every context of the snapshot."""
+def conformance(
+    policy: Policy, snapshot: Snapshot, engine: EngineStage | None = None
+) -> Conformance:
+    """Compare ``policy`` with ``snapshot`` on every context of the snapshot; ``engine``: the
+    engine stage of the snapshot's release (what it makes of the decision handed to it), so
+    that what is compared is what interlock hands that release."""
     report = Conformance(snapshot, policy)
     for row in snapshot.rows:
         if row.probe_error is not None:
             report.not_probed += 1
             continue
-        found = _compare(policy, row)
+        found = _compare(policy, row, engine)
         if "capture_sizes" not in {d.field for d in found} and row.refusal is None:
-            report.sizes_not_compared += _sizes_left_to_runner(policy, row)
+            report.sizes_not_compared += _sizes_left_to_runner(policy, row, engine)
         if found:
             report.disagreements.extend(found)
         else:
@@ -325,25 +335,25 @@ def conformance(policy: Policy, snapshot: Snapshot) -> Conformance:
     return report
 
 
-def _sizes_left_to_runner(policy: Policy, row: SnapshotRow) -> int:
+def _sizes_left_to_runner(policy: Policy, row: SnapshotRow, engine: EngineStage | None) -> int:
     try:
-        return int("capture_sizes" not in resolve(policy, row.context).provenance)
+        return int("capture_sizes" not in resolve(policy, row.context, engine=engine).provenance)
     except PolicyError:
         return 0
 
 
-def _compare(policy: Policy, row: SnapshotRow) -> list[Disagreement]:
+def _compare(policy: Policy, row: SnapshotRow, engine: EngineStage | None) -> list[Disagreement]:
     theirs_outcome = REFUSED if row.refusal is not None else DECIDED
     try:
-        res = resolve(policy, row.context)
+        res = resolve(policy, row.context, engine=engine)
     except PolicyRefused as exc:
         if row.refusal is not None:
             return []
-        rule = exc.refusal.rule
+        refusal = exc.refusal
         return [
             _disagree(
-                policy, row, OUTCOME, f"refused: {exc.refusal.message}", DECIDED,
-                f"{rule.id} (refusal) {rule.location}",
+                policy, row, OUTCOME, f"refused: {refusal.message}", DECIDED,
+                f"{refusal.by} (refusal) {refusal.location}",
             )
         ]
     except PolicyError as exc:

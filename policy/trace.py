@@ -2,7 +2,8 @@
 
 Stages run in this order; ``capabilities`` (stage 5: what the chosen runner
 plugin can serve) is filled in by the plugin layer, ``implied`` applies
-``breakable => compile: false`` last.
+``breakable => compile: false``, and ``engine`` (supplied by the application for the engine
+release the decision is handed to) applies what that release does with it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ ENV = "env"
 OVERRIDES = "overrides"
 CAPABILITIES = "capabilities"
 IMPLIED = "implied"
+#: What the engine release the decision is handed to makes of it (its adjustments, its
+#: optimization level's defaults) and what it refuses: the decision is what it runs.
+ENGINE = "engine"
 #: Not a stage that sets fields: the refusing rules, checked on the final decision.
 REFUSAL = "refusal"
-STAGES = (DEFAULTS, RULES, ENV, OVERRIDES, CAPABILITIES, IMPLIED, REFUSAL)
+STAGES = (DEFAULTS, RULES, ENV, OVERRIDES, CAPABILITIES, IMPLIED, ENGINE, REFUSAL)
 #: Stages whose values the user forced: stage 5 must refuse, not fall back, when unsupported.
 FORCED_STAGES = frozenset({ENV, OVERRIDES})
 
@@ -84,6 +88,8 @@ class Step:
     overridden: dict[str, str] = field(default_factory=dict)
     #: For a refusing rule: its message.
     refuse: str | None = None
+    #: For an engine stage's step: the values it replaced (field -> value before).
+    before: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +105,7 @@ class Step:
             "note": self.note,
             "overridden": dict(self.overridden),
             "refuse": self.refuse,
+            "before": {k: _jsonable(v) for k, v in self.before.items()},
         }
 
 

@@ -94,3 +94,8 @@ def changed_files(a: Path, b: Path) -> list[str]:
 
     walk(compared, "interlock")
     return sorted(changed)
+
+#: What the wheel is built from: the package's folders, and the files beside them it needs.
+WHEEL_SOURCES = (
+    "pyproject.toml", "README.md", "policies.yaml", *PACKAGE_FOLDERS,
+)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
-from checkout import PACKAGE_FOLDERS, REPO
+from checkout import REPO, WHEEL_SOURCES
 from hypothesis import settings
 from policy_texts import MINIMAL
 
@@ -150,11 +150,6 @@ def write(tmp_path: Path) -> Callable[[str, str], Path]:
 
     return _write
 
-
-#: What the wheel is built from: the package's folders, and the files beside them it needs.
-WHEEL_SOURCES = (
-    "pyproject.toml", "README.md", "policies.yaml", *PACKAGE_FOLDERS,
-)
 
 
 @pytest.fixture(scope="session")

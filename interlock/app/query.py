@@ -28,7 +28,7 @@ from interlock.policy.context import (
 from interlock.policy.model import Policy
 
 if TYPE_CHECKING:
-    from interlock.policy.resolution import Resolution
+    from interlock.policy.resolution import EngineStage, Resolution
 
 #: Whose runners run the decision: interlock's registered runner plugins (stage 5 asks them
 #: what they serve), or vLLM's own (which interlock's plugins do not describe).
@@ -65,6 +65,9 @@ class Query:
     #: The model runs on this machine: a given platform must be this machine's.
     runs_here: bool = False
     runners: Runners = "interlock"
+    #: The engine stage of the engine release the decision is handed to (for vLLM,
+    #: ``interlock.vllm.stage.ReleaseStage``): the resolution is then what that release runs.
+    stage: EngineStage | None = None
 
     @classmethod
     def for_device(
@@ -153,7 +156,7 @@ def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution
         check_runs_here(query.platform)
     stage = capability_stage() if query.runners == "interlock" else None
     return resolve(policy, query.context(), query.overrides, capabilities=stage,
-                   refused=refused)
+                   refused=refused, engine=query.stage)
 
 
 def process_env(

@@ -263,6 +263,14 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     )
     if "model" not in given and getattr(args, "model", None) is not None:
         fields["model"] = model_target(args.model)
+    if "vllm" in engine and not given.get("runs_here"):
+        # A question about a vLLM release read by interlock: the answer is what it runs.
+        from interlock.vllm.releases import known
+        from interlock.vllm.stage import ReleaseStage
+
+        read = known(engine["vllm"])
+        if read is not None:
+            fields["stage"] = ReleaseStage(read.version)
     return Query(**{**fields, **given})
 
 

@@ -14,7 +14,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="compare a policy with an engine snapshot (conformance/vllm-*.jsonl)",
         description="Resolve the policy on every context of an engine snapshot (written by "
         "tools/vllm_probe from vLLM's own config code) and print every field where they "
-        "disagree, with the rule that decided it on the policy's side. Disagreements the "
+        "disagree, with the rule that decided it on the policy's side, through the engine "
+        "stage of the snapshot's release (interlock/vllm/releases.py). Disagreements the "
         "policy declares under `deviations:` are counted apart; a deviation that covers no "
         "disagreement is stale. Exit 0 on full agreement outside declared deviations, 1 "
         "otherwise (and on a malformed snapshot).",
@@ -27,8 +28,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.policy.snapshot import conformance, load_snapshot, render_text
+    from interlock.vllm.releases import known
+    from interlock.vllm.stage import ReleaseStage
 
-    report = conformance(load(args), load_snapshot(args.snapshot))
+    snapshot = load_snapshot(args.snapshot)
+    # What is compared is what interlock hands that release: its engine stage included.
+    read = known(snapshot.engine_version) if snapshot.engine_version else None
+    stage = ReleaseStage(read.version) if read is not None else None
+    report = conformance(load(args), snapshot, stage)
     if args.json:
         write_json(report.to_dict())
     else:

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interlock.commands.common import percent, write_json
+from interlock.commands.common import percent, positive, write_json
 from interlock.commands.measure import add_engine_args, add_workload_args
 from interlock.core.errors import PolicyError
+from interlock.policy.diff import MAX_CONTEXTS
 
 if TYPE_CHECKING:
     from interlock.policy.context import Context
@@ -55,6 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=_fields,
         metavar="F,...",
         help="compare only these decision fields (default: all)",
+    )
+    parser.add_argument(
+        "--max-contexts", dest="max_contexts", type=positive, default=MAX_CONTEXTS, metavar="N",
+        help=f"refuse (exit 1, naming the size) a domain of more than N contexts (default "
+        f"{MAX_CONTEXTS:,}; each costs a match per policy)",
     )
     measure = parser.add_argument_group(
         "measuring (--measure)",
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "vllm" and (args.platform or args.device_arch):
         raise PolicyError("--platform and --device-arch apply to --engine vllm: interlock's "
                           "runners measure on this machine")
-    diff = diff_policies(old, new, args.fields or DECISION_FIELDS)
+    diff = diff_policies(old, new, args.fields or DECISION_FIELDS, args.max_contexts)
     measured = _measure(args, old, new, diff) if args.measure else None
     if args.json:
         document = to_json(diff, old, new)

@@ -8,6 +8,11 @@ the rule that decides each side. ``policy diff`` answers the same over the catal
 domain; this answers it over what actually ran. Exit 1 with ``--fail-on-change`` when a
 deployment would change (and on a policy or log error).
 
+``--vllm X.Y.Z`` asks the upgrade question: each deployment vLLM ran is replayed under OLD
+on the release it recorded and under NEW on vLLM X.Y.Z, each through its release's engine
+stage (:mod:`interlock.vllm.stage`), so a decision the new release refuses (an MRV1 site
+rule on 0.34.0, which removed Model Runner V1) is listed as becoming refused.
+
 A record that lacks a fact some rule of OLD or NEW reads (config values, the model's
 identity or the engine version: records written before they were kept), where that rule's
 other conditions hold, is listed as "cannot tell", never as unchanged; ``--fail-on-change``
@@ -23,6 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import write_json
+from interlock.core.errors import PolicyError
 
 if TYPE_CHECKING:
     from interlock.policy.model import Policy
@@ -45,6 +51,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--fail-on-change", action="store_true",
         help="exit 1 when a recorded deployment would change (for CI)",
     )
+    parser.add_argument(
+        "--vllm", metavar="X.Y.Z",
+        help="the upgrade question: replay the deployments vLLM ran under NEW on this vLLM "
+        "release (one interlock has read), through what that release runs and refuses",
+    )
     parser.add_argument("--json", action="store_true", help="print the changes as JSON")
     parser.set_defaults(run=run)
 
@@ -61,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     from interlock.decision_log import records
 
     old, new = load_stack(args.old), load_stack(args.new)
+    if args.vllm is not None:
+        from interlock.vllm.releases import release
+
+        release(args.vllm)  # a release interlock has not read is refused before anything
     found, problems = records(args.log)
     for problem in problems:
         print(f"policy impact: {args.log}:{problem.line}: {problem.detail} (skipped)",
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             unknown.append({**_where(record), "records": len(lines), "lines": lines,
                             "cannot_tell": sorted(set(blind))})
             continue
-        change = compare(old, new, record, args.log, lines[-1])
+        change = compare(old, new, record, args.log, lines[-1], args.vllm)
         if change is not None:
             changed.append({**change, "records": len(lines), "lines": lines})
     notes = unknown_runners(found)
@@ -158,10 +173,13 @@ def _where(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare(
-    old: Any, new: Any, record: dict[str, Any], log: str, line: int
+    old: Any, new: Any, record: dict[str, Any], log: str, line: int, vllm: str | None = None
 ) -> dict[str, Any] | None:
-    """What would change for the deployment of ``record``: None when nothing would."""
-    before, after = _decide(old, record, log, line), _decide(new, record, log, line)
+    """What would change for the deployment of ``record`` (on vLLM ``vllm`` under ``new``,
+    where vLLM ran it): None when nothing would."""
+    ran = ran_on_vllm(record)
+    before = _decide(old, record, log, line, ran)
+    after = _decide(new, record, log, line, vllm or ran if ran is not None else None)
     fields = []
     for name in dict.fromkeys([*before["decision"], *after["decision"]]):
         was, now = before["decision"].get(name), after["decision"].get(name)
@@ -175,14 +193,40 @@ def compare(
     return {**_where(record), "fields": fields}
 
 
-def _decide(policy: Any, record: dict[str, Any], log: str, line: int) -> dict[str, Any]:
-    """The replayed decision and who decides each field; a context the policy refuses has the
-    refusal as its ``outcome``."""
-    from interlock.core.errors import InputError, PolicyError
-    from interlock.decision_log import replay
+def ran_on_vllm(record: dict[str, Any]) -> str | None:
+    """The vLLM release a record says it was handed to (its runner is vLLM's own and its
+    context names the version), when interlock has read that release."""
+    from interlock.vllm.releases import known
 
+    runner = record.get("runner")
+    engine = record["context"].get("engine")
+    if not isinstance(runner, dict) or runner.get("distribution") != "vllm":
+        return None
+    version = engine.get("vllm") if isinstance(engine, dict) else None
+    if not isinstance(version, str):
+        return None
     try:
-        resolution = replay(policy, record)
+        read = known(version)
+    except PolicyError:
+        return None
+    return read.version if read is not None else None
+
+
+def _decide(
+    policy: Any, record: dict[str, Any], log: str, line: int, vllm: str | None = None
+) -> dict[str, Any]:
+    """The replayed decision and who decides each field (on vLLM ``vllm`` through its
+    release's stage, where given); a context the policy or the release refuses has the
+    refusal as its ``outcome``."""
+    from interlock.core.errors import InputError
+    from interlock.decision_log import replay
+    from interlock.vllm.stage import ReleaseStage
+
+    stage = versions = None
+    if vllm is not None:
+        stage, versions = ReleaseStage(vllm), {"vllm": vllm}
+    try:
+        resolution = replay(policy, record, stage, versions)
     except PolicyError as exc:
         return {"decision": {"outcome": f"refused: {exc}"}, "by": {}}
     except (KeyError, TypeError, ValueError) as exc:

@@ -418,6 +418,8 @@ def engine_setup(args: argparse.Namespace, asked: Query) -> EngineSetup:
     from interlock.commands.vllm import engine_facts
     from interlock.core.errors import PolicyError
     from interlock.vllm.model import vllm_model
+    from interlock.vllm.releases import known
+    from interlock.vllm.stage import ReleaseStage
     from interlock.vllm.version import find_install, find_vllm
 
     given = getattr(args, "vllm", None)
@@ -437,8 +439,10 @@ def engine_setup(args: argparse.Namespace, asked: Query) -> EngineSetup:
     triton = install.triton_fact(asked.platform is not None, features)
     if triton is not None:
         features[TRITON_FACT], sources[f"features.{TRITON_FACT}"] = triton
+    rel = known(engine["vllm"]) if "vllm" in engine else None
     query = replace(asked, model=model_target(model.readable), features=features,
-                    sources=sources, engine=engine, overrides={}, runners="vllm")
+                    sources=sources, engine=engine, overrides={}, runners="vllm",
+                    stage=ReleaseStage(None if rel is None else rel.version))
     return EngineSetup(model=model.argument, query=query, workload=workload,
                        prompts=prompts, answers=answers, detected=engine.get("vllm"),
                        version=args.vllm_version or engine.get("vllm"), install=install,

@@ -14,6 +14,7 @@ import sys
 from interlock.core.errors import PolicyError
 from interlock.policy.model import Policy
 from interlock.policy.release import describe, mismatch, releases
+from interlock.vllm.releases import use_instead
 
 ALLOW_FLAG = "--allow-version-mismatch"
 
@@ -37,9 +38,18 @@ def warn_outside(command: str, policy: Policy, version: str | None, source: str)
     """A warning on stderr when the given vLLM ``version`` is outside the policy's release."""
     problem = None if version is None else mismatch(policy, version, source)
     if problem is not None:
+        assert version is not None
         print(f"{command}: warning: {problem}; the decision shown is that release's, not "
-              f"necessarily vLLM {version}'s: use a policy written for vLLM {version}",
-              file=sys.stderr)
+              f"necessarily vLLM {version}'s: {use_instead(version)}", file=sys.stderr)
+
+
+def refuse_outside(command: str, policy: Policy, version: str | None, source: str) -> None:
+    """:class:`ReleaseMismatch` when vLLM ``version`` is outside the policy's release."""
+    problem = None if version is None else mismatch(policy, version, source)
+    if problem is not None:
+        assert version is not None
+        raise ReleaseMismatch(f"{command}: {problem}, so its cells would be another "
+                              f"release's decisions: {use_instead(version)}")
 
 
 def engine_lines(policy: Policy, version: str | None, source: str, *, allow: bool) -> list[str]:
@@ -56,8 +66,8 @@ def engine_lines(policy: Policy, version: str | None, source: str, *, allow: boo
         return lines
     if not allow:
         raise ReleaseMismatch(
-            f"{problem}; its decision may not be what vLLM {version} needs or can run: use a "
-            f"policy written for vLLM {version}, or give {ALLOW_FLAG} to use this one anyway"
+            f"{problem}; its decision may not be what vLLM {version} needs or can run: "
+            f"{use_instead(version)}, or give {ALLOW_FLAG} to use this one anyway"
         )
     lines.append(f"warning: {problem}; going on ({ALLOW_FLAG})")
     return lines

@@ -15,9 +15,14 @@ from interlock.commands.common import (
     env_of,
     load,
     pair,
+    positive,
 )
 from interlock.core.platform import PLATFORM_NAMES
 from interlock.policy.model import Policy
+
+#: The most rows (architectures x platforms x config states) ``policy table`` resolves unless
+#: told otherwise (``--max-contexts``): about 20,000 take seconds on a 2-core machine.
+MAX_ROWS = 20_000
 
 if TYPE_CHECKING:
     from interlock.plugins.capabilities import CapabilityStage
@@ -69,6 +74,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--against", metavar="STACK",
         help="the base policy changed cells are marked against (default: for a layered "
         "policy, its layers below the last)",
+    )
+    parser.add_argument(
+        "--max-contexts", dest="max_contexts", type=positive, default=MAX_ROWS, metavar="N",
+        help=f"refuse (exit 1, naming the size) a table of more than N rows (default "
+        f"{MAX_ROWS:,}; each row is one context resolved)",
     )
     parser.add_argument("--format", choices=("text", "csv", "json"), default="text")
     parser.add_argument("--json", action="store_true", help="the same as --format json")
@@ -131,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
     for platform in args.platform or ():
         check_target(platform, args.device_arch)
     domain = Domain.of(policy)
+    size = len(architectures) * len(platforms) * len(domain.config_states)
+    if size > args.max_contexts:
+        raise PolicyError(
+            f"policy table: {len(architectures)} architectures x {len(platforms)} platforms x "
+            f"{len(domain.config_states)} config states make {size} rows, over the bound of "
+            f"{args.max_contexts} that keeps it to seconds; pick rows with --architecture or "
+            f"--platform, or give --max-contexts {size} to resolve them anyway"
+        )
     rows: list[Any] = []
     for arch in architectures:
         for platform in platforms:
@@ -188,32 +206,37 @@ def _fleet(
     stage: CapabilityStage, fmt: str, **context: Any,
 ) -> int:
     from interlock.commands.common import check_target
-    from interlock.commands.release_check import warn_outside
+    from interlock.commands.release_check import refuse_outside, warn_outside
     from interlock.core.errors import InputError
     from interlock.policy.fleet import fleet, render_fleet
     from interlock.policy.resolution import resolve
+    from interlock.vllm.releases import known
+    from interlock.vllm.stage import ReleaseStage
 
     if args.platform or args.device_arch:
         raise InputError("--target names each column's platform and arch; drop --platform and "
                          "--device-arch")
     for target in args.target:
         check_target(target.platform, target.device_arch, "--target")
-    table = fleet(
-        policy, architectures, args.target,
-        # A refusal is the cell's outcome, shown with its rule; not an error.
-        lambda p, ctx: resolve(p, ctx, capabilities=stage, refused=True), base=_base(args),
-        **context,
-    )
-    sys.stdout.write(render_fleet(table, fmt))
-    # Each column's vLLM against the policy's release: a 0.31 column under a policy for 0.33
-    # shows 0.33's decisions, which its cells alone do not say.
-    checked: set[tuple[str | None, str]] = set()
-    for target in args.target:
+        # A column of a release the policy is not written for would show another release's
+        # decisions under that release's name: refused before anything is decided.
         engine, sources = target.engine_facts(context["engine"], context["sources"])
-        given = (engine.get("vllm"), sources.get("engine.vllm", ""))
-        if given not in checked:
-            checked.add(given)
-            warn_outside("policy table", policy, *given)
+        if target.engine:
+            refuse_outside(f"policy table: --target {target.name}", policy,
+                           engine.get("vllm"), sources.get("engine.vllm", ""))
+
+    def decide(p: Policy, ctx: Any) -> Any:
+        # A column's release decides through its engine stage: the cell is what it runs. A
+        # refusal is the cell's outcome, shown with its rule; not an error.
+        read = known(ctx.engine["vllm"]) if "vllm" in ctx.engine else None
+        engine = ReleaseStage(read.version) if read is not None else None
+        return resolve(p, ctx, capabilities=stage, refused=True, engine=engine)
+
+    table = fleet(policy, architectures, args.target, decide, base=_base(args), **context)
+    sys.stdout.write(render_fleet(table, fmt))
+    # --engine-version's vLLM against the policy's release (a column's was checked above).
+    warn_outside("policy table", policy, context["engine"].get("vllm"),
+                 context["sources"].get("engine.vllm", ""))
     return 1 if table.failed else 0
 
 

@@ -18,7 +18,6 @@ import argparse
 import os
 import shlex
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import (
@@ -39,6 +38,7 @@ from interlock.core.platform import TRITON_FACT
 if TYPE_CHECKING:
     from interlock.policy.resolution import Resolution
     from interlock.vllm.command import ServeCommand
+    from interlock.vllm.releases import Release
     from interlock.vllm.version import VllmInstall
 
 #: This command's options; after MODEL they would silently go to vllm serve.
@@ -146,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     from interlock.commands.release_check import engine_lines
     from interlock.core.errors import PolicyError
     from interlock.vllm.command import serve_command
-    from interlock.vllm.flags import flags_for_features, level_overrides, read_user_flags
+    from interlock.vllm.flags import flags_for_features, read_user_flags
     from interlock.vllm.model import vllm_model
+    from interlock.vllm.stage import ReleaseStage, by_level
     from interlock.vllm.version import find_install, find_vllm
 
     own = [a for a in args.vllm_args if a.split("=")[0] in OWN_OPTIONS]
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     env, sources = process_env(policy)
     sources.update(user.sources())
     sources.update({f"features.{k}": "given with --feature" for k in given})
+    # The flag that forced each decision field, for the release stage's messages.
+    sources.update({f"overrides.{k}": flag for k, flag in user.given_by.items()})
     executable = args.vllm or find_vllm()
     if args.vllm is not None and not os.access(args.vllm, os.X_OK):
         raise PolicyError(f"--vllm {args.vllm}: not an executable file")
@@ -175,9 +178,12 @@ def run(args: argparse.Namespace) -> int:
     if "vllm" not in engine and install is not None:
         engine, engine_sources = engine_facts(install)
     sources.update(engine_sources)
-    # Before anything is decided: a policy for another release has no decision to give here.
-    release = engine_lines(policy, engine.get("vllm"), engine_sources.get("engine.vllm", ""),
-                           allow=args.allow_version_mismatch)
+    # Before anything is decided: a release interlock has not read, or a policy for another
+    # release, has no decision to give here.
+    release = release_of(engine.get("vllm"), allow=args.allow_version_mismatch)
+    policy_lines = engine_lines(policy, engine.get("vllm"),
+                                engine_sources.get("engine.vllm", ""),
+                                allow=args.allow_version_mismatch)
     triton = None if install is None else install.triton_fact(args.platform is not None, given)
     if triton is not None:
         given = {**given, TRITON_FACT: triton[0]}
@@ -197,41 +203,38 @@ def run(args: argparse.Namespace) -> int:
         traits={"task": user.task} if user.task is not None else None,
         overrides=dict(user.overrides),
         runners="vllm",
+        stage=ReleaseStage(None if release is None else release.version),
     )
     resolution = decide(policy, query)
-    by_level = level_overrides(resolution, user)
-    if by_level:
-        user.overrides.update(by_level)
-        user.given_by.update(dict.fromkeys(by_level, user.level_flag))
-        resolution = decide(policy, replace(query, overrides=dict(user.overrides)))
     context = resolution.context
     version = context.engine.get("vllm")
-    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, version,
-                            triton)
+    command = serve_command(resolution, model.argument, args.vllm_args, user, extra, release)
     where = f"{context.platform} {context.device_arch}".strip()
     print(
         f"policy vllm: vLLM {version or 'version unknown'} "
         f"({context.source('engine.vllm') if version else 'no vllm found; every flag is set'})",
         file=sys.stderr,
     )
-    for line in release:
+    for line in policy_lines:
         print(f"policy vllm: {line}", file=sys.stderr)
     print(
         f"policy vllm: {context.architecture} on {where}: {decided_by(resolution)}",
         file=sys.stderr,
     )
-    for name, flag in user.given_by.items():
+    given_by = {**user.given_by, **{name: prov.source for name, prov
+                                    in resolution.provenance.items() if by_level(prov)}}
+    for name, flag in given_by.items():
         print(f"policy vllm: {name} given by {flag}", file=sys.stderr)
     for key in sorted(context.features):
         origin = context.source(f"features.{key}")
         if key != TRITON_FACT:
             print(f"policy vllm: feature {key}={context.features[key]} ({origin})",
                   file=sys.stderr)
-    for adj in command.adjustments:
-        print(
-            f"policy vllm: vLLM adjusts {adj.field} {adj.before} -> {adj.after}: {adj.why}",
-            file=sys.stderr,
-        )
+    for adj in [a for a in command.adjustments() if a["field"] not in given_by]:
+        where = f" ({adj['where']})" if adj["where"] else ""
+        print(f"policy vllm: {ReleaseStage(release.version if release else None).name} "
+              f"adjusts {adj['field']} {str(adj['from']).lower()} -> {str(adj['to']).lower()}: "
+              f"{adj['why']}{where}", file=sys.stderr)
     if args.action == "args":
         record_decision(args, resolution, "policy vllm args", model=model.argument,
                         capabilities=False,
@@ -257,49 +260,89 @@ def run(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from interlock.core.errors import InputError
+    from interlock.core.terminal import escape, one_line
     from interlock.vllm.verify import (
         MISMATCH_EXIT,
+        NO_DECISION,
         is_decision_log,
-        plugin_decision,
-        read_lines,
         record_decision,
         verify_log,
         verify_records,
     )
 
-    lines = read_lines(args.file)
-    if is_decision_log(lines):
+    def say(text: str, stream: Any = sys.stdout) -> None:
+        # One line of output per record or start, whatever the log's values hold: a line
+        # break in a record's field cannot print a line of its own (a spoofed "verified").
+        stream.write(one_line(escape(text)) + "\n")
+
+    if is_decision_log(args.file):
         if args.record is not None:
             raise InputError(f"{args.file} is a decision log; --record goes with an engine log")
-        checked = verify_records(args.file)
-        if not checked:
-            print(f"policy vllm verify: {args.file}: no record says what an engine ran",
-                  file=sys.stderr)
-            return MISMATCH_EXIT
-        bad = 0
-        for who, problems in checked:
-            print(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
-                                + "; ".join(problems)))
+        checked = bad = 0
+        for who, problems in verify_records(args.file):
+            say(f"{who}: " + ("verified" if not problems else "NOT VERIFIED: "
+                              + "; ".join(problems)))
+            checked += 1
             bad += bool(problems)
+        if not checked:
+            say(f"policy vllm verify: {args.file}: no record says what an engine ran",
+                sys.stderr)
+            return MISMATCH_EXIT
         return MISMATCH_EXIT if bad else 0
     if args.record is not None:
         decision, platform, decided_by = record_decision(args.record, args.id)
+        verdicts = verify_log(args.file, decision, platform, decided_by, args.vllm_version)
     else:
-        found = plugin_decision(lines)
-        if found is None:
-            raise InputError(
-                f"{args.file}: the log has no interlock plugin lines ('interlock: governing "
-                "...'); give the decision with --record DECISION_LOG"
-            )
-        decision, platform = found
-        decided_by = f"the interlock plugin's lines in {args.file}"
-    verdict = verify_log(lines, decision, platform, decided_by, args.vllm_version)
+        verdicts = verify_log(args.file, None, "", "", args.vllm_version)
+    verified = all(v.verification.verified for v in verdicts)
     if args.json:
-        write_json(verdict.to_dict())
-    else:
-        print(f"policy vllm verify: decision from {decided_by}")
-        print(verdict.verification.line().replace("policy vllm: ", "policy vllm verify: "))
-    return 0 if verdict.verification.verified else MISMATCH_EXIT
+        write_json({"verified": verified, "starts": [v.to_dict() for v in verdicts]})
+        return 0 if verified else MISMATCH_EXIT
+    for verdict in verdicts:
+        where = (f"engine start {verdict.start} of {len(verdicts)} (line {verdict.line}): "
+                 if len(verdicts) > 1 else "")
+        if verdict.verification.ended_by == NO_DECISION:
+            say(f"policy vllm verify: {where}NOT CONFIRMED: "
+                + "; ".join(verdict.verification.problems))
+            continue
+        say(f"policy vllm verify: {where}decision from {verdict.decided_by}")
+        say(verdict.verification.line().replace("policy vllm: ", f"policy vllm verify: {where}"))
+    return 0 if verified else MISMATCH_EXIT
+
+
+def release_of(version: str | None, *, allow: bool) -> Release | None:
+    """The release interlock has read that vLLM ``version`` is (None: no version known). A
+    release not read is refused (exit 5); with ``--allow-version-mismatch`` the newest read
+    release older than it stands in, said loudly on stderr."""
+    from interlock.core.errors import PolicyError
+    from interlock.vllm.releases import RELEASES, UnknownRelease, known, release_number
+
+    if version is None:
+        return None
+    found = known(version)
+    if found is not None:
+        return found
+    if not allow:
+        raise UnknownRelease(
+            f"vLLM {version} is a release interlock has not read (it knows "
+            f"{', '.join(r.version for r in RELEASES)}): which knobs it reads and what it "
+            f"refuses are not established. Take it in with `make vllm-release "
+            f"VLLM={release_number(version)}`, or give --allow-version-mismatch to decide as "
+            "the newest release read before it"
+        )
+    from packaging.version import Version
+
+    older = [r for r in RELEASES if Version(r.version) < Version(version)]
+    if not older:
+        raise PolicyError(
+            f"vLLM {version} is older than the oldest release interlock has read "
+            f"({RELEASES[0].version}): which of its flags and env vars carry the decision is "
+            "not established; upgrade vLLM or pass the flags yourself"
+        )
+    stand_in = older[-1]
+    print(f"policy vllm: WARNING: vLLM {version} was not read by interlock; deciding as "
+          f"vLLM {stand_in.version} (--allow-version-mismatch)", file=sys.stderr)
+    return stand_in
 
 
 def engine_facts(install: VllmInstall) -> tuple[dict[str, str], dict[str, str]]:

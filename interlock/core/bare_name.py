@@ -44,7 +44,9 @@ def hand_over(name: str, init_file: str) -> None:
     if spec is None or spec.loader is None:
         raise ModuleNotFoundError(
             f"No module named {name!r} (the folder {root / name} is interlock.{name}, "
-            f"not a package of that name)",
+            f"not a package of that name; it was found because interlock's checkout {root} "
+            f"is on sys.path, as the current directory of `python -m` or `python -c`: start "
+            f"the program from another directory, e.g. `cd /tmp`)",
             name=name,
         )
     module = importlib.util.module_from_spec(spec)

@@ -160,6 +160,7 @@ def resolve_cells(
     from interlock.measure.design import combinations
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
+    from interlock.vllm.releases import known
 
     user = read_user_flags(vllm_args)
     clashing = sorted(set(factors) & set(user.overrides))
@@ -175,7 +176,8 @@ def resolve_cells(
             resolution = decide(policy, replace(query, overrides={**user.overrides, **levels}))
             # The levels are forced in the resolution, not flags the user gave: the command
             # still carries them explicitly (those ``version`` reads).
-            command = serve_command(resolution, model, vllm_args, user, (), version, triton)
+            command = serve_command(resolution, model, vllm_args, user, (),
+                                    None if version is None else known(version))
         except PolicyError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue
@@ -193,12 +195,14 @@ def compare_cells(
     from interlock.app.query import decide
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
+    from interlock.vllm.releases import known
 
     user = read_user_flags(vllm_args)
     cells = []
     for name, policy in (("old", old), ("new", new)):
         resolution = decide(policy, replace(query, overrides=user.overrides))
-        command = serve_command(resolution, model, vllm_args, user, (), version)
+        command = serve_command(resolution, model, vllm_args, user, (),
+                                None if version is None else known(version))
         cells.append(Cell(name, {"policy": name}, resolution, command))
     same = (cells[0].command.argv, cells[0].command.env) == (
         cells[1].command.argv, cells[1].command.env)
@@ -311,9 +315,9 @@ def measure_engine(
     """Run the design on ``vllm serve`` and build the evidence record; ``pick`` as
     :func:`interlock.measure.measure` takes it."""
     from interlock import decision_log as records
-    from interlock.vllm.engine import EngineCheck, EngineProcess, log_formats
+    from interlock.vllm.engine import EngineCheck, EngineProcess, log_release
 
-    log_formats(vllm_version)  # a version that is not one is refused before anything starts
+    log_release(vllm_version)  # an unread release is refused before anything starts
     check_answers(accuracy_prompts, accuracy_answers)
     taken: set[int] = set()
     for cell in cells:

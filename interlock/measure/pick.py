@@ -59,7 +59,7 @@ def beaten(record: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def decided_by_text(record: Mapping[str, Any], fields: Sequence[str] | None = None) -> str:
-    """``runner=mrv2 by defaults (policies.yaml:79)``, for ``fields`` (default: every varied
+    """``runner=mrv2 by defaults (policies.yaml:89)``, for ``fields`` (default: every varied
     field)."""
     pick = record.get("pick") or {}
     parts = []

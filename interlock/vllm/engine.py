@@ -1,14 +1,15 @@
 """Checking a running ``vllm serve`` against the decision it was started with.
 
 vLLM says what it runs in its startup log, and only there. The lines read (messages as
-vLLM's own source writes them; the same text in every release 0.27.1–0.33, at the places
-:data:`FORMATS` lists):
+vLLM's own source writes them; the same text in every release 0.27.1–0.34, at the places
+each release's ``Release.logs`` lists, :mod:`interlock.vllm.releases`):
 
 - the engine config, once: ``Initializing a V1 LLM engine (v%s) with config: %s``
   (``v1/engine/core.py``), whose ``compilation_config={...}`` holds
   ``'mode': <CompilationMode.NAME: n>`` and ``'cudagraph_mode': <CUDAGraphMode.NAME: ...>``;
 - ``Using V2 Model Runner`` (``v1/worker/gpu_worker.py``), logged once when V2 runs and
-  **nothing** when V1 runs: V1 is known only once the server is up without that line;
+  **nothing** when V1 runs: V1 is known only once the server is up without that line.
+  0.34.0 has no V1 and logs no such line: there the runner is V2 by the release itself;
 - ``Breakable CUDA graph enabled`` (``compilation/breakable_cudagraph.py``), logged when a
   model is wrapped for breakable capture (breakable on and a cudagraph mode other than
   NONE), and ``Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1...`` (``config/vllm.py``) when
@@ -38,85 +39,45 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from interlock.core.errors import PolicyError
+from interlock.vllm.releases import NEWEST, RELEASES, Release, UnknownRelease, release
 
 if TYPE_CHECKING:
     import http.client
 
-#: The release whose formats are used when the version is not known.
-DEFAULT_VERSION = "0.33.0"
-
-
-@dataclass(frozen=True)
-class LogFormats:
-    """Where one vLLM release logs each line :class:`EngineCheck` reads (``file:line`` in the
-    wheel), for the record; the messages themselves are :data:`MESSAGES`."""
-
-    version: str
-    runner_v2: str
-    config: str
-    breakable: str
-    auto_breakable: str
-    ready: str
-
-
-#: The messages, identical in every release below (read from each wheel's source; the ready
-#: line moved from ``entrypoints/openai/api_server.py`` to the launchers in 0.29).
+#: The messages, identical in every release read (each wheel's source; where each release
+#: logs them is its ``Release.logs``). 0.34.0 no longer logs the runner: it has only V2.
 RUNNER_V2_MESSAGE = "Using V2 Model Runner"
 CONFIG_MESSAGE = re.compile(r"^Initializing a V1 LLM engine \(v(?P<version>[^)]*)\) with config: ")
 BREAKABLE_MESSAGE = "Breakable CUDA graph enabled"
 AUTO_BREAKABLE_MESSAGE = "Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1."
 READY_MESSAGE = "Starting vLLM server on "
 
-_W, _C, _B, _V, _E, _A = (
-    "v1/worker/gpu_worker.py", "v1/engine/core.py", "compilation/breakable_cudagraph.py",
-    "config/vllm.py", "entrypoints/launchers/api_server/entry.py",
-    "entrypoints/openai/api_server.py",
-)
-FORMATS: dict[str, LogFormats] = {
-    f.version: f
-    for f in (
-        LogFormats("0.27.1", f"{_W}:385", f"{_C}:122", f"{_B}:288", f"{_V}:1232", f"{_A}:682"),
-        LogFormats("0.28.0", f"{_W}:396", f"{_C}:123", f"{_B}:288", f"{_V}:1335", f"{_A}:657"),
-        LogFormats("0.29.0", f"{_W}:429", f"{_C}:123", f"{_B}:288", f"{_V}:717", f"{_E}:139"),
-        LogFormats("0.30.0", f"{_W}:441", f"{_C}:124", f"{_B}:293", f"{_V}:763", _E),
-        LogFormats("0.31.0", f"{_W}:479", f"{_C}:130", f"{_B}:294", f"{_V}:844", _E),
-        LogFormats("0.32.0", f"{_W}:518", f"{_C}:134", f"{_B}:294", f"{_V}:819", _E),
-        LogFormats("0.33.0", f"{_W}:513", f"{_C}:140", f"{_B}:294", f"{_V}:849", f"{_E}:139"),
-    )
-}
 
 #: vLLM's logger: ``LEVEL MM-DD HH:MM:SS [file:line] message`` after any prefix.
 _LOG_LINE = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
     r"\[(?P<where>[^\]\s]+:\d+)\] (?P<message>.*)$"
 )
+#: The most breakable lines kept in a verdict (each start logs one or two).
+_MAX_SHOWN = 8
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COMPILATION = re.compile(r"compilation_config=\{")
 _MODE = re.compile(r"'mode': <CompilationMode\.(?P<name>[A-Z_]+): \d+>")
 _CUDAGRAPH = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(?P<name>[A-Z_]+): [^>]*>")
 
 
-def log_formats(version: str | None) -> LogFormats:
-    """The formats of vLLM ``version`` (None: :data:`DEFAULT_VERSION`). A release whose wheel
-    was not read (a patch release, a newer or older one) gets the nearest older read
-    release's (the oldest's when it is older than all): the messages have not changed in any
-    release read, only the lines they are logged at; ``LogFormats.version`` then names the
-    release the formats are from. A version that is not one is an error."""
-    from packaging.version import InvalidVersion, Version
-
-    version = version or DEFAULT_VERSION
-    if version in FORMATS:
-        return FORMATS[version]
-    try:
-        wanted = Version(version)
-    except InvalidVersion:
-        raise PolicyError(
-            f"vLLM version {version!r} is not a version (e.g. 0.33.0); interlock knows the "
-            f"startup log of vLLM {', '.join(FORMATS)}"
-        ) from None
-    known = sorted(FORMATS, key=Version)
-    older = [v for v in known if Version(v) <= wanted]
-    return FORMATS[older[-1] if older else known[0]]
+def log_release(version: str | None) -> Release:
+    """The release whose startup log is read for vLLM ``version`` (None: the newest read). A
+    release interlock has not read, or whose startup log it has not read, is refused: its
+    lines could mean something else (0.34.0 stopped logging the runner)."""
+    rel = NEWEST if version is None else release(version)
+    if rel.logs is None:
+        raise UnknownRelease(
+            f"vLLM {rel.version}'s startup log was not read by interlock (it reads those of "
+            f"{', '.join(r.version for r in RELEASES if r.logs)}): what it runs cannot be "
+            "confirmed from it"
+        )
+    return rel
 
 
 def compile_mode_name(compile_on: bool, platform: str = "") -> str:
@@ -151,7 +112,7 @@ class Verification:
     #: What ended the check: ``ready``, ``mismatch``, ``timeout`` or ``exited``.
     ended_by: str
     vllm_version: str
-    formats: dict[str, str] = field(default_factory=dict)
+    formats: dict[str, str | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,8 +147,12 @@ class EngineCheck:
 
     def __init__(self, decision: Mapping[str, Any], version: str | None = None,
                  platform: str = "") -> None:
-        self.version = version or DEFAULT_VERSION
-        self.formats = log_formats(version)
+        #: Whether the release was known before the log: else the config line's is read.
+        self.given = version is not None
+        self.release = log_release(version)
+        self.version = version or self.release.version
+        assert self.release.logs is not None  # log_release refuses a release without
+        self.formats = self.release.logs
         self.expected = expected_from(decision, platform)
         self.seen: dict[str, Any] = {}
         self.problems: list[str] = []
@@ -213,7 +178,9 @@ class EngineCheck:
                 )
         elif message == BREAKABLE_MESSAGE or message.startswith(AUTO_BREAKABLE_MESSAGE):
             self.seen["breakable"] = True
-            self.seen.setdefault("breakable_lines", []).append(f"{where} {message}")
+            shown = self.seen.setdefault("breakable_lines", [])
+            if len(shown) < _MAX_SHOWN:  # a log repeating the line costs no more memory
+                shown.append(f"{where} {message}")
             if not self.expected["breakable"]:
                 self.problems.append(
                     f"breakable: decided false, but vLLM logged {message!r} [{where}]"
@@ -228,6 +195,15 @@ class EngineCheck:
     def _config(self, message: str, where: str) -> None:
         version = CONFIG_MESSAGE.match(message)["version"]  # type: ignore[index]
         self.seen["vllm_version"] = version
+        if not self.given:
+            # No version was known before the engine said its own: read its release's lines.
+            try:
+                self.release = log_release(version)
+            except PolicyError as exc:
+                self.problems.append(f"the engine is vLLM {version} [{where}]: {exc}")
+                return
+            assert self.release.logs is not None
+            self.formats, self.version = self.release.logs, self.release.version
         self.seen["config_line"] = where
         start = _COMPILATION.search(message)
         tail = message[start.end():] if start else ""
@@ -263,8 +239,17 @@ class EngineCheck:
                     "the engine came up without logging its config ('Initializing a V1 LLM "
                     "engine ... with config'): cudagraph_mode and mode are unconfirmed"
                 )
+            if self.formats.runner_v2 is None:  # one runner, and no line says it
+                seen.setdefault("runner", self.release.runners[0])
+                seen.setdefault("runner_line", f"vLLM {self.release.version} has "
+                                f"{self.release.runners[0]} only")
             seen.setdefault("runner", "mrv1")  # V1 is the runner that logs nothing
-            if expected["runner"] == "mrv2" and seen["runner"] != "mrv2":
+            if expected["runner"] != seen["runner"] and self.formats.runner_v2 is None:
+                self.problems.append(
+                    f"runner: decided {expected['runner']}, but vLLM {self.release.version} "
+                    f"has {seen['runner']} only"
+                )
+            elif expected["runner"] == "mrv2" and seen["runner"] != "mrv2":
                 self.problems.append(
                     f"runner: decided mrv2, but the engine came up without logging "
                     f"{RUNNER_V2_MESSAGE!r}: it runs V1"
@@ -286,11 +271,9 @@ class EngineCheck:
             vllm_version=seen.get("vllm_version", self.version),
             formats={
                 "for_version": self.version,
-                "version": self.formats.version,
-                "runner_v2": self.formats.runner_v2,
-                "config": self.formats.config,
-                "breakable": self.formats.breakable,
-                "ready": self.formats.ready,
+                "version": self.release.version,
+                **{name: (str(cite) if cite else None)
+                   for name, cite in vars(self.formats).items()},
             },
         )
         self.verdict = verdict

@@ -12,9 +12,10 @@ Two kinds of flag matter to a resolution:
 vLLM's levels set defaults for what is still unset (``vllm/config/vllm.py``): cudagraph
 mode NONE at O0, PIECEWISE at O1, FULL_AND_PIECEWISE at O2 and O3; compilation off at O0
 and VLLM_COMPILE above. An explicit ``-cc`` key beats the level. So a level replaces the
-policy's defaults for those fields (:func:`level_overrides`), and a rule that decides
-otherwise is an error naming both, since the ``-cc`` flag interlock adds would
-contradict the level silently.
+policy's defaults for those fields (the release's engine stage, :mod:`interlock.vllm.stage`,
+reads the level as the ``optimization_level`` feature), and a rule that decides otherwise is
+an error naming both, since the ``-cc`` flag interlock adds would contradict the level
+silently.
 
 Everything else passes through unread. Torch-free.
 """
@@ -28,8 +29,7 @@ from typing import Any
 
 from interlock.core.cudagraph import CUDAGRAPH_MODES
 from interlock.core.errors import PolicyError
-from interlock.policy.resolution import Resolution
-from interlock.policy.trace import DEFAULTS, IMPLIED
+from interlock.vllm.releases import LEVELS
 
 #: The source a feature read from a flag gets in the context (shown in provenance).
 FLAG_SOURCE = "vllm flag {}"
@@ -37,9 +37,6 @@ FLAG_SOURCE = "vllm flag {}"
 COMPILE_MODES = {"NONE": False, "0": False, "VLLM_COMPILE": True, "3": True}
 CC = ("-cc", "--compilation-config", "--compilation_config")
 OPTIMIZATION = ("-O", "--optimization-level", "--optimization_level")
-#: Optimization level -> (cudagraph mode, compile) it defaults to.
-LEVELS = {0: ("none", False), 1: ("piecewise", True), 2: ("full_and_piecewise", True),
-          3: ("full_and_piecewise", True)}
 
 
 @dataclass(frozen=True)
@@ -227,43 +224,6 @@ def _runner_task(flag: str, value: str) -> str | None:
             f"{flag} {value}: vLLM's runners are auto, {', '.join(RUNNER_TASKS)}"
         )
     return value
-
-
-def level_overrides(resolution: Resolution, user: UserFlags) -> dict[str, Any]:
-    """What the user's optimization level decides, given the resolution without it.
-
-    vLLM's level fills only fields nothing else set. interlock passes every field
-    explicitly, so the level is applied here as vLLM would: a field the policy left at its
-    defaults takes the level's value (the returned overrides); one a rule or env binding
-    set to another value would be contradicted by the ``-cc`` flag interlock adds, which is
-    an error naming both. Breakable graphs turning compilation off is vLLM's own doing
-    too, so not a contradiction. Fields the user set explicitly are theirs."""
-    if user.level is None:
-        return {}
-    mode, compile_on = LEVELS[user.level]
-    decided = resolution.decision.to_dict()
-    out: dict[str, Any] = {}
-    for name, wanted, flag in (("cudagraph", mode, "-cc.cudagraph_mode"),
-                               ("compile", compile_on, "-cc.mode")):
-        if name in user.overrides or decided[name] == wanted:
-            continue
-        prov = resolution.provenance[name]
-        if prov.stage == DEFAULTS:
-            out[name] = wanted
-            continue
-        if prov.stage == IMPLIED:
-            continue
-        value = str(decided[name]).lower()
-        shown = value.upper() if name == "cudagraph" else ("VLLM_COMPILE" if decided[name]
-                                                            else "NONE")
-        where = f" at {prov.location}" if prov.location else ""
-        raise PolicyError(
-            f"{user.level_flag} sets {name}={str(wanted).lower()} (vLLM's default at that "
-            f"level), but the policy decided {name}={value} ({prov.stage} {prov.source}{where}) "
-            f"and policy vllm would pass {flag}={shown} over it; say which you mean with "
-            f"{flag}=... after MODEL"
-        )
-    return out
 
 
 def _json_object(name: str, value: str) -> dict[str, Any]:

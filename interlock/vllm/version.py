@@ -9,11 +9,7 @@ isolated and said so. interlock never imports vLLM itself (it may not be install
 and importing it is slow and binds a platform). The same environment says whether vLLM
 has Triton there (:meth:`VllmInstall.has_triton`).
 
-:data:`VLLM_KNOBS` is the flag-support table: each environment variable or flag
-``policy vllm`` sets, the decision field it carries, and the releases that read
-it (PEP 440 specifier sets), established by reading each release's wheel
-(``vllm/envs.py``, ``vllm/config/compilation.py``). A release that lacks a knob
-gets no value for it; a decision only that knob could carry there is refused.
+What each release reads and does is :mod:`interlock.vllm.releases`'s table.
 """
 
 from __future__ import annotations
@@ -25,9 +21,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from interlock.core.errors import PolicyError
@@ -39,8 +33,6 @@ DETECT_TIMEOUT = 10
 #: A shebang longer than this is not one (the kernel reads 256 bytes; pip writes longer
 #: paths through a /bin/sh trampoline).
 MAX_SHEBANG = 4096
-#: The oldest release the table below was established for; older ones are refused.
-OLDEST_KNOWN = "0.16.0"
 
 _QUERY = (
     "import importlib.metadata as m, json\n"
@@ -57,112 +49,6 @@ _QUERY = (
 
 class DetectionError(PolicyError):
     """The executable's interpreter could not be found or asked (exit 1, like other input)."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    """An environment variable or ``vllm serve`` flag that carries one decision field."""
-
-    name: str
-    kind: str  # "env" or "flag"
-    field: str
-    #: The releases that read it.
-    releases: str
-    #: The value the field has in a release without the knob (vLLM cannot do otherwise there),
-    #: or None when such a release has no fixed value for it.
-    without: Any
-    #: Where the range was established.
-    evidence: str
-    #: An env knob's text for each value of its field, as vLLM reads it (empty for a flag,
-    #: whose text is the value itself): the one place `vllm serve`'s env, the plugin and the
-    #: check of a policy's env bindings (:func:`binding_problems`) take them from.
-    values: tuple[tuple[Any, str], ...] = ()
-
-    def read_by(self, version: str) -> bool:
-        return SpecifierSet(self.releases).contains(version, prereleases=True)
-
-    def text(self, value: Any) -> str:
-        """The knob's text for a decided ``value`` (KeyError for one vLLM cannot take)."""
-        return dict(self.values)[value]
-
-
-VLLM_KNOBS: tuple[Knob, ...] = (
-    Knob(
-        "VLLM_USE_V2_MODEL_RUNNER", "env", "runner", ">=0.16.0", None,
-        "vllm/envs.py of 0.16.0, 0.19.0-0.22.0 and 0.26.0-0.33.0",
-        # vLLM has these two runners only.
-        (("mrv1", "0"), ("mrv2", "1")),
-    ),
-    Knob(
-        "VLLM_USE_BREAKABLE_CUDAGRAPH", "env", "breakable", ">=0.22.0", False,
-        "vllm/envs.py: absent in 0.16.0, 0.19.0, 0.20.2 and 0.21.0, read from 0.22.0 on",
-        ((False, "0"), (True, "1")),
-    ),
-    Knob(
-        "-cc.cudagraph_mode", "flag", "cudagraph", ">=0.16.0", None,
-        "CompilationConfig.cudagraph_mode in vllm/config/compilation.py of 0.16.0-0.33.0",
-    ),
-    Knob(
-        "-cc.mode", "flag", "compile", ">=0.16.0", None,
-        "CompilationConfig.mode in vllm/config/compilation.py of 0.16.0-0.33.0",
-    ),
-)
-
-
-def knob(name: str) -> Knob:
-    return next(k for k in VLLM_KNOBS if k.name == name)
-
-
-def binding_problems(bindings: Mapping[str, Any]) -> list[str]:
-    """Where a policy's env bindings (``policy.env``) read one of vLLM's env knobs otherwise
-    than vLLM does (another field, or a text mapped to another value): the policy would
-    decide from the variable what the engine does not do with it."""
-    problems = []
-    for k in VLLM_KNOBS:
-        binding = bindings.get(k.name)
-        if k.kind != "env" or binding is None:
-            continue
-        where = f"{binding.location}: env binding {k.name}"
-        if binding.field != k.field:
-            problems.append(f"{where} sets {binding.field}; vLLM reads it as {k.field}")
-            continue
-        meaning = {text: value for value, text in k.values}
-        for text, value in binding.values.items():
-            if text in meaning and meaning[text] != value:
-                problems.append(f'{where} maps "{text}" to {value}; vLLM reads "{text}" as '
-                                f"{k.field}={meaning[text]}")
-    return problems
-
-
-def unsupported(version: str | None, decision: Mapping[str, Any]) -> list[tuple[Knob, str]]:
-    """The knobs this release does not read, each with why the decision is still honoured
-    there (empty text) or why it cannot be (the refusal)."""
-    if version is None:
-        return []
-    out = []
-    for k in VLLM_KNOBS:
-        if k.read_by(version):
-            continue
-        value = decision.get(k.field)
-        if k.without is not None and value == k.without:
-            out.append((k, ""))
-        else:
-            shown = str(value).lower() if isinstance(value, bool) else str(value)
-            out.append(
-                (k, f"vLLM {version} does not read {k.name} ({k.releases}; {k.evidence}), so "
-                    f"it cannot run {k.field}={shown}")
-            )
-    return out
-
-
-def check_known(version: str) -> None:
-    """Refuse a release older than the flag table covers: what it reads is not established."""
-    if Version(version) < Version(OLDEST_KNOWN):
-        raise PolicyError(
-            f"vLLM {version} is older than the oldest release interlock's flag table covers "
-            f"({OLDEST_KNOWN}): which of its flags and env vars carry the decision is not "
-            "established; upgrade vLLM or pass the flags yourself"
-        )
 
 
 #: Distributions that install the ``vllm`` package, as their dist-info directories spell them.

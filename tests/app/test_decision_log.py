@@ -50,7 +50,7 @@ def test_explain_and_resolve_records_hold_every_field(
     # The policy: its files with their hashes, version and revision.
     (policy_file,) = first["policy"]["files"]
     assert policy_file["path"] == "policies.yaml" and len(policy_file["sha256"]) == 64
-    assert first["policy"]["version"] == "vllm-0.33.0" and first["policy"]["revision"]
+    assert first["policy"]["version"] == "vllm-0.33.0..0.34.0" and first["policy"]["revision"]
     # The whole context with each fact's source.
     ctx = first["context"]
     assert (ctx["architecture"], ctx["platform"], ctx["device_arch"]) == (

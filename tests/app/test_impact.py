@@ -109,3 +109,63 @@ def test_a_damaged_log_line_is_named_and_skipped(cli: Any, tmp_path: Path) -> No
     result = cli("impact", "--log", str(log), SHIPPED, SHIPPED)
     assert result.code == 0 and f"{log}:22: not JSON" in result.err
     assert cli("impact", "--log", str(tmp_path / "none.jsonl"), SHIPPED, SHIPPED).code == 1
+
+
+#: The seed-2 fix as a site rule: GLM-5.2 stays on MRV1 on gfx950.
+SEED2_SITE = """\
+schema_version: 1
+version: "site-seed2"
+rules:
+  - id: glm-5.2-stays-on-mrv1
+    when: {architecture: GlmMoeDsaForCausalLM, platform: rocm, device_arch: gfx950}
+    set: {runner: mrv1}
+    reason: MRV2 regresses GLM-5.2's batch-1 TPOT 30-37 % on MI355X (vLLM 53155)
+"""
+
+
+def test_the_upgrade_to_034_names_what_changes_and_what_becomes_refused(
+    cli: Any, tmp_path: Path
+) -> None:
+    """A fleet whose vLLM plugin decided under 0.33.0, asked about 0.34.0: the site rule
+    keeping GLM-5.2 on MRV1 becomes a refusal in vLLM's words, HY-V4 on ROCm takes breakable
+    graphs, and CI fails."""
+    from interlock.vllm.stage import ReleaseStage
+
+    site = tmp_path / "site.yaml"
+    site.write_text(SEED2_SITE)
+    stack = f"{SHIPPED}{os.pathsep}{site}"
+    policy = load_policy([stack])
+    log = tmp_path / "fleet.jsonl"
+    for host, arch, platform, arch_name in (
+        ("mi355-a", "GlmMoeDsaForCausalLM", "rocm", "gfx950"),
+        ("mi300-a", "HYV4ForCausalLM", "rocm", "gfx942"),
+        ("h100-a", "LlamaForCausalLM", "cuda", "sm_90"),
+    ):
+        context = make_context(arch, platform=platform, device_arch=arch_name,
+                               engine={"vllm": "0.33.0"}, features={"has_triton": True})
+        resolution = resolve(policy, context, engine=ReleaseStage("0.33.0"))
+        record = decision_log.build_record(
+            resolution, "vllm plugin", model=f"/models/{arch}", capabilities=False,
+            runner={"name": resolution.decision.runner, "plugin": None,
+                    "distribution": "vllm", "version": "0.33.0"})
+        record["host"] = host
+        decision_log.append_record(log, record)
+    same = cli("impact", "--log", str(log), stack, stack, "--fail-on-change")
+    assert same.code == 0 and same.out.startswith("0 of 3"), same.out + same.err
+    result = cli("impact", "--log", str(log), stack, stack, "--vllm", "0.34.0", "--json")
+    assert result.code == 0, result.err
+    changed = {c["host"]: {f["field"]: f for f in c["fields"]} for c in result.json()["changed"]}
+    assert set(changed) == {"mi355-a", "mi300-a"}
+    outcome = changed["mi355-a"]["outcome"]
+    assert outcome["old"] == "decided"
+    assert outcome["new"].startswith(
+        "refused: refused by vLLM 0.34.0 (vllm/platforms/interface.py:1483): "
+        "VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported")
+    assert "runner=mrv1 from glm-5.2-stays-on-mrv1 (rules)" in outcome["new"]
+    assert (changed["mi300-a"]["breakable"]["old"], changed["mi300-a"]["breakable"]["new"]) == (
+        False, True)
+    gate = cli("impact", "--log", str(log), stack, stack, "--vllm", "0.34.0",
+               "--fail-on-change")
+    assert gate.code == 1 and "2 of 3 recorded deployment(s) would change" in gate.out
+    unread = cli("impact", "--log", str(log), stack, stack, "--vllm", "0.35.0")
+    assert unread.code == 5 and "vLLM 0.35.0 is a release interlock has not read" in unread.err

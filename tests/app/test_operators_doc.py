@@ -59,6 +59,15 @@ def test_the_page_shows_the_whole_story() -> None:
     assert {"site.yaml", "site.tests.yaml", "GLM-5.2/config.json"} <= set(files())
 
 
+def test_the_ci_line_fails_on_a_misspelled_architecture() -> None:
+    # Issue 52 item 12: the check a reader copies into CI passed a site rule whose
+    # architecture was misspelled (a warning, exit 0 without --strict).
+    checks = [command for command, _ in commands() if command.startswith("policy check")]
+    assert "policy check --strict --policy @shipped:site.yaml" in checks
+    typo = next(c for c in commands() if "typo.yaml" in c[0])
+    assert typo[1][-1] == "exit 1" and "did you mean 'LlamaForCausalLM'" in typo[1][0]
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("operator")

@@ -48,7 +48,8 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
     assert doc["decision"]["runner"] == "mrv2" and doc["decision"]["breakable"] is False
     assert doc["provenance"]["breakable"]["source"] == "rocm-no-default-breakable"
     assert doc["provenance"]["breakable"]["file"] == "policies.yaml"
-    assert doc["policy"]["version"] == "vllm-0.33.0" and doc["policy"]["schema_version"] == 1
+    assert doc["policy"]["version"] == "vllm-0.33.0..0.34.0"
+    assert doc["policy"]["schema_version"] == 1
     assert len(doc["policy"]["revision"]) == 16 and doc["policy"]["files"] == ["policies.yaml"]
     rules = [s for s in doc["trace"] if s["stage"] == "rules"]
     assert [s["name"] for s in rules] == [
@@ -63,10 +64,18 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "vllm-cpu-no-cuda-graphs",
         "step5-refuses-mrv1",
         "v2-without-triton-refused",
+        "breakable-listed-0.34",
+        "rocm-not-breakable-0.34",
+        "musespark-1x-not-breakable-0.34",
+        "cuda-qwen35-breakable",
+        "rocm-hyv4-breakable",
+        "before-0.34-breakable",
+        "before-0.34-not-breakable",
+        "before-0.34-rocm-hyv4",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
-    assert rules[-2]["refuse"] == "Model Runner V1 does not support: Step5"
-    assert rules[-1]["refuse"] == "Model Runner V2 requires Triton."
+    assert rules[9]["refuse"] == "Model Runner V1 does not support: Step5"
+    assert rules[10]["refuse"] == "Model Runner V2 requires Triton."
 
 
 def test_env_flags_and_process_environment(cli, monkeypatch) -> None:
@@ -127,7 +136,7 @@ def test_model_flag(cli, tmp_path) -> None:
     [
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2_MODEL_RUNNER=2"],
-            "policies.yaml:92:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
+            "policies.yaml:102:3: env.VLLM_USE_V2_MODEL_RUNNER: VLLM_USE_V2_MODEL_RUNNER='2'",
         ),
         (
             ["explain", "X", "--platform", "cuda", "--env", "VLLM_USE_V2=1"],

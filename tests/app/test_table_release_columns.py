@@ -57,18 +57,31 @@ def test_a_column_s_release_wins_over_engine_version(cli: Any) -> None:
     assert cells["rocm:gfx942"]["decision"]["runner"] == "mrv2"
 
 
-def test_a_column_outside_the_policy_s_release_is_warned_about(cli: Any) -> None:
+def test_a_column_outside_the_policy_s_release_is_refused_naming_the_policy_for_it(
+    cli: Any,
+) -> None:
     result = cli("table", "--target", "rocm:gfx942@vllm=0.31.0", "--target", "rocm:gfx942",
                  "-a", "GlmMoeDsaForCausalLM")  # fmt: skip
-    assert result.code == 0
-    assert result.out.split("\n")[0].split() == ["architecture", "rocm:gfx942@vllm=0.31.0",
-                                                 "rocm:gfx942"]
+    assert result.code == 5 and result.out == ""
     assert result.err == (
-        "policy table: warning: vLLM 0.31.0 (given with --target rocm:gfx942@vllm=0.31.0) is "
-        "outside what the policy is written for: vLLM 0.33.0 (version: policies.yaml:11); "
-        "the decision shown is that release's, not necessarily vLLM 0.31.0's: use a policy "
-        "written for vLLM 0.31.0\n"
+        "policy: error: policy table: --target rocm:gfx942@vllm=0.31.0: vLLM 0.31.0 (given "
+        "with --target rocm:gfx942@vllm=0.31.0) is outside what the policy is written for: "
+        "vLLM 0.33.0 to 0.34.0 (version: policies.yaml:11), so its cells would be another "
+        "release's decisions: use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0, "
+        "one rule set for every release read) or a policy written for vLLM 0.31.0\n"
     )
+    # Under the policy of every release, the same column is that release's decision.
+    ok = cli("table", *ALL_RELEASES, "--target", "rocm:gfx942@vllm=0.31.0", "-a",
+             "GlmMoeDsaForCausalLM")  # fmt: skip
+    assert ok.code == 0 and ok.err == "" and "mrv1" in ok.out
+
+
+def test_a_034_column_runs_through_its_release(cli: Any) -> None:
+    target = "rocm:gfx950@vllm=0.34.0"
+    doc = cli("table", "--target", target, "-a", "GlmMoeDsaForCausalLM", "--env",
+              "VLLM_USE_V2_MODEL_RUNNER=0", "--json").json()  # fmt: skip
+    refusal = doc["rows"][0]["cells"][target]["refusal"]
+    assert refusal["by"] == "vLLM 0.34.0" and refusal["location"]["line"] == 1483
 
 
 @pytest.mark.parametrize(

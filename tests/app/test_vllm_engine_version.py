@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from interlock.vllm.releases import KNOBS
 from interlock.vllm.version import (
-    VLLM_KNOBS,
     DetectionError,
     detect_engine_version,
     interpreter_of,
@@ -123,11 +123,12 @@ def test_a_decision_the_release_cannot_run_is_refused_naming_it(
     model = _model(tmp_path, "GlmMoeDsaForCausalLM")
     result = cli("vllm", "args", "--vllm", _fake_vllm(tmp_path, "0.21.0"), "--platform", "cuda",
                  "--allow-version-mismatch", model)  # fmt: skip
-    assert result.code == 1 and result.out == ""
+    # The release refuses it (exit 5, as a rule's refusal), naming the knob it lacks and who
+    # decided the value.
+    assert result.code == 5 and result.out == ""
     assert (
-        "vLLM 0.21.0 does not read VLLM_USE_BREAKABLE_CUDAGRAPH (>=0.22.0; vllm/envs.py: "
-        "absent in 0.16.0, 0.19.0, 0.20.2 and 0.21.0, read from 0.22.0 on), so it cannot run "
-        "breakable=true (decided by breakable-dsa)"
+        "refused by vLLM 0.21.0: vLLM 0.21.0 does not read VLLM_USE_BREAKABLE_CUDAGRAPH, so it "
+        "cannot run breakable=true [breakable=true from breakable-dsa (rules)]"
     ) in result.err
 
 
@@ -155,7 +156,7 @@ def test_without_a_vllm_the_version_is_unknown_and_every_knob_is_set(
     result = cli("vllm", "args", "--json", "--platform", "cuda", model)
     assert result.code == 0, result.err
     assert result.json()["resolution"]["context"]["engine"] == {}
-    assert set(result.json()["env"]) == {k.name for k in VLLM_KNOBS if k.kind == "env"}
+    assert set(result.json()["env"]) == {k.name for k in KNOBS if k.kind == "env"}
     assert "vLLM version unknown" in result.err
 
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from interlock.policy.loader import load_policy
-from interlock.vllm.command import BREAKABLE_KNOB, RUNNER_KNOB, RUNNER_VALUES
-from interlock.vllm.version import binding_problems
+from interlock.vllm.releases import BREAKABLE_KNOB, RUNNER_KNOB, binding_problems
 
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = sorted(
@@ -29,7 +28,7 @@ def test_every_shipped_and_history_policy_reads_the_knobs_as_vllm_does(path: Pat
 
 
 def test_the_serve_env_comes_from_the_knob_table() -> None:
-    assert RUNNER_VALUES == {"mrv1": "0", "mrv2": "1"}
+    assert dict(RUNNER_KNOB.values) == {"mrv1": "0", "mrv2": "1"}
     assert BREAKABLE_KNOB.text(True) == "1" and BREAKABLE_KNOB.text(False) == "0"
 
 

@@ -116,15 +116,17 @@ rules: []
 def test_a_policy_without_the_refusing_rule_still_cannot_run_v2_without_triton(
     tmp_path: Path,
 ) -> None:
-    """The plugin checks the engine itself: a policy that decides V2 where vLLM has no
-    Triton stops the engine by the plugin's own word, naming what decided it."""
+    """The release's stage checks the engine itself: a policy that decides V2 where vLLM has
+    no Triton is refused in vLLM 0.32.0's words, at its file:line, naming what decided it."""
     path = tmp_path / "policy.yaml"
     path.write_text(NO_REFUSING_RULE)
-    with pytest.raises(PluginRefusal) as caught:
+    with pytest.raises(PolicyRefused) as caught:
         decide(_facts(), load_policy([str(path)]), {})
     text = str(caught.value)
-    assert "runner=mrv2 (defaults, " in text and "policy.yaml:" in text
-    assert "Model Runner V2 requires Triton" in text and "HAS_TRITON" in text
+    assert "refused by vLLM 0.32.0 (vllm/config/vllm.py:1443)" in text
+    assert "runner=mrv2 from defaults" in text
+    assert "Model Runner V2 requires Triton" in text
+    assert "HAS_TRITON" in " ".join(caught.value.details)
 
 
 def test_a_plugin_that_cannot_load_stops_the_engine(
@@ -164,15 +166,40 @@ def test_the_plugin_stops_the_engine_with_the_documented_code(
     assert capsys.readouterr().err.startswith("interlock: the vLLM plugin stops the engine: ")
 
 
+def test_a_decision_log_the_plugin_cannot_write_stops_the_engine_as_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 51: the code was 1 (as for every command) where docs/vllm.md suggested 3.
+    from interlock.vllm.plugin import _record
+
+    facts = _facts()
+    made = decide(facts, _shipped(), {})
+    monkeypatch.setenv("INTERLOCK_DECISION_LOG", str(tmp_path))  # a directory
+    with pytest.raises(SystemExit) as caught:
+        try:
+            _record(made, facts)
+        except BaseException as exc:  # noqa: BLE001 - as register() hands it over
+            _stop(exc)
+    assert caught.value.code == EXIT_CODES["input"] == 1
+    assert capsys.readouterr().err.startswith(
+        "interlock: the vLLM plugin stops the engine: decision log ")
+    doc = " ".join((ROOT / "docs" / "vllm.md").read_text().split())
+    assert ("5 for a rule's `refuse:`, 1 for a policy error, a decision log it cannot write "
+            "or a decision the engine cannot run (as for every interlock command), 3 for any "
+            "other failure") in doc
+
+
 def test_verify_a_real_saved_log(cli: Any) -> None:
     result = cli("vllm", "verify", REAL_LOG)
     assert result.code == 0, result.err
     assert ("verified: the engine runs the decision (mode=DYNAMO_TRACE_ONCE, "
             "cudagraph_mode=NONE, runner=mrv1, breakable=false)") in result.out
     doc = cli("vllm", "verify", "--json", REAL_LOG).json()
-    assert doc["decision"] == {"runner": "mrv1", "breakable": False, "cudagraph": "none",
-                               "compile": True}
-    assert doc["platform"] == "cpu" and doc["vllm_version"] == "0.32.0"
+    assert doc["verified"] is True and len(doc["starts"]) == 1
+    start = doc["starts"][0]
+    assert start["decision"] == {"runner": "mrv1", "breakable": False, "cudagraph": "none",
+                                 "compile": True}
+    assert start["platform"] == "cpu" and start["vllm_version"] == "0.32.0"
 
 
 def test_verify_finds_what_contradicts_the_decision(cli: Any, tmp_path: Path) -> None:
@@ -206,12 +233,17 @@ def test_verify_against_a_decision_record(cli: Any, tmp_path: Path) -> None:
     assert "runner: decided mrv2, but the engine came up without logging" in result.out
 
 
-def test_verify_a_log_without_plugin_lines_asks_for_a_record(cli: Any, tmp_path: Path) -> None:
+def test_verify_a_log_without_plugin_lines_cannot_confirm(cli: Any, tmp_path: Path) -> None:
+    # The plugin never loaded: nothing to check against, which is "cannot confirm" (4), not
+    # unreadable input (1).
     bare = tmp_path / "bare.log"
     bare.write_text("".join(line for line in REAL_LOG.read_text().splitlines(keepends=True)
                             if "interlock:" not in line))
     result = cli("vllm", "verify", bare)
-    assert result.code == 1 and "give the decision with --record" in result.err
+    assert result.code == 4, result.err
+    assert "NOT CONFIRMED: the log has no interlock plugin lines" in result.out
+    assert "give the decision with --record" in result.out
+    assert cli("vllm", "verify", "--record", REAL_RECORD, bare).code == 0
 
 
 def test_verify_rechecks_serve_records(cli: Any, tmp_path: Path) -> None:
@@ -240,6 +272,11 @@ def test_the_entry_points_are_declared() -> None:
     assert '[project.entry-points."vllm.general_plugins"]\ninterlock = ' \
         '"interlock.vllm.plugin:register"' in text
     assert 'interlock = "interlock.vllm.plugin.metrics:DecisionInfo"' in text
+    # The captured log names the entry points vLLM found, as pyproject.toml declares them
+    # today (it named the module's old path, interlock.vllm_plugin.metrics, once).
+    found = [line.split(" -> ")[1] for line in REAL_LOG.read_text().splitlines()
+             if "] - interlock -> " in line]
+    assert found and all(f'interlock = "{target}"' in text for target in found), found
 
 
 def test_the_plugins_record_follows_the_schema() -> None:

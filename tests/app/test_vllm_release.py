@@ -13,7 +13,7 @@ import pytest
 from .planted_vllm import planted_venv
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED_RELEASE = "vLLM 0.33.0 (version: policies.yaml:11)"
+SHIPPED_RELEASE = "vLLM 0.33.0 to 0.34.0 (version: policies.yaml:11)"
 
 
 @pytest.fixture(autouse=True)
@@ -40,13 +40,15 @@ def test_explain_names_the_release_and_warns_on_another(cli: Any) -> None:
     assert other.err == (
         "policy explain: warning: vLLM 0.31.0 (given with --engine-version) is outside what "
         f"the policy is written for: {SHIPPED_RELEASE}; the decision shown is that "
-        "release's, not necessarily vLLM 0.31.0's: use a policy written for vLLM 0.31.0\n"
+        "release's, not necessarily vLLM 0.31.0's: use examples/vllm-all-releases.yaml (vLLM "
+        "0.27.1 to 0.34.0, one rule set for every release read) or a policy written for vLLM "
+        "0.31.0\n"
     )
 
 
 def test_explain_json_lists_the_releases(cli: Any) -> None:
     doc = cli("explain", "GlmMoeDsaForCausalLM", "--platform", "rocm", "--json").json()
-    assert doc["releases"] == [{"engine": "vllm", "first": "0.33.0", "last": "0.33.0",
+    assert doc["releases"] == [{"engine": "vllm", "first": "0.33.0", "last": "0.34.0",
                                 "location": {"file": "policies.yaml", "line": 11, "col": 1}}]
 
 
@@ -72,8 +74,9 @@ def test_vllm_args_refuses_a_given_release_outside_the_policy(cli: Any, tmp_path
     assert refused.err == (
         "policy: error: vLLM 0.31.0 (given with --engine-version) is outside what the policy "
         f"is written for: {SHIPPED_RELEASE}; its decision may not be what vLLM 0.31.0 needs "
-        "or can run: use a policy written for vLLM 0.31.0, or give --allow-version-mismatch "
-        "to use this one anyway\n"
+        "or can run: use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0, one rule set "
+        "for every release read) or a policy written for vLLM 0.31.0, or give "
+        "--allow-version-mismatch to use this one anyway\n"
     )
     as_json = cli("vllm", "args", "--json", "--platform", "rocm", "--engine-version",
                   "vllm=0.31.0", model)  # fmt: skip
@@ -90,7 +93,7 @@ def test_vllm_args_takes_a_policy_covering_the_release(cli: Any, tmp_path: Path)
     result = cli("vllm", "args", "--platform", "rocm", "--engine-version", "vllm=0.31.0",
                  "--policy", "examples/vllm-all-releases.yaml", _model(tmp_path))  # fmt: skip
     assert result.code == 0, result.err
-    assert ("policy vllm: policy for vLLM 0.27.1 to 0.33.0 (version: "
+    assert ("policy vllm: policy for vLLM 0.27.1 to 0.34.0 (version: "
             "examples/vllm-all-releases.yaml:17)") in result.err.split("\n")
     assert "warning" not in result.err
 

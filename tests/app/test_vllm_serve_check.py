@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from interlock.vllm.engine import FORMATS, EngineCheck
+from interlock.vllm.engine import EngineCheck
+from interlock.vllm.releases import RELEASES, UnknownRelease
 
 from .fake_vllm_engine import SOURCE
 
@@ -215,7 +216,7 @@ def test_the_check_reads_every_known_release_and_each_process_prefix() -> None:
     config = ("Initializing a V1 LLM engine (v{v}) with config: model='m', compilation_config="
               "{{'mode': <CompilationMode.VLLM_COMPILE: 3>, 'cudagraph_mode': "
               "<CUDAGraphMode.PIECEWISE: 1>}}, kernel_config=None")
-    for version in FORMATS:
+    for version in [r.version for r in RELEASES if r.logs and r.logs.runner_v2]:
         check = EngineCheck(decision, version)
         # 0.29/0.30: the worker's prefix is added to the line; 0.31+: the formatter's own.
         assert check.feed(f"(EngineCore_DP0 pid=7) INFO 12-01 10:00:00 [core.py:1] "
@@ -226,9 +227,33 @@ def test_the_check_reads_every_known_release_and_each_process_prefix() -> None:
         assert check.feed("echo Starting vLLM server on nothing") is None
         verdict = check.feed("INFO 12-01 10:00:02 [entry.py:139] Starting vLLM server on x")
         assert verdict is not None and verdict.verified, verdict
-    # A release whose wheel was not read takes the nearest older read release's formats.
-    assert EngineCheck(decision, "0.33.2").formats.version == "0.33.0"
-    assert EngineCheck(decision, "0.30.1").formats.version == "0.30.0"
-    assert EngineCheck(decision, "0.26.0").formats.version == "0.27.1"
-    with pytest.raises(Exception, match="knows the startup log of vLLM 0.27.1"):
+    # A release whose wheel was not read is not guessed at: its lines could mean otherwise
+    # (0.34.0 stopped logging the runner), so its log is refused, not read as another's.
+    assert EngineCheck(decision, "0.33.0.post1").release.version == "0.33.0"
+    for unread in ("0.33.2", "0.30.1", "0.35.0"):
+        with pytest.raises(UnknownRelease, match=f"vLLM {unread} is a release interlock has"):
+            EngineCheck(decision, unread)
+    with pytest.raises(UnknownRelease, match="startup log was not read"):
+        EngineCheck(decision, "0.26.0")
+    with pytest.raises(Exception, match="is not a version"):
         EngineCheck(decision, "latest")
+
+
+def test_a_healthy_034_engine_runs_v2_without_saying_so() -> None:
+    """0.34.0 has only Model Runner V2 and logs no runner line: its silence is V2, not V1."""
+    config = ("Initializing a V1 LLM engine (v0.34.0) with config: model='m', compilation_config="
+              "{'mode': <CompilationMode.VLLM_COMPILE: 3>, 'cudagraph_mode': "
+              "<CUDAGraphMode.PIECEWISE: 1>}, kernel_config=None")
+    ready = "INFO 12-01 10:00:02 [entry.py:139] Starting vLLM server on x"
+    decision = {"runner": "mrv2", "cudagraph": "piecewise", "breakable": False, "compile": True}
+    check = EngineCheck(decision, "0.34.0")
+    assert check.feed(f"INFO 12-01 10:00:00 [core.py:153] {config}") is None
+    verdict = check.feed(ready)
+    assert verdict is not None and verdict.verified, verdict.problems
+    assert verdict.seen["runner"] == "mrv2"
+    # The same silence on 0.33.0 is V1.
+    check = EngineCheck(decision, "0.33.0")
+    check.feed(f"INFO 12-01 10:00:00 [core.py:140] {config.replace('0.34.0', '0.33.0')}")
+    verdict = check.feed(ready)
+    assert verdict is not None and not verdict.verified
+    assert "it runs V1" in verdict.problems[0]

@@ -62,3 +62,46 @@ def test_the_wheel_installs_beside_hugging_face_kernels(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[0] prompt [1, 2, 3]\n    -> [" in done.stdout and "(length)" in done.stdout
+
+
+def _documented_install() -> list[str]:
+    """The lines of docs/vllm.md that build interlock's wheel and install it into vLLM's
+    venv (issue 52: the page said `pip install --no-deps interlock`, which no index has)."""
+    page = (Path(__file__).parents[2] / "docs" / "vllm.md").read_text()
+    lines = [line.split("#")[0].strip() for line in page.splitlines()]
+    wanted = [line for line in lines
+              if line.startswith(("pip wheel ", "$VENV/bin/pip install --no-deps"))]
+    assert len(wanted) == 4 and wanted[:2] == wanted[2:], wanted  # the quickstart, the plugin
+    return wanted[:2]
+
+
+@pytest.mark.slow  # builds the wheel (its C kernels) and a venv
+def test_the_documented_wheel_installs_the_plugin_into_a_venv(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from checkout import REPO, WHEEL_SOURCES
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in WHEEL_SOURCES:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, checkout / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+        else:
+            shutil.copy2(path, checkout / name)
+    venv = tmp_path / "vllm-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # As the page says: the checkout's .venv active (its pip first on PATH), VENV vLLM's.
+    env = {**os.environ, "VENV": str(venv),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for line in _documented_install():
+        done = subprocess.run(["bash", "-c", line], cwd=checkout, env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+    code = ("import importlib.metadata as m; print(sorted(e.value for e in "
+            "m.entry_points(group='vllm.general_plugins')))")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True,
+                          text=True, timeout=60, check=True, cwd=tmp_path)
+    assert done.stdout.strip() == "['interlock.vllm.plugin:register']"

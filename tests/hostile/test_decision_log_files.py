@@ -204,3 +204,49 @@ def test_the_log_does_not_follow_a_symbolic_link(
                  "--decision-log", link)
     assert result.code == 1, result.err
     assert target.read_text() == "# mine\n"
+
+
+#: Values of the wrong kind, put in every field a reader uses (issue 51 item 10: a
+#: ``decision.runner`` that is a list made ``policy impact`` exit 70).
+WRONG_VALUES = ([1, 2], ["mrv1"], {"a": 1}, 7, 1.5, None, True, "x\ny", "")
+
+
+def _paths(record: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Every top-level field, and every field one level inside an object field."""
+    out: list[tuple[str, ...]] = []
+    for key, value in record.items():
+        out.append((key,))
+        if isinstance(value, dict):
+            out += [(key, inner) for inner in value]
+    return out
+
+
+def test_51_10_a_field_of_any_wrong_kind_is_named_skipped_and_counted(
+    cli: Any, tmp_path: Path, policies: tuple[Path, Path]
+) -> None:
+    old, new = policies
+    good = _good(tmp_path, old)
+    good["engine"] = {"verified": True, "vllm_version": "0.33.0", "problems": []}
+    good["outcome"] = {"output_tokens": 3, "ttft_ms": 1.0, "tpot_ms": 2.0, "graphs": {}}
+    log = tmp_path / "log.jsonl"
+    lines = 0
+    for path in _paths(good):
+        for wrong in WRONG_VALUES:
+            record = json.loads(json.dumps(good))
+            target = record
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = wrong
+            decision_log.append_record(log, record)
+            lines += 1
+    for command in (("log", log), ("impact", "--log", log, old, new),
+                    ("impact", "--log", log, old, new, "--json")):
+        result = cli(*command)
+        assert result.code == 0, (command, result.err[-3000:])
+        assert "Traceback" not in result.err
+    skipped = len(cli("impact", "--log", log, old, new, "--json").json()["skipped"])
+    shown = len(cli("log", log, "--json").json()["records"])
+    assert skipped + shown == lines
+    impact = cli("impact", "--log", log, old, new)
+    assert f"{skipped} line(s) skipped" in impact.out
+    assert "decision: runner: bad value ['mrv1']" in impact.err

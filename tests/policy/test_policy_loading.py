@@ -22,7 +22,7 @@ def line_of(text: str, needle: str) -> int:
 def test_shipped_policy_loads() -> None:
     policy = load_policy(use_cache=False)
     assert policy.schema_version == 1
-    assert policy.version == "vllm-0.33.0"
+    assert policy.version == "vllm-0.33.0..0.34.0"
     assert [f.path for f in policy.files] == ["policies.yaml"]
     assert len(policy.revision) == 16
 

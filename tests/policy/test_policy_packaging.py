@@ -46,4 +46,4 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path, interlock_wheel) -
         [sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "vllm-0.33.0"
+    assert out.stdout.strip() == "vllm-0.33.0..0.34.0"

@@ -145,13 +145,17 @@ def test_seed_table_vllm_0_33(
     assert (d.runner, d.cudagraph, d.breakable, d.compile) == expected
 
 
-def test_rocm_breakable_is_exactly_deepseek_v41(shipped) -> None:
-    on_rocm = {
-        a
-        for a in shipped.catalog
-        if resolve(shipped, Context(a, "rocm", "gfx950")).decision.breakable
-    }
-    assert on_rocm == {"DeepseekV41ForCausalLM"}
+def test_rocm_breakable_is_deepseek_v41_and_hyv4_on_034_and_v41_alone_on_033(shipped) -> None:
+    def on_rocm(engine: dict[str, str]) -> set[str]:
+        return {
+            a
+            for a in shipped.catalog
+            if resolve(shipped, Context(a, "rocm", "gfx950", engine=engine)).decision.breakable
+        }
+
+    assert on_rocm({}) == {"DeepseekV41ForCausalLM", "HYV4ForCausalLM", "HYV4MTPModel"}
+    assert on_rocm({"vllm": "0.34.0"}) == on_rocm({})
+    assert on_rocm({"vllm": "0.33.0"}) == {"DeepseekV41ForCausalLM"}
 
 
 def test_no_runner_exception_on_any_platform(shipped) -> None:

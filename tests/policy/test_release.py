@@ -29,9 +29,9 @@ def _policy(tmp_path: Path, *versions: str) -> object:
 
 def test_the_shipped_policy_names_its_release_at_its_version_line() -> None:
     (release,) = releases(load_policy(["@shipped"]))
-    assert release.text == "0.33.0"
+    assert release.text == "0.33.0 to 0.34.0"
     line = (REPO / "policies.yaml").read_text().split("\n")[release.location.line - 1]
-    assert line == 'version: "vllm-0.33.0"'
+    assert line == 'version: "vllm-0.33.0..0.34.0"'
 
 
 @pytest.mark.parametrize(

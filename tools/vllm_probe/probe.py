@@ -187,10 +187,35 @@ def install_stand_ins(platform: str, device_arch: str) -> Any:
         raise NotInspected("model class not in the model-info cache")
 
     registry._run_in_subprocess = not_inspected
-    config_vllm = _import("vllm.config.vllm")
-    _require(config_vllm, "HAS_TRITON")
-    config_vllm.HAS_TRITON = True
+    flag = _triton_flag(platform)
+    if flag is not None:
+        flag.HAS_TRITON = True
     return instance
+
+
+def _triton_flag(platform: str) -> Any | None:
+    """The module whose ``HAS_TRITON`` the config path reads: ``vllm.config.vllm`` up to
+    0.33.0 (the runner fell back to V1 without Triton). 0.34.0 no longer imports it there:
+    only the CPU platform reads it, from ``vllm.triton_utils`` when it is called
+    (vllm/platforms/cpu.py:239, :654), and the GPU worker, after the config is final. On a
+    GPU platform such a release's config path reads no Triton flag, so the stand-in is
+    ``vllm.triton_utils`` for the CPU platform only (None: nothing to stand in); any other
+    reader in ``vllm/config`` stops the probe rather than go unanswered."""
+    config_vllm = _import("vllm.config.vllm")
+    if hasattr(config_vllm, "HAS_TRITON"):
+        return config_vllm
+    package = Path(config_vllm.__file__).parent
+    readers = sorted(f.name for f in package.glob("*.py") if "HAS_TRITON" in f.read_text())
+    if readers:
+        raise ProbeError(
+            f"vLLM reads HAS_TRITON in vllm/config/{', '.join(readers)}, not as "
+            "vllm.config.vllm.HAS_TRITON: the probe's stand-in for it needs updating"
+        )
+    if platform != "cpu":
+        return None
+    triton_utils = _import("vllm.triton_utils")
+    _require(triton_utils, "HAS_TRITON")
+    return triton_utils
 
 
 def inspect_models(archs: list[str]) -> dict[str, str]:
@@ -245,6 +270,17 @@ def defaults_named() -> dict[str, list[str]]:
         arch for arch, cls in hooks.items() if _hook_touches_compilation(cls)
     )
     return named
+
+
+def release_facts() -> dict[str, Any]:
+    """What the snapshot's self-check needs besides the named sets: the runner of a release
+    with one runner (None where the config chooses), and whether the breakable default
+    also matches the text model's architectures."""
+    config_cls = _require(_import("vllm.config.vllm"), "VllmConfig")
+    return {
+        "only_runner": None if hasattr(config_cls, "use_v2_model_runner") else only_runner(),
+        "breakable_matches_text_model": breakable_matches_text_model(config_cls),
+    }
 
 
 def inline_breakable_architectures(config_vllm: Any) -> list[str]:
@@ -330,14 +366,66 @@ EXTRA_BY_ARCH: dict[str, dict[str, Any]] = {
 #: vLLM refusing a runner for a model: an outcome, recorded as ``outcome: refused`` with
 #: vLLM's message as ``refusal``. Any other exception is the probe's limit (a config only
 #: a real checkpoint has), recorded as ``probe_error`` and never compared.
-REFUSALS = ("Model Runner V1 does not support", "Model Runner V2 does not support",
-            "Model Runner V2 requires Triton")
+REFUSALS = (
+    # up to 0.33.0: vllm/config/vllm.py, forcing a runner onto what it cannot serve
+    "Model Runner V1 does not support", "Model Runner V2 does not support",
+    "Model Runner V2 requires Triton",
+    # 0.34.0: Platform.validate_environ (vllm/platforms/interface.py:1481-1490) refuses
+    # VLLM_USE_V2_MODEL_RUNNER other than 1; _validate_model_runner (vllm/config/vllm.py:3457)
+    # refuses what the one runner cannot serve
+    "Model Runner V1 has been removed", "The GPU model runner does not support",
+    "The CPU model runner without Triton does not yet support",
+)
 
 
-def _model_dir(root: Path, arch: str, moe: bool = False) -> Path:
+def encoder_decoder_type(arch: str) -> str | None:
+    """The transformers model type standing in for an encoder-decoder architecture: the one
+    transformers' auto mappings name ``arch`` under whose default config says
+    ``is_encoder_decoder`` (Whisper: ``whisper``); None for every other architecture.
+
+    vLLM takes "encoder-decoder" from the config's flag (``is_encoder_decoder``), which a
+    Llama-shaped config never sets: such a model would be probed as a decoder."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import modeling_auto
+
+    named = {
+        model_type
+        for mapping in dir(modeling_auto)
+        if mapping.endswith("_MAPPING_NAMES")
+        for model_type, classes in getattr(modeling_auto, mapping).items()
+        if arch in ((classes,) if isinstance(classes, str) else classes)
+    }
+    found = []
+    for model_type in sorted(named & set(CONFIG_MAPPING.keys())):
+        try:
+            default = CONFIG_MAPPING[model_type]()
+        except Exception as exc:  # noqa: BLE001 - named, then the probe stops
+            raise ProbeError(
+                f"transformers' default {model_type} config (for {arch}) cannot be built: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        if getattr(default, "is_encoder_decoder", False):
+            found.append(model_type)
+    if len(found) > 1:
+        raise ProbeError(f"{arch} is named under several encoder-decoder model types: {found}")
+    return found[0] if found else None
+
+
+def _model_dir(root: Path, arch: str, moe: bool = False, stand_in: str | None = None) -> Path:
+    """The stand-in checkpoint folder: Llama-shaped, or transformers' default config of
+    ``stand_in`` (an encoder-decoder model type, :func:`encoder_decoder_type`)."""
     path = root / arch
     path.mkdir(parents=True, exist_ok=True)
-    config = {**LLAMA, **EXTRA, **EXTRA_BY_ARCH.get(arch, {}), "architectures": [arch]}
+    if stand_in is not None:
+        from transformers import CONFIG_MAPPING
+
+        config = {
+            **CONFIG_MAPPING[stand_in]().to_dict(),
+            "architectures": [arch],
+            "torch_dtype": LLAMA["torch_dtype"],
+        }
+    else:
+        config = {**LLAMA, **EXTRA, **EXTRA_BY_ARCH.get(arch, {}), "architectures": [arch]}
     if moe:
         config.update(MOE)
     (path / "config.json").write_text(json.dumps(config))
@@ -359,6 +447,10 @@ class ServeConfig:
         self.breakable = _require(
             _import("vllm.compilation.breakable_cudagraph"), "is_breakable_cudagraph_enabled"
         )
+        # Up to 0.33.0 the config carries the runner choice; 0.34.0 has one runner.
+        facts = release_facts()
+        self.only_runner = facts["only_runner"]
+        self.text_match = facts["breakable_matches_text_model"]
 
     def run(
         self, model: Path, env: dict[str, str], flags: list[str], base_env: dict[str, str]
@@ -383,15 +475,83 @@ class ServeConfig:
                 traceback.print_exc()
             return record
         cc = config.compilation_config
-        record["runner"] = "mrv2" if config.use_v2_model_runner else "mrv1"
-        record["breakable"] = bool(self.breakable())
+        if self.only_runner is None:
+            record["runner"] = "mrv2" if config.use_v2_model_runner else "mrv1"
+        elif getattr(config, "is_mm_encoder_only", False):
+            raise ProbeError("an encoder-only instance runs MMEncoderModelRunner: not probed")
+        else:
+            record["runner"] = self.only_runner
+        record["breakable"] = breakable_of(cc, self.breakable)
         record["cudagraph"] = str(getattr(cc.cudagraph_mode, "name", cc.cudagraph_mode)).lower()
         record["compile"] = cc.mode != self.none
         record["compile_mode"] = str(getattr(cc.mode, "name", cc.mode))
         record["capture_sizes"] = list(cc.cudagraph_capture_sizes or []) or None
         record["task"] = task_of(config.model_config)
+        text = getattr(getattr(config.model_config, "hf_text_config", None), "architectures", None)
+        if self.text_match and text and set(text) != set(config.model_config.architectures):
+            # Recorded for the snapshot's self-check: the release matched these too.
+            record["text_architectures"] = sorted(text)
         record["outcome"] = "decided"
         return record
+
+
+def breakable_of(compilation_config: Any, from_env: Any) -> bool:
+    """The breakable verdict of a final config. 0.34.0 stores it in
+    ``CompilationConfig.use_breakable_cudagraph`` and no longer writes the env var, so
+    reading the env there would say false for every auto-enabled model; up to 0.33.0
+    vLLM's own reader (``is_breakable_cudagraph_enabled()``) reads the env it wrote."""
+    if not hasattr(compilation_config, "use_breakable_cudagraph"):
+        return bool(from_env())
+    verdict = compilation_config.use_breakable_cudagraph
+    if not isinstance(verdict, bool):
+        raise ProbeError(
+            "CompilationConfig.use_breakable_cudagraph is unresolved after create_engine_config "
+            f"({verdict!r}): vLLM moved the breakable decision"
+        )
+    return verdict
+
+
+def breakable_matches_text_model(config_cls: Any) -> bool:
+    """Whether the release's breakable default also matches the text model's architectures
+    (``hf_text_config``; 0.34.0's ``_uses_breakable_cudagraph_by_default``)."""
+    import inspect
+
+    method = getattr(config_cls, "_uses_breakable_cudagraph_by_default", None)
+    return method is not None and "hf_text_config" in inspect.getsource(method)
+
+
+def only_runner() -> str:
+    """The runner of a release whose config has no runner choice (0.34.0), read from the
+    release itself: Model Runner V1's module (``vllm.v1.worker.gpu_model_runner``) is gone
+    and the GPU worker builds its runner from the V2 package (``vllm.v1.worker.gpu``,
+    ``Worker._make_model_runner``). Anything else stops the probe."""
+    import ast
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        raise ProbeError(
+            "VllmConfig.use_v2_model_runner is gone but vllm.v1.worker.gpu_model_runner "
+            "(Model Runner V1) is still there: the probe's runner reading needs updating"
+        )
+    spec = importlib.util.find_spec("vllm.v1.worker.gpu_worker")
+    if spec is None or spec.origin is None:
+        raise ProbeError("vLLM moved vllm.v1.worker.gpu_worker: the probe reads the runner there")
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    built = {
+        node.module
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef) and fn.name == "_make_model_runner"
+        for node in ast.walk(fn)
+        if isinstance(node, ast.ImportFrom)
+        and any(alias.name == "GPUModelRunner" for alias in node.names)
+    }
+    if built != {"vllm.v1.worker.gpu.model_runner"}:
+        raise ProbeError(
+            "vllm.v1.worker.gpu_worker.Worker._make_model_runner no longer builds "
+            f"vllm.v1.worker.gpu.model_runner.GPUModelRunner (builds {sorted(built)}): the "
+            "probe's runner reading needs updating"
+        )
+    return "mrv2"
 
 
 def task_of(model_config: Any) -> str:
@@ -470,9 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.triton is None:
             parser.error("--platform cpu needs --triton yes|no")
         args.device_arch = args.device_arch or ""
-        config_vllm = _import("vllm.config.vllm")
-        _require(config_vllm, "HAS_TRITON")
-        config_vllm.HAS_TRITON = args.triton == "yes"
+        flag = _triton_flag("cpu")
+        assert flag is not None  # the CPU platform reads one on every release
+        flag.HAS_TRITON = args.triton == "yes"
         features = {"has_triton": args.triton == "yes"}
     else:
         if not (args.platform and args.device_arch):
@@ -481,7 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     if args.list_defaults:
-        print(json.dumps({"vllm": vllm.__version__, "named": defaults_named()}, sort_keys=True))
+        print(json.dumps(
+            {"vllm": vllm.__version__, "named": defaults_named(), "release": release_facts()},
+            sort_keys=True,
+        ))
         return 0
     if not args.out:
         parser.error("--out is required")
@@ -512,11 +675,13 @@ def main(argv: list[str] | None = None) -> int:
     serve = ServeConfig()
     moe = set(args.moe.split(",")) - {""} if reads_expert_count() else set()
     models: dict[str, Path] = {}
+    stand_ins: dict[str, str | None] = {}
     with open(args.out, "a", encoding="utf-8") as out:
         for request in requests:
             arch = request["architecture"]
             if arch not in models:
-                models[arch] = _model_dir(tmp, arch, arch in moe)
+                stand_ins[arch] = encoder_decoder_type(arch)
+                models[arch] = _model_dir(tmp, arch, arch in moe, stand_ins[arch])
                 if arch not in surrogates:
                     # Its own class was inspected; if the config path still fails on the
                     # stand-in config (CUDA-only imports, a real checkpoint's sub-configs),
@@ -548,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["surrogate"] = surrogates[arch]
             if arch in moe:
                 row["moe_config"] = True
+            if stand_ins[arch] is not None:
+                row["stand_in_config"] = stand_ins[arch]
             row["seconds"] = round(time.perf_counter() - t0, 3)
             out.write(json.dumps(row, sort_keys=True) + "\n")
             out.flush()

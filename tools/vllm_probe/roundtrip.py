@@ -37,6 +37,8 @@ def round_trip(
     from interlock.policy.resolution import PolicyRefused, resolve
     from interlock.policy.snapshot import load_snapshot
     from interlock.vllm.command import UserFlags, serve_command
+    from interlock.vllm.releases import release
+    from interlock.vllm.stage import ReleaseStage
 
     policy = load_policy(policy_paths)
     snapshot = load_snapshot(snapshot_path)
@@ -56,10 +58,11 @@ def round_trip(
             continue
         ctx = row.context
         try:
-            res = resolve(policy, ctx)
-            # The flags of the release the snapshot recorded (one that lacks a knob gets none).
+            # The release the snapshot recorded decides through its stage, and its command
+            # carries only the knobs it reads.
             version = snapshot.engine_version
-            command = serve_command(res, "MODEL", [], UserFlags(), version=version)
+            res = resolve(policy, ctx, engine=ReleaseStage(version))
+            command = serve_command(res, "MODEL", [], UserFlags(), release=release(version))
             knobs, flags, decision = command.env, command.argv[3:], command.decision
         except PolicyRefused as exc:
             # No command to emit: vLLM, given what the user gave, must refuse as well.

@@ -39,6 +39,12 @@ RESULT_FIELDS = (
     "outcome", "runner", "breakable", "cudagraph", "compile", "capture_sizes", "task", "refusal",
     "probe_error",
 )
+#: What a row says about its stand-in where it differs from the default: the text model's
+#: architectures the release matched, transformers' encoder-decoder model type it ran on.
+STAND_IN_FIELDS = ("text_architectures", "stand_in_config")
+#: The env var of the breakable verdict; set, it decides (every release).
+BREAKABLE_ENV = "VLLM_USE_BREAKABLE_CUDAGRAPH"
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 class SnapshotError(RuntimeError):
@@ -80,6 +86,36 @@ def _last_json(text: str) -> Any:
     return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
 
 
+def list_defaults(
+    python: Path, env: dict[str, str]
+) -> tuple[str, dict[str, list[str]], dict[str, Any]]:
+    """The release's version, the architecture sets its defaults name (a function's answer
+    on CUDA, and on ROCm as ``NAME() on rocm``), and its :func:`probe.release_facts`."""
+    listed = {}
+    for platform, arch in (("cuda", "sm_90"), ("rocm", "gfx950")):
+        listed[platform] = _last_json(
+            _probe(python, env, "--platform", platform, "--device-arch", arch, "--list-defaults")
+        )
+    named = dict(listed["cuda"]["named"])
+    for key, value in listed["rocm"]["named"].items():
+        # Functions (``name()``) answer per platform: ROCm's answer is kept apart.
+        named[f"{key} on rocm" if key.endswith("()") else key] = value
+    return listed["cuda"]["vllm"], named, listed["cuda"]["release"]
+
+
+def relist(path: Path, python: Path, env: dict[str, str]) -> None:
+    """Rewrite a written snapshot's header sets from its release (rows untouched): the
+    snapshots of 0.29.0-0.33.0 were written with ROCm's answer under the CUDA name."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    version, named, release = list_defaults(python, env)
+    if version != header["snapshot"]["vllm"]:
+        raise SnapshotError(f"{path} is vLLM {header['snapshot']['vllm']}, the venv {version}")
+    header["snapshot"]["named_by_vllm_defaults"] = named
+    header["snapshot"]["release"] = release
+    path.write_text("\n".join([json.dumps(header, sort_keys=True), *lines[1:]]) + "\n")
+
+
 def build(args: argparse.Namespace) -> int:
     python = Path(args.venv).resolve() / "bin" / "python"
     if not (Path(args.venv) / f".installed-{args.vllm}").exists():
@@ -93,18 +129,9 @@ def build(args: argparse.Namespace) -> int:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     started = time.perf_counter()
 
-    listed = {}
-    for platform, arch in (("cuda", "sm_90"), ("rocm", "gfx950")):
-        listed[platform] = _last_json(
-            _probe(python, env, "--platform", platform, "--device-arch", arch, "--list-defaults")
-        )
-    version = listed["cuda"]["vllm"]
+    version, named, release = list_defaults(python, env)
     if version != args.vllm:
         raise SnapshotError(f"the probe venv has vLLM {version}, not {args.vllm}")
-    named = {k: v for k, v in listed["cuda"]["named"].items()}
-    for key, value in listed["rocm"]["named"].items():
-        # Functions (``name()``) answer per platform: ROCm's answer is kept apart.
-        named[f"{key} on rocm" if key.endswith("()") else key] = value
     catalog = catalog_architectures([Path(p) for p in args.policies])
     moe = moe_architectures([Path(p) for p in args.policies])
     archs = sorted(set(catalog).union(*named.values()))
@@ -129,6 +156,12 @@ def build(args: argparse.Namespace) -> int:
     seconds = [row["seconds"] for row in rows]
     elapsed = time.perf_counter() - started
 
+    problems = self_check(rows, named, release)
+    if problems:
+        raise SnapshotError(
+            f"self-check: {len(problems)} readings disagree with vLLM {version}'s own sets "
+            "(nothing written):\n  " + "\n  ".join(problems[:20])
+        )
     if args.verify:
         _verify(python, env, work, rows, args.verify, surrogates, moe)
 
@@ -144,6 +177,10 @@ def build(args: argparse.Namespace) -> int:
             else "unset only",
             "architectures": archs,
             "named_by_vllm_defaults": named,
+            "release": release,
+            "stand_in_configs": {
+                r["architecture"]: r["stand_in_config"] for r in rows if "stand_in_config" in r
+            },
             "catalogs": [str(Path(p).resolve().relative_to(REPO)) for p in args.policies],
             "surrogates": surrogate_reasons(rows),
             "moe_config": sorted({r["architecture"] for r in rows if r.get("moe_config")}),
@@ -188,12 +225,77 @@ def surrogate_reasons(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
     kept = {k: row[k] for k in ("vllm", "architecture", "platform", "device_arch", "env")}
-    kept.update({k: row[k] for k in RESULT_FIELDS if k in row})
+    kept.update({k: row[k] for k in (*RESULT_FIELDS, *STAND_IN_FIELDS) if k in row})
     if "surrogate" in row:
         kept["surrogate"] = True
     if row.get("moe_config"):
         kept["moe_config"] = True
     return kept
+
+
+def breakable_set(named: dict[str, list[str]], platform: str) -> set[str] | None:
+    """The architectures the release auto-enables breakable graphs for on ``platform`` (the
+    names its own function answers there, or 0.27.1/0.28.0's inline tuple); None for a
+    platform the snapshot has no answer for."""
+    key = "default_breakable_cudagraph_architectures()"
+    if key in named:
+        return set(named[f"{key} on rocm" if platform == "rocm" else key])
+    inline = named.get("inline breakable tuple in VllmConfig.__post_init__")
+    return None if inline is None else set(inline)
+
+
+def self_check(
+    rows: list[dict[str, Any]], named: dict[str, list[str]], release: dict[str, Any]
+) -> list[str]:
+    """Each reading that disagrees with what the release's own sets imply, as
+    ``context: field ...``. Decided rows: an explicit VLLM_USE_BREAKABLE_CUDAGRAPH is the
+    verdict; unset, the verdict is whether the architecture (or, where the release matches
+    it, its text model's) is in the release's breakable set for that platform; breakable
+    graphs turn compilation off; on a release with one runner every decided row runs it and
+    every context setting VLLM_USE_V2_MODEL_RUNNER to anything but 1 is refused."""
+    problems: list[str] = []
+    only = release.get("only_runner")
+    for row in rows:
+        where = (
+            f"{row['architecture']} on {row['platform']}/{row['device_arch']} "
+            f"env {json.dumps(row['env'], sort_keys=True)}"
+        )
+        runner_env = row["env"].get(RUNNER_ENV)
+        if only is not None and runner_env not in (None, "1") and row.get("outcome") != "refused":
+            problems.append(
+                f"{where}: outcome {row.get('outcome') or 'probe_error'}, but vLLM "
+                f"{row['vllm']} refuses {RUNNER_ENV}={runner_env} (it has one runner, {only})"
+            )
+        if row.get("outcome") != "decided":
+            continue
+        if only is not None and row["runner"] != only:
+            problems.append(f"{where}: runner {row['runner']}, but the release runs only {only}")
+        if row["breakable"] and row["compile"]:
+            problems.append(f"{where}: compile true with breakable true (vLLM turns it off)")
+        if BREAKABLE_ENV in row["env"]:
+            expected = row["env"][BREAKABLE_ENV] == "1"
+            why = f"{BREAKABLE_ENV}={row['env'][BREAKABLE_ENV]}"
+        else:
+            names = breakable_set(named, row["platform"])
+            if names is None:
+                continue
+            archs = {row["architecture"], *row.get("text_architectures", ())}
+            expected = bool(archs & names)
+            why = (
+                f"{sorted(archs & names) or row['architecture']} "
+                f"{'in' if expected else 'not in'} the release's breakable set on "
+                f"{row['platform']}, {BREAKABLE_ENV} unset"
+            )
+        if row["breakable"] != expected:
+            problems.append(f"{where}: breakable {str(row['breakable']).lower()}, but {why}")
+    return problems
+
+
+def check_file(path: Path) -> list[str]:
+    """:func:`self_check` over a written snapshot (its header carries the named sets)."""
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    meta = lines[0]["snapshot"]
+    return self_check(lines[1:], meta["named_by_vllm_defaults"], meta.get("release", {}))
 
 
 def _verify(
@@ -229,8 +331,15 @@ def _verify(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm", required=True, help="the vLLM version, e.g. 0.33.0")
-    parser.add_argument("--venv", required=True, help="the probe venv (setup_venv.sh)")
+    parser.add_argument("--vllm", help="the vLLM version, e.g. 0.33.0")
+    parser.add_argument("--venv", help="the probe venv (setup_venv.sh)")
+    parser.add_argument(
+        "--check", metavar="SNAPSHOT", help="only run the self-check over a written snapshot"
+    )
+    parser.add_argument(
+        "--relist", metavar="SNAPSHOT",
+        help="rewrite a written snapshot's header sets from --venv, then --check it",
+    )  # fmt: skip
     parser.add_argument("--work", default=str(REPO / ".vllm-probe" / "runs"))
     parser.add_argument("--env", default="all", choices=("all", "unset"))
     parser.add_argument("--jobs", type=int, default=1, help="probe processes at a time")
@@ -251,6 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        if args.relist:
+            if not args.venv:
+                parser.error("--relist needs --venv")
+            python = Path(args.venv).resolve() / "bin" / "python"
+            env = {**os.environ, "VLLM_CACHE_ROOT": str(Path(args.work) / "relist-cache")}
+            relist(Path(args.relist), python, env)
+            args.check = args.relist
+        if args.check:
+            problems = check_file(Path(args.check))
+            if problems:
+                raise SnapshotError(
+                    f"self-check: {args.check}: {len(problems)} readings disagree with the "
+                    "release's own sets:\n  " + "\n  ".join(problems[:20])
+                )
+            print(f"vllm-snapshot: {args.check}: self-check passed", file=sys.stderr)
+            return 0
+        if not (args.vllm and args.venv):
+            parser.error("--vllm and --venv are required (unless --check)")
         return build(args)
     except SnapshotError as exc:
         print(f"vllm-snapshot: error: {exc}", file=sys.stderr)

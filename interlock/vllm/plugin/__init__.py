@@ -2,19 +2,26 @@
 
 Installed into a vLLM environment, interlock registers ``interlock`` in the entry-point
 group ``vllm.general_plugins``; vLLM calls :func:`register` in every process it starts,
-before it builds its config. :func:`register` wraps the seam where vLLM applies its own
-per-architecture config hooks, the first step of ``VllmConfig.__post_init__`` (see
-:data:`SEAMS`): there the model is known and none of vLLM's defaults (optimization level,
-platform, compilation mode) has been filled yet. The wrapper resolves the policy for that
-model on the engine's own platform, with the engine's own Triton verdict, and sets only
-what the user left unset: ``VLLM_USE_V2_MODEL_RUNNER`` and ``VLLM_USE_BREAKABLE_CUDAGRAPH``
-when absent from the environment, ``compilation_config.cudagraph_mode`` and ``.mode`` when
-``None``. It logs one line per decided field with the rule and ``file:line`` that chose
-it, and appends a decision record when a decision log is configured
-(``$INTERLOCK_DECISION_LOG``). A decision the engine cannot honour (Model Runner V2
-without Triton, CUDA graphs on a platform without them) stops the engine naming the rule;
-so does any failure of the plugin itself: vLLM logs and ignores an entry point that fails
-to load, so a failure here exits rather than leave the engine running ungoverned.
+before it builds its config. :func:`register` refuses a vLLM release interlock has not read
+(:mod:`interlock.vllm.releases`; exit 5): what an unread release does with the decision is
+not known, so the plugin does not govern it blind. Otherwise it wraps the seam where that
+release applies its own per-architecture config hooks, the first step of
+``VllmConfig.__post_init__`` (the release's ``seam``): there the model is known and none of
+vLLM's defaults (optimization level, platform, compilation mode) has been filled yet. The
+wrapper resolves the policy for that model on the engine's own platform, with the engine's
+own Triton verdict, through the release's engine stage (:mod:`interlock.vllm.stage`: what
+that release makes of the decision, what it refuses), and sets only what the user left
+unset and the release reads: ``VLLM_USE_V2_MODEL_RUNNER`` (until 0.33) and
+``VLLM_USE_BREAKABLE_CUDAGRAPH`` when absent from the environment,
+``compilation_config.cudagraph_mode`` and ``.mode`` when ``None``. It logs one line per
+decided field with the rule and ``file:line`` that chose it, and appends a decision record
+when a decision log is configured (``$INTERLOCK_DECISION_LOG``). When ``__post_init__``
+ends it reads vLLM's final config back (graph mode, compilation mode, the breakable verdict
+where the release keeps it, the runner where knowable) and stops the engine on any field a
+later step of vLLM changed (:func:`read_back`). A decision the engine cannot honour stops the
+engine naming the rule; so does any failure of the plugin itself: vLLM logs and ignores an
+entry point that fails to load, so a failure here exits rather than leave the engine running
+ungoverned.
 
 The decision is also exported on ``/metrics`` by :mod:`interlock.vllm.plugin.metrics`
 (entry-point group ``vllm.stat_logger_plugins``). Everything that does not need vLLM is
@@ -27,22 +34,22 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
 from interlock.core.platform import TRITON_FACT
 from interlock.vllm.engine import compile_mode_name
-from interlock.vllm.version import knob
+from interlock.vllm.releases import (
+    BREAKABLE_KNOB,
+    CONFIG_VERDICT,
+    RELEASES,
+    RUNNER_KNOB,
+    Release,
+    release,
+)
 
-#: Where each vLLM release applies its per-architecture config hooks first in
-#: ``VllmConfig.__post_init__`` (read in the wheels): the method the plugin wraps.
-SEAMS: Mapping[str, str] = {
-    "0.30.0": "vllm/config/vllm.py:2530, called at :1265 of __post_init__ (:1254)",
-    "0.31.0": "vllm/config/vllm.py:2766, called at :1434 of __post_init__ (:1405)",
-    "0.32.0": "vllm/config/vllm.py:2629, called at :1443 of __post_init__ (:1414)",
-    "0.33.0": "vllm/config/vllm.py:2735, called at :1539 of __post_init__ (:1510)",
-}
+#: The method of ``VllmConfig`` each release's seam is (``Release.seam``).
 SEAM_METHOD = "try_verify_and_update_config"
 #: What the engine logs through: vLLM's own logger tree, so the lines carry its format.
 LOGGER = "vllm.interlock"
@@ -53,8 +60,8 @@ RECORD_COMMAND = "vllm plugin"
 ACTIVE_PREFIX = "interlock: governing "
 FIELD_PREFIX = "interlock: decided "
 
-RUNNER_ENV = knob("VLLM_USE_V2_MODEL_RUNNER").name
-BREAKABLE_ENV = knob("VLLM_USE_BREAKABLE_CUDAGRAPH").name
+RUNNER_ENV = RUNNER_KNOB.name
+BREAKABLE_ENV = BREAKABLE_KNOB.name
 _logger = logging.getLogger(LOGGER)
 
 
@@ -106,14 +113,20 @@ class Setting:
 @dataclass(frozen=True)
 class PluginDecision:
     resolution: Any
-    #: The decision vLLM will run (after vLLM's own adjustments), as ``policy vllm`` has it.
-    decision: dict[str, Any]
+    release: Release
     #: Env vars to set when absent.
     env: dict[str, str]
     #: compilation_config fields to set when None: ``cudagraph_mode`` / ``mode`` -> NAME.
     compilation: dict[str, str]
     settings: tuple[Setting, ...]
     header: str
+    #: Lines logged as warnings: the policy's release does not cover this vLLM.
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def decision(self) -> dict[str, Any]:
+        """The decision vLLM will run: the resolution's, the release's stage included."""
+        return dict(self.resolution.decision.to_dict())
 
     def rule_ids(self) -> str:
         """The rules (or ``defaults``) that decided, in field order, without repeats."""
@@ -128,7 +141,8 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     from interlock.app.decided_by import chooser as provenance_chooser
     from interlock.app.query import Query, decide, process_env
     from interlock.vllm.command import serve_command
-    from interlock.vllm.flags import UserFlags, level_overrides
+    from interlock.vllm.flags import UserFlags
+    from interlock.vllm.stage import LEVEL_FEATURE, ReleaseStage
 
     env, sources = process_env(policy, environ, "process environment of the vLLM engine")
     sources["platform"] = "vLLM's current_platform"
@@ -138,33 +152,33 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     sources.update({f"features.{k}": "vLLM's engine config" for k in facts.features})
     if facts.model_id is not None:
         sources["model_id"] = "vLLM's model_config.model"
+    rel = release(facts.vllm_version)
     overrides = {name: value for name, (value, _) in facts.user_set.items()}
     given_by = {name: how for name, (_, how) in facts.user_set.items()}
+    features = {**facts.features, TRITON_FACT: facts.has_triton}
+    if facts.level is not None:
+        features[LEVEL_FEATURE] = facts.level
+        sources[f"features.{LEVEL_FEATURE}"] = f"vLLM's optimization_level (-O{facts.level})"
     query = Query(
         architecture=None if facts.model_dir else facts.architecture,
         model=facts.model_dir,
         platform=facts.platform,
         device_arch=facts.device_arch,
-        features={**facts.features, TRITON_FACT: facts.has_triton},
+        features=features,
         env=env,
         sources=sources,
         model_id=facts.model_id,
         engine={"vllm": facts.vllm_version},
         overrides=dict(overrides),
         runners="vllm",
+        stage=ReleaseStage(rel.version),
     )
     user = UserFlags(overrides=dict(overrides), given_by=dict(given_by), level=facts.level,
                      level_flag=f"-O{facts.level}" if facts.level is not None else "")
     resolution = decide(policy, query)
-    by_level = level_overrides(resolution, user)
-    if by_level:
-        overrides.update(by_level)
-        user.overrides.update(by_level)
-        resolution = decide(policy, replace(query, overrides=dict(overrides)))
     try:
         command = serve_command(resolution, facts.model_dir or facts.architecture, [], user,
-                                version=facts.vllm_version,
-                                triton=(facts.has_triton, facts.triton_source))
+                                release=rel)
     except PolicyError as exc:
         raise PluginRefusal(str(exc)) from None
     final = command.decision
@@ -187,6 +201,9 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         elif var in command.env:
             out_env[var] = command.env[var]
             settings.append(Setting(name, final[name], chooser(name), f"{var}={out_env[var]}"))
+        else:
+            settings.append(Setting(name, final[name], chooser(name),
+                                    f"nothing to set (vLLM {rel.version} reads no {var})"))
     compilation: dict[str, str] = {}
     for name, key, value in (
         ("cudagraph", "cudagraph_mode", str(final["cudagraph"]).upper()),
@@ -208,7 +225,15 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         f"{TRITON_FACT}={'true' if facts.has_triton else 'false'} ({facts.triton_source}); "
         f"policy {policy.version} revision {policy.revision} from {files}"
     )
-    return PluginDecision(resolution, dict(final), out_env, compilation, tuple(settings), header)
+    from interlock.policy.release import mismatch
+    from interlock.vllm.releases import use_instead
+
+    problem = mismatch(policy, facts.vllm_version, "the running vLLM")
+    warnings = () if problem is None else (
+        f"interlock: WARNING: {problem}: the defaults applied are that release's, passed "
+        f"through vLLM {rel.version}'s own stage; {use_instead(facts.vllm_version)}",)
+    return PluginDecision(resolution, rel, out_env, compilation, tuple(settings), header,
+                          warnings)
 
 
 #: The decision this process applied (the stat logger reads it), and the env vars it set.
@@ -226,32 +251,48 @@ def register() -> None:
 
 def _stop(exc: BaseException) -> None:
     """Log the one line, write it to stderr, and exit with interlock's documented code: 5
-    for a rule's refusal, 1 for a policy error or a decision the engine cannot run, 3 for
-    any other failure of the plugin."""
+    for a rule's refusal, 1 for a policy error, a decision log it cannot write or a decision
+    the engine cannot run (interlock's errors for the user, named by their message alone), 3
+    for any other failure of the plugin."""
     if isinstance(exc, SystemExit):
         raise exc
-    text = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+    text = str(exc) if error_kind(exc) else f"{type(exc).__name__}: {exc}"
     message = f"interlock: the vLLM plugin stops the engine: {text}"
     _logger.error("%s", message)
     print(message, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CODES[error_kind(exc) or "plugin"])
 
 
+def governed_release(version: str) -> Release:
+    """The release the plugin governs ``version`` as: one interlock has read, seam included
+    (:class:`~interlock.vllm.releases.UnknownRelease`, exit 5, for a release not read)."""
+    rel = release(version)
+    if rel.seam is None:
+        seamed = ", ".join(r.version for r in RELEASES if r.seam is not None)
+        raise PluginRefusal(
+            f"vLLM {rel.version}'s config seam ({SEAM_METHOD}) was not read by interlock (the "
+            f"plugin governs {seamed}): use `policy vllm args|serve`, or a vLLM the plugin knows"
+        )
+    return rel
+
+
 def _install() -> None:
+    import vllm
+    from packaging.version import Version
+
+    rel = governed_release(Version(vllm.__version__).public)
     from vllm.config import vllm as config_vllm
 
     cls = config_vllm.VllmConfig
     original = getattr(cls, SEAM_METHOD, None)
     if original is None:
-        import vllm
-
         raise PluginRefusal(
-            f"vLLM {getattr(vllm, '__version__', '?')} has no VllmConfig.{SEAM_METHOD}, the "
-            f"seam interlock governs through (read for {', '.join(SEAMS)}); this release is "
-            "not supported by the plugin"
+            f"vLLM {rel.version} has no VllmConfig.{SEAM_METHOD}, the seam interlock governs "
+            f"through ({rel.seam}): this install differs from the release interlock read"
         )
     if getattr(original, "_interlock", False):
         return  # registered twice in one process
+    post_init = cls.__post_init__
 
     def governed(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -260,8 +301,71 @@ def _install() -> None:
             _stop(exc)
         return original(self, *args, **kwargs)
 
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = post_init(self, *args, **kwargs)
+        made = getattr(self.model_config, "_interlock_made", None)
+        if made is not None:
+            try:
+                read_back(self, made)
+            except BaseException as exc:  # noqa: BLE001 - see register()
+                _stop(exc)
+        return result
+
     governed._interlock = True  # type: ignore[attr-defined]
     setattr(cls, SEAM_METHOD, governed)
+    cls.__post_init__ = checked
+
+
+def final_config(config: Any, rel: Release, platform: str) -> dict[str, Any]:
+    """What vLLM's finished config says it will run, in the decision's terms: the graph and
+    compilation modes, the breakable verdict where ``rel`` keeps it, and the runner where it
+    can be told (the only one on a release with one runner; ``use_v2_model_runner`` where the
+    config has it)."""
+    compilation = config.compilation_config
+    seen: dict[str, Any] = {
+        "cudagraph": compilation.cudagraph_mode.name.lower(),
+        "compile": compilation.mode.name,
+    }
+    if rel.breakable_verdict == CONFIG_VERDICT:
+        seen["breakable"] = bool(compilation.use_breakable_cudagraph)
+    else:
+        seen["breakable"] = os.environ.get(BREAKABLE_ENV) == "1"
+    if len(rel.runners) == 1:
+        seen["runner"] = rel.runners[0]
+    elif isinstance(getattr(config, "use_v2_model_runner", None), bool):
+        seen["runner"] = "mrv2" if config.use_v2_model_runner else "mrv1"
+    return seen
+
+
+def read_back(config: Any, made: PluginDecision) -> None:
+    """Compare vLLM's final config with the decision the plugin applied; a field a later
+    step of vLLM changed stops the engine, naming the field, both values and who decided."""
+    platform = made.resolution.context.platform
+    seen = final_config(config, made.release, platform)
+    decision = made.decision
+    expected = {
+        "cudagraph": str(decision["cudagraph"]),
+        "compile": compile_mode_name(bool(decision["compile"]), platform),
+        "breakable": bool(decision["breakable"]),
+        "runner": decision["runner"],
+    }
+    from interlock.app.decided_by import chooser
+
+    problems = [
+        f"{name}: decided {_shown(expected[name])} ({chooser(made.resolution.provenance[name])}"
+        f"), but vLLM {made.release.version}'s final config has {_shown(value)}"
+        for name, value in seen.items() if value != expected[name]
+    ]
+    if problems:
+        raise PluginRefusal(
+            "vLLM changed the decision after the plugin applied it (read back at the end of "
+            "VllmConfig.__post_init__): " + "; ".join(problems))
+    _logger.info("%s", "interlock: read back vLLM's final config: "
+                       + ", ".join(f"{k}={_shown(v)}" for k, v in seen.items()))
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _govern(config: Any) -> None:
@@ -278,6 +382,7 @@ def _govern(config: Any) -> None:
     made = decide(facts, policy, environ)
     apply(config, made)
     model_config._interlock_governed = True
+    model_config._interlock_made = made
     APPLIED.append(made)
     _record(made, facts)
 
@@ -304,6 +409,8 @@ def apply(config: Any, made: PluginDecision) -> None:
         if getattr(compilation, key) is None:
             setattr(compilation, key, kinds[key](name))
     _logger.info("%s", made.header)
+    for warning in made.warnings:
+        _logger.warning("%s", warning)
     for setting in made.settings:
         _logger.info("%s", setting.line())
 
