@@ -31,6 +31,11 @@ from interlock.commands.common import (
 from interlock.core.decision import DTYPE_CHOICES, WEIGHTS
 from interlock.core.env import API_KEY
 from interlock.core.errors import InputError, ModelError
+from interlock.serve import MAX_CONNECTIONS, MAX_LOGPROBS
+
+#: Open files besides the connections: the model's, the listening socket, the logs, and a
+#: burst of connections accepted before the bound closes them.
+RESERVED_DESCRIPTORS = 512
 
 if TYPE_CHECKING:
     from interlock.llm import LLM
@@ -43,9 +48,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="serve a model over an OpenAI-compatible HTTP API, run the way the policy decides",
         description="Resolve the decision for the model (as `policy run` does), load it through "
         "the runner plugin the decision names, and serve /v1/completions, "
-        "/v1/chat/completions, /v1/models, /health and /metrics until SIGTERM or Ctrl-C, "
-        "which drain the requests in flight. Exit 0 after a SIGTERM drain, 1 a policy or "
-        "input error (a port in use too), 2 usage, 4 a model error, 130 Ctrl-C.",
+        "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /ping, /version and "
+        "/metrics until SIGTERM or Ctrl-C, which drain the requests in flight. Exit 0 after "
+        "a SIGTERM drain, 1 a policy or input error (a port in use too), 2 usage, 4 a model "
+        "error, 130 Ctrl-C.",
     )
     parser.add_argument(
         "--model", required=True, metavar="PATH|NAME",
@@ -73,8 +79,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--max-model-len", type=positive, metavar="N",
                         help="prompt plus generated tokens at most (default: the model's)")
     parser.add_argument("--drain-timeout", type=positive, default=60, metavar="S",
-                        help="seconds SIGTERM waits for requests in flight before aborting "
-                        "them (default: 60)")
+                        help="seconds SIGTERM waits for requests in flight before ending them "
+                        "with finish_reason abort (default: 60)")
+    parser.add_argument("--max-logprobs", type=natural, default=MAX_LOGPROBS, metavar="N",
+                        help="logprobs / top_logprobs a request may ask for at most; more is a "
+                        f"400 (default: {MAX_LOGPROBS}, as vLLM)")
+    parser.add_argument("--max-connections", type=positive, default=MAX_CONNECTIONS, metavar="N",
+                        help="connections open at once at most; past it the one that has "
+                        f"waited longest without a request is closed (default: {MAX_CONNECTIONS})")
+    parser.add_argument("--receive-timeout", type=positive, default=10, metavar="S",
+                        help="seconds a connection has to send a request's headers, and then "
+                        "its body (default: 10)")
+    parser.add_argument(
+        "--generation-config", choices=("auto", "vllm"), default="auto",
+        help="auto: the model's own sampling defaults (generation_config.json, GGUF "
+        "metadata, or its named-model entry) under a request's fields; vllm: vLLM's neutral "
+        "ones (temperature 1.0, ...) (default: auto, as vLLM)",
+    )
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                         help="model dtype (auto: the checkpoint's)")
     parser.add_argument("--weights", choices=WEIGHTS, default="auto",
@@ -89,6 +110,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.app.decided_by import decided_by
+    from interlock.app.generation_config import generation_defaults
     from interlock.app.query import decide
 
     try:
@@ -108,18 +130,28 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY.name)
     if api_key is not None and not api_key.strip():
         raise InputError(f"the API key (--api-key or ${API_KEY.name}) is empty")
+    defaults, source = ({}, None) if args.generation_config == "vllm" else \
+        generation_defaults(args.model, Path(model))
+    allow_descriptors(args.max_connections)
     sock = bind(args.host, args.port)
     try:
         resolution = decide(policy, query)
         print(f"policy serve: {decided_by(resolution)}", file=sys.stderr, flush=True)
         record_decision(args, resolution, "policy serve", model=args.model,
                         overrides=dict(query.overrides))
+        if source is not None:
+            shown = ", ".join(f"{k}={v}" for k, v in defaults.items())
+            print(f"policy serve: sampling defaults from {source}: {shown} (a request's own "
+                  "fields win; --generation-config vllm for vLLM's neutral ones)",
+                  file=sys.stderr, flush=True)
         llm = _load(args, model, resolution)
         options = ServeOptions(
             served=[args.served_model_name or args.model], api_key=api_key,
             max_queue=args.max_queue, drain_timeout=args.drain_timeout,
             decision=decision_labels(resolution),
             announce=lambda line: print(f"policy serve: {line}", file=sys.stderr, flush=True),
+            max_logprobs=args.max_logprobs, max_connections=args.max_connections,
+            receive_timeout=args.receive_timeout, sampling_defaults=defaults,
         )
         interrupted = run_server(llm, options, sock)
     finally:
@@ -128,6 +160,23 @@ def run(args: argparse.Namespace) -> int:
     if interrupted:
         raise KeyboardInterrupt
     return 0
+
+
+def allow_descriptors(max_connections: int) -> None:
+    """Raise this process's soft limit on open files to what ``max_connections`` needs
+    (as vLLM raises it), up to the hard limit; a bound the hard limit cannot hold is
+    refused, naming both. An accept() past the limit would fail instead (said once)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + RESERVED_DESCRIPTORS
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise InputError(
+            f"--max-connections {max_connections}: needs {needed} open files, and this "
+            f"process may open at most {hard} (ulimit -Hn); lower --max-connections"
+        )
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def bind(host: str, port: int) -> socket.socket:

