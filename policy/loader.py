@@ -47,13 +47,22 @@ def shipped_sha256() -> str:
 #: Names the shipped policy wherever a policy path is taken (``--policy @shipped``,
 #: ``INTERLOCK_POLICY=@shipped:site.yaml``, ``policy diff @shipped @shipped:site.yaml``).
 SHIPPED_ALIAS = "@shipped"
+#: Names the policy of every vLLM release interlock has read (``examples/vllm-all-releases.yaml``
+#: in a checkout, shipped beside the default policy): one rule set, each rule with its
+#: releases, for hosts on a release the shipped policy is not written for.
+ALL_RELEASES_ALIAS = "@all-releases"
+#: Each alias, the file it names beside this module, and what it is.
+ALIASES = {
+    SHIPPED_ALIAS: (SHIPPED_NAME, "the shipped policy"),
+    ALL_RELEASES_ALIAS: ("vllm-all-releases.yaml", "every vLLM release interlock has read"),
+}
 
 
-def shipped_display() -> str:
-    """How locations name the shipped policy: relative to the current directory when it is
-    below it (``policies.yaml`` in a checkout), else its absolute path, so that
-    ``file:line`` opens from wherever the command ran."""
-    real = shipped_policy_path().resolve()
+def shipped_display(path: Path | None = None) -> str:
+    """How locations name a shipped file (the shipped policy unless ``path``): relative to the
+    current directory when it is below it (``policies.yaml`` in a checkout), else its absolute
+    path, so that ``file:line`` opens from wherever the command ran."""
+    real = (path or shipped_policy_path()).resolve()
     try:
         return str(real.relative_to(Path.cwd()))
     except ValueError:
@@ -67,14 +76,16 @@ def parse_stack(text: str, origin: str) -> list[tuple[str, Path]]:
     (``--policy``, ``INTERLOCK_POLICY``) for the error when it names no file."""
     files = []
     for item in text.split(os.pathsep):
-        if item == SHIPPED_ALIAS:
-            files.append((shipped_display(), shipped_policy_path()))
+        if item in ALIASES:
+            path = _PACKAGE_DIR / ALIASES[item][0]
+            files.append((shipped_display(path), path))
         elif item.startswith("@"):
             from interlock.core.suggest import hint
 
+            known = ", ".join(f"{alias} ({what})" for alias, (_, what) in ALIASES.items())
             raise PolicyError(
-                f"{origin}: unknown policy alias {item!r}; the one alias is {SHIPPED_ALIAS} "
-                f"(the shipped policy)" + hint(item, [SHIPPED_ALIAS])
+                f"{origin}: unknown policy alias {item!r}; the aliases are {known}"
+                + hint(item, list(ALIASES))
             )
         elif item:
             files.append((item, Path(item)))

@@ -169,6 +169,7 @@ def interlock_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
             shutil.copytree(path, src / name, symlinks=True, ignore=ignore)
         else:
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, src / name)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

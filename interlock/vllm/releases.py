@@ -277,25 +277,17 @@ def release(version: str) -> Release:
     return found
 
 
-#: The one policy of every vLLM release interlock has read, each rule with its releases (in
-#: the checkout; an installed wheel has no examples).
-ALL_RELEASES = "examples/vllm-all-releases.yaml"
-
-
 def use_instead(version: str) -> str:
     """What to use for vLLM ``version`` instead of a policy written for another release: the
-    all-releases policy where it covers it."""
-    from pathlib import Path
-
-    from interlock.policy.loader import load_policy
+    policy of every release read (``--policy @all-releases``) where it covers it."""
+    from interlock.policy.loader import ALL_RELEASES_ALIAS, load_policy
     from interlock.policy.release import releases
 
-    path = Path(__file__).resolve().parents[2] / ALL_RELEASES
-    if path.is_file():
-        covering = [r for r in releases(load_policy([str(path)])) if r.covers(version)]
-        if covering:
-            return (f"use {ALL_RELEASES} (vLLM {covering[0].text}, one rule set for every "
-                    f"release read) or a policy written for vLLM {version}")
+    covering = [r for r in releases(load_policy([ALL_RELEASES_ALIAS])) if r.covers(version)]
+    if covering:
+        return (f"use --policy {ALL_RELEASES_ALIAS} (vLLM {covering[0].text}, one rule set for "
+                f"every release read; layer a site policy on it as "
+                f"{ALL_RELEASES_ALIAS}:site.yaml) or a policy written for vLLM {version}")
     return f"use a policy written for vLLM {version}"
 
 

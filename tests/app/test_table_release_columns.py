@@ -67,8 +67,9 @@ def test_a_column_outside_the_policy_s_release_is_refused_naming_the_policy_for_
         "policy: error: policy table: --target rocm:gfx942@vllm=0.31.0: vLLM 0.31.0 (given "
         "with --target rocm:gfx942@vllm=0.31.0) is outside what the policy is written for: "
         "vLLM 0.33.0 to 0.34.0 (version: policies.yaml:11), so its cells would be another "
-        "release's decisions: use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0, "
-        "one rule set for every release read) or a policy written for vLLM 0.31.0\n"
+        "release's decisions: use --policy @all-releases (vLLM 0.27.1 to 0.34.0, one rule "
+        "set for every release read; layer a site policy on it as @all-releases:site.yaml) "
+        "or a policy written for vLLM 0.31.0\n"
     )
     # Under the policy of every release, the same column is that release's decision.
     ok = cli("table", *ALL_RELEASES, "--target", "rocm:gfx942@vllm=0.31.0", "-a",

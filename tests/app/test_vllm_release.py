@@ -40,9 +40,9 @@ def test_explain_names_the_release_and_warns_on_another(cli: Any) -> None:
     assert other.err == (
         "policy explain: warning: vLLM 0.31.0 (given with --engine-version) is outside what "
         f"the policy is written for: {SHIPPED_RELEASE}; the decision shown is that "
-        "release's, not necessarily vLLM 0.31.0's: use examples/vllm-all-releases.yaml (vLLM "
-        "0.27.1 to 0.34.0, one rule set for every release read) or a policy written for vLLM "
-        "0.31.0\n"
+        "release's, not necessarily vLLM 0.31.0's: use --policy @all-releases (vLLM 0.27.1 "
+        "to 0.34.0, one rule set for every release read; layer a site policy on it as "
+        "@all-releases:site.yaml) or a policy written for vLLM 0.31.0\n"
     )
 
 
@@ -74,8 +74,9 @@ def test_vllm_args_refuses_a_given_release_outside_the_policy(cli: Any, tmp_path
     assert refused.err == (
         "policy: error: vLLM 0.31.0 (given with --engine-version) is outside what the policy "
         f"is written for: {SHIPPED_RELEASE}; its decision may not be what vLLM 0.31.0 needs "
-        "or can run: use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0, one rule set "
-        "for every release read) or a policy written for vLLM 0.31.0, or give "
+        "or can run: use --policy @all-releases (vLLM 0.27.1 to 0.34.0, one rule set for "
+        "every release read; layer a site policy on it as @all-releases:site.yaml) or a "
+        "policy written for vLLM 0.31.0, or give "
         "--allow-version-mismatch to use this one anyway\n"
     )
     as_json = cli("vllm", "args", "--json", "--platform", "rocm", "--engine-version",

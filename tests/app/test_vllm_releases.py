@@ -179,6 +179,6 @@ def test_the_plugin_warns_when_the_policy_is_written_for_other_releases() -> Non
     (warning,) = decide(facts, load_policy([str(ROOT / "policies.yaml")]), {}).warnings
     assert warning.startswith("interlock: WARNING: vLLM 0.32.0 (the running vLLM) is outside "
                               "what the policy is written for: vLLM 0.33.0 to 0.34.0")
-    assert "use examples/vllm-all-releases.yaml (vLLM 0.27.1 to 0.34.0" in warning
+    assert "use --policy @all-releases (vLLM 0.27.1 to 0.34.0" in warning
     every = load_policy([str(ROOT / "examples" / "vllm-all-releases.yaml")])
     assert decide(facts, every, {}).warnings == ()

@@ -90,6 +90,7 @@ def test_the_documented_wheel_installs_the_plugin_into_a_venv(tmp_path: Path) ->
             shutil.copytree(path, checkout / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
         else:
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, checkout / name)
     venv = tmp_path / "vllm-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
