@@ -315,7 +315,7 @@ def release_of(version: str | None, *, allow: bool) -> Release | None:
     release not read is refused (exit 5); with ``--allow-version-mismatch`` the newest read
     release older than it stands in, said loudly on stderr."""
     from interlock.core.errors import PolicyError
-    from interlock.vllm.releases import RELEASES, UnknownRelease, known, release_number
+    from interlock.vllm.releases import RELEASES, known, release
 
     if version is None:
         return None
@@ -323,13 +323,8 @@ def release_of(version: str | None, *, allow: bool) -> Release | None:
     if found is not None:
         return found
     if not allow:
-        raise UnknownRelease(
-            f"vLLM {version} is a release interlock has not read (it knows "
-            f"{', '.join(r.version for r in RELEASES)}): which knobs it reads and what it "
-            f"refuses are not established. Take it in with `make vllm-release "
-            f"VLLM={release_number(version)}`, or give --allow-version-mismatch to decide as "
-            "the newest release read before it"
-        )
+        release(version, "give --allow-version-mismatch to decide as the newest release read "
+                         "before it")
     from packaging.version import Version
 
     older = [r for r in RELEASES if Version(r.version) < Version(version)]

@@ -264,15 +264,16 @@ class UnknownRelease(PolicyError):
     kind = "refused"
 
 
-def release(version: str) -> Release:
-    """The release ``version`` is; :class:`UnknownRelease` when it was not read."""
+def release(version: str, otherwise: str = "use a vLLM interlock knows") -> Release:
+    """The release ``version`` is; :class:`UnknownRelease` when it was not read, its message
+    ending with what to do ``otherwise``."""
     found = known(version)
     if found is None:
         raise UnknownRelease(
             f"vLLM {version} is a release interlock has not read (it knows "
             f"{', '.join(BY_VERSION)}): which knobs it reads, what it refuses and what it "
             f"logs are not established. Take it in with `make vllm-release "
-            f"VLLM={release_number(version)}`, or use a vLLM interlock knows"
+            f"VLLM={release_number(version)}`, or {otherwise}"
         )
     return found
 
