@@ -307,6 +307,13 @@ def test_the_self_check_fails_the_snapshot_command_loudly(tmp_path: Path) -> Non
     assert "B on cuda/sm_90 env {}: breakable false" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "path", sorted((TOOLS.parents[1] / "conformance").glob("vllm-*.jsonl")), ids=lambda p: p.name
+)
+def test_every_committed_snapshot_passes_its_self_check(path: Path) -> None:
+    assert _snapshot_module().check_file(path) == []
+
+
 PLUGIN = {"runner": "mrv2", "cudagraph": "piecewise", "breakable": False, "compile": True}
 
 
