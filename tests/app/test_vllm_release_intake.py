@@ -51,7 +51,7 @@ rules:
     report = (out / "report.md").read_text()
     assert "- breakable: 32" in report and "- outcome decided -> refused: 24" in report
     # The draft over 0.32.0's history policy reproduces 0.33.0 whole.
-    assert "examples/history/vllm-0.32.0.yaml + the draft: 100.0 % of 1548" in report
+    assert "examples/history/vllm-0.32.0.yaml + the draft: 100.0 % of 1584" in report
     draft = (out / "vllm-0.33.0.draft.yaml").read_text()
     assert 'refuse: "Model Runner V1 does not support: Step5"' in draft
     assert "rule step5-on-mrv1 (" in report and "sets runner: refused on 4 context(s)" in report
