@@ -40,9 +40,11 @@ def test_every_module_is_one_tracked_file_without_a_link() -> None:
         assert path.resolve() == path, f"{name}: {path} goes through a link"
         assert path in tracked, f"{name}: {path} is not tracked by git"
     links = [p for p in tracked if p.is_symlink()]
-    # The one link is data, not a module: the shipped policy inside its package is the
-    # repository's top-level policies.yaml (the wheel carries it as a regular file).
-    assert links == [REPO / "policy" / "policies.yaml"]
+    # The links are data, not modules: the shipped policy inside its package is the
+    # repository's top-level policies.yaml, and @all-releases, which links to
+    # examples/vllm-all-releases.yaml (the wheel carries both as regular files).
+    assert sorted(links) == [REPO / "policy" / "policies.yaml",
+                             REPO / "policy" / "vllm-all-releases.yaml"]
 
 
 def test_python_imports_each_module_from_that_file() -> None:

@@ -72,6 +72,7 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "before-0.34-breakable",
         "before-0.34-not-breakable",
         "before-0.34-rocm-hyv4",
+        "rocm-encoder-decoder-eager",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
     assert rules[9]["refuse"] == "Model Runner V1 does not support: Step5"

@@ -43,7 +43,7 @@ def test_failing_cases_report_like_policy_test(tmp_path) -> None:
     assert "FAIL  GLM-5.2 on MI355X stays on MRV1 (vLLM 53155)  (old.tests.yaml:10)" in out
     assert "runner: expected mrv1, got mrv2 (set by defaults at old.yaml:" in out
     assert "FAILED old.tests.yaml::GLM-5.2 on MI355X stays on MRV1 (vLLM 53155)" in out
-    assert "new.tests.yaml: rule coverage: 6/6 rules (100.0 %)" in out
+    assert "new.tests.yaml: rule coverage: 8/8 rules (100.0 %)" in out
     assert "FAILED new.tests.yaml" not in out
     # A tests file needs its policy beside it: a collection error, not a silent skip.
     assert "ERROR orphan.tests.yaml" in out
