@@ -358,6 +358,10 @@ def traits_from_config(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
         )
     else:
         traits["quantized"] = (False, "no quantization_config")
+    # A wrapper's text model, by the name vLLM matches from 0.34.0 on (hf_text_config).
+    names = nested.get("architectures")
+    if isinstance(names, list) and names and isinstance(names[0], str) and names[0]:
+        traits["text_architecture"] = (names[0], "text_config.architectures[0]")
     # vLLM's is_encoder_decoder(): the config's flag or its text config's.
     for where, part in (("is_encoder_decoder", config), ("text_config.is_encoder_decoder", nested)):
         if part.get("is_encoder_decoder") is True:

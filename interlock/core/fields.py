@@ -18,6 +18,9 @@ TRAITS: dict[str, tuple[str, ...] | type] = {
     "quantized": bool,
     "family": str,
     "task": TASKS,
+    #: A multimodal wrapper's text model (its config's ``text_config.architectures[0]``):
+    #: vLLM 0.34.0 matches its breakable defaults on it too (``hf_text_config``).
+    "text_architecture": str,
 }
 
 

@@ -73,6 +73,9 @@ def test_resolve_and_explain_json_are_the_same_document(cli) -> None:
         "before-0.34-not-breakable",
         "before-0.34-rocm-hyv4",
         "rocm-encoder-decoder-eager",
+        "breakable-text-model-from-0.34",
+        "rocm-text-model-not-breakable-from-0.34",
+        "cuda-qwen35-text-model-from-0.34",
     ]
     assert rules[1]["failure"]["condition"] == "architecture"
     assert rules[9]["refuse"] == "Model Runner V1 does not support: Step5"

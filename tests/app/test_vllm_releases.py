@@ -182,3 +182,22 @@ def test_the_plugin_warns_when_the_policy_is_written_for_other_releases() -> Non
     assert "use --policy @all-releases (vLLM 0.27.1 to 0.34.0" in warning
     every = load_policy([str(ROOT / "examples" / "vllm-all-releases.yaml")])
     assert decide(facts, every, {}).warnings == ()
+
+
+def test_a_wrapper_is_matched_on_its_text_model_from_034(cli: Any, tmp_path: Path) -> None:
+    """vLLM 0.34.0 takes a multimodal wrapper whose text model is on its breakable list for a
+    breakable model (hf_text_config): the text_architecture trait, read from config.json."""
+    model = tmp_path / "wrapper"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"architectures": ["SomeVisionWrapperForConditionalGeneration"], '
+        '"text_config": {"architectures": ["KimiK31ForConditionalGeneration"]}}')
+    args = ("explain", "--model", str(model), "--platform", "cuda", "--device-arch", "sm_90")
+    new = cli(*args, "--engine-version", "vllm=0.34.0", "--json").json()
+    assert new["decision"]["breakable"] is True
+    assert new["provenance"]["breakable"]["source"] == "breakable-text-model-from-0.34"
+    trait = new["context"]["traits"]["text_architecture"]
+    assert trait["value"] == "KimiK31ForConditionalGeneration"
+    assert trait["origin"].startswith("model config")
+    old = cli(*args, "--engine-version", "vllm=0.33.0", "--json").json()
+    assert old["decision"]["breakable"] is False

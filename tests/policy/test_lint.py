@@ -259,3 +259,11 @@ def test_check_a_missing_file(capsys) -> None:
         "/nonexistent/p.yaml:1:1: error: invalid: cannot read policy file"
         in capsys.readouterr().out
     )
+
+
+def test_a_rule_on_a_wrappers_text_model_is_not_dead() -> None:
+    # No catalog entry has text_architecture (only a model's config.json gives it): such a
+    # rule is judged on real models and config-carrying cases, not called dead.
+    text = with_rules(rule("text", "{text_architecture: GlmMoeDsaForCausalLM}",
+                           "{breakable: true}"))
+    assert "dead-rule" not in {f.code for f in lint(text)}
