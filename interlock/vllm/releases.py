@@ -93,6 +93,17 @@ class LogFormats:
     ready: Cite
 
 
+#: The feature naming a CPU's architecture (``x86_64``, ``arm``, ``powerpc``...): given with
+#: ``--feature cpu_arch=...``, or by vLLM's own platform inside it (the plugin).
+CPU_ARCH = "cpu_arch"
+
+
+def cpu_arch_name(vllm_name: str) -> str:
+    """vLLM's ``CpuArchEnum`` name as the ``cpu_arch`` feature says it (``X86`` is
+    ``x86_64``, the others lower-cased)."""
+    return "x86_64" if vllm_name == "X86" else vllm_name.lower()
+
+
 @dataclass(frozen=True)
 class NoTriton:
     """What a release does on a platform without a Triton for it: the runner it runs there

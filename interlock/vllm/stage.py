@@ -28,7 +28,15 @@ from interlock.core.platform import TRITON_FACT
 from interlock.policy.model import Location
 from interlock.policy.resolution import Draft, Refusal
 from interlock.policy.trace import DEFAULTS, ENGINE, IMPLIED, Provenance, Step
-from interlock.vllm.releases import ADJUSTMENTS, KNOBS, LEVELS, Cite, Release, release
+from interlock.vllm.releases import (
+    ADJUSTMENTS,
+    CPU_ARCH,
+    KNOBS,
+    LEVELS,
+    Cite,
+    Release,
+    release,
+)
 
 #: The feature ``-O`` gives (interlock.vllm.flags reads it).
 LEVEL_FEATURE = "optimization_level"
@@ -165,9 +173,15 @@ class ReleaseStage:
         triton = _known_triton(draft)
         rule = rel.no_triton.get(context.platform)
         if triton is not None and not triton[0] and rule is not None:
-            if rule.runs is None and context.features.get("cpu_arch", "x86_64") == "x86_64":
+            # Without the fact (not given, not read from vLLM) the CPU is taken for x86, the
+            # platform vLLM's CPU builds are made for; the refusal's reason says so.
+            arch = context.features.get(CPU_ARCH, "x86_64")
+            if rule.runs is None and arch == "x86_64":
+                how = (context.source(f"features.{CPU_ARCH}") if CPU_ARCH in context.features
+                       else "assumed: give --feature cpu_arch=... for another CPU")
                 self._refusal(draft, rule.message, location(rule.where), "runner",
-                              f"no Triton for {context.platform} ({triton[1]})")
+                              f"no Triton for {context.platform} ({triton[1]}) on an x86 CPU "
+                              f"({how})")
             elif rule.runs is not None and runner != rule.runs:
                 self._refusal(draft, rule.message, location(rule.where), "runner",
                               f"runner={runner} is passed explicitly and there is no Triton "

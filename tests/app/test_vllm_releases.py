@@ -201,3 +201,25 @@ def test_a_wrapper_is_matched_on_its_text_model_from_034(cli: Any, tmp_path: Pat
     assert trait["origin"].startswith("model config")
     old = cli(*args, "--engine-version", "vllm=0.33.0", "--json").json()
     assert old["decision"]["breakable"] is False
+
+
+def test_034_on_a_cpu_without_triton_refuses_x86_and_runs_v2_elsewhere(
+    cli: Any, tmp_path: Path
+) -> None:
+    model = _model(tmp_path, "LlamaForCausalLM")
+    args = ("vllm", "args", "--platform", "cpu", "--engine-version", "vllm=0.34.0",
+            "--feature", "has_triton=false")
+    x86 = cli(*args, model)
+    assert x86.code == EXIT_CODES["refused"]
+    assert ("refused by vLLM 0.34.0 (vllm/platforms/cpu.py:243): vLLM on x86 CPUs requires "
+            "Triton (triton-cpu).") in x86.err
+    arm = cli(*args, "--feature", "cpu_arch=arm", "--json", model)
+    assert arm.code == 0, arm.err
+    assert arm.json()["decision"]["runner"] == "mrv2" and arm.json()["env"] == {
+        "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+
+
+def test_the_plugin_reads_the_cpus_architecture_from_vllm() -> None:
+    from interlock.vllm.releases import cpu_arch_name
+
+    assert [cpu_arch_name(n) for n in ("X86", "ARM", "POWERPC")] == ["x86_64", "arm", "powerpc"]

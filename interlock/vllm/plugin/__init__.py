@@ -43,9 +43,11 @@ from interlock.vllm.engine import compile_mode_name
 from interlock.vllm.releases import (
     BREAKABLE_KNOB,
     CONFIG_VERDICT,
+    CPU_ARCH,
     RELEASES,
     RUNNER_KNOB,
     Release,
+    cpu_arch_name,
     release,
 )
 
@@ -452,6 +454,10 @@ def engine_facts(config: Any) -> EngineFacts:
     }
     if model_config.quantization:
         features["quantization"] = str(model_config.quantization)
+    if platform == "cpu" and hasattr(current_platform, "get_cpu_architecture"):
+        # What decides 0.34.0's no-Triton rule on a CPU: x86 needs triton-cpu, others run a
+        # standalone MRV2 (interlock/vllm/releases.py).
+        features[CPU_ARCH] = cpu_arch_name(current_platform.get_cpu_architecture().name)
     user_set: dict[str, tuple[Any, str]] = {}
     compilation = config.compilation_config
     if compilation.cudagraph_mode is not None:
