@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import PolicyError
+from interlock.policy.model import Location
 
 #: The runners vLLM has ever had, as interlock names them.
 MRV1, MRV2 = "mrv1", "mrv2"
@@ -35,17 +36,6 @@ MRV1, MRV2 = "mrv1", "mrv2"
 #: of every release read; where each release has it: ``Release.cites["levels"]``).
 LEVELS = {0: ("none", False), 1: ("piecewise", True), 2: ("full_and_piecewise", True),
           3: ("full_and_piecewise", True)}
-
-
-@dataclass(frozen=True)
-class Cite:
-    """A place in a vLLM release's wheel: ``vllm/config/vllm.py:3457``."""
-
-    file: str
-    line: int | None = None
-
-    def __str__(self) -> str:
-        return self.file if self.line is None else f"{self.file}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ class Gone:
     """What a release says, and where, when a runner it no longer has is asked for."""
 
     message: str
-    where: Cite
+    where: Location
 
 
 @dataclass(frozen=True)
@@ -86,11 +76,11 @@ class LogFormats:
     """Where a release logs each startup line the engine check reads (the messages are
     :mod:`interlock.vllm.engine`'s); ``runner_v2`` is None where no line says the runner."""
 
-    config: Cite
-    runner_v2: Cite | None
-    breakable: Cite
-    auto_breakable: Cite
-    ready: Cite
+    config: Location
+    runner_v2: Location | None
+    breakable: Location
+    auto_breakable: Location
+    ready: Location
 
 
 #: The feature naming a CPU's architecture (``x86_64``, ``arm``, ``powerpc``...): given with
@@ -111,7 +101,7 @@ class NoTriton:
 
     runs: str | None
     message: str
-    where: Cite
+    where: Location
 
 
 @dataclass(frozen=True)
@@ -125,13 +115,13 @@ class Release:
     runners: tuple[str, ...]
     gone: Gone | None
     breakable_verdict: str
-    seam: Cite | None
+    seam: Location | None
     #: ``seam``'s call inside ``VllmConfig.__post_init__``.
-    seam_call: Cite | None
+    seam_call: Location | None
     no_triton: Mapping[str, NoTriton] = field(default_factory=dict)
     logs: LogFormats | None = None
     #: Where it makes each adjustment the engine stage applies (:data:`ADJUSTMENTS`).
-    cites: Mapping[str, Cite] = field(default_factory=dict)
+    cites: Mapping[str, Location] = field(default_factory=dict)
 
     def knob_for(self, field_name: str) -> Knob | None:
         return next((k for k in self.knobs if k.field == field_name), None)
@@ -149,6 +139,11 @@ class Release:
             "logs": None if self.logs is None else {
                 k: (str(v) if v else None) for k, v in vars(self.logs).items()},
         }
+
+
+def _at(file: str, line: int) -> Location:
+    """A place in a release's wheel, as the trace cites it (``vllm/config/vllm.py:3457``)."""
+    return Location(file, line)
 
 
 _CFG = "vllm/config/vllm.py"
@@ -178,20 +173,20 @@ ADJUSTMENTS = {
 }
 
 
-def _cites(levels: int, static: int, piecewise: Cite, pooling: int) -> Mapping[str, Cite]:
-    return {"levels": Cite(_CFG, levels), "static_graphs": Cite(_CFG, static),
-            "piecewise": piecewise, "pooling": Cite(_CFG, pooling)}
+def _cites(levels: int, static: int, piecewise: Location, pooling: int) -> Mapping[str, Location]:
+    return {"levels": _at(_CFG, levels), "static_graphs": _at(_CFG, static),
+            "piecewise": piecewise, "pooling": _at(_CFG, pooling)}
 
 
 def _v1_fallback(line: int) -> Mapping[str, NoTriton]:
     """0.30-0.33: without Triton V1 runs by default and a forced V2 stops the engine."""
-    why = NoTriton(MRV1, "Model Runner V2 requires Triton.", Cite(_CFG, line))
+    why = NoTriton(MRV1, "Model Runner V2 requires Triton.", _at(_CFG, line))
     return {"cuda": why, "rocm": why, "xpu": why, "cpu": why}
 
 
-def _logs(config: int, v2: int, breakable: int, auto: int, ready: Cite) -> LogFormats:
-    return LogFormats(Cite(_CORE, config), Cite(_WORKER, v2), Cite(_BREAK, breakable),
-                      Cite(_CFG.removeprefix("vllm/"), auto), ready)
+def _logs(config: int, v2: int, breakable: int, auto: int, ready: Location) -> LogFormats:
+    return LogFormats(_at(_CORE, config), _at(_WORKER, v2), _at(_BREAK, breakable),
+                      _at(_CFG.removeprefix("vllm/"), auto), ready)
 
 
 def _old(version: str, knobs: tuple[Knob, ...]) -> Release:
@@ -209,27 +204,27 @@ RELEASES: tuple[Release, ...] = (
     _old("0.21.0", _NO_BREAKABLE),
     _old("0.22.0", _ALL),
     _old("0.26.0", _ALL),
-    Release("0.27.1", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2055), Cite(_CFG, 981),
-            logs=_logs(122, 385, 288, 1232, Cite(_OPENAI, 682)),
-            cites=_cites(229, 1371, Cite(_COMP, 1133), 1380)),
-    Release("0.28.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2163), Cite(_CFG, 1061),
-            logs=_logs(123, 396, 288, 1335, Cite(_OPENAI, 657)),
-            cites=_cites(221, 1478, Cite(_COMP, 1134), 1487)),
-    Release("0.29.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2319), Cite(_CFG, 1086),
-            logs=_logs(123, 429, 288, 717, Cite(_ENTRY, 139)),
-            cites=_cites(239, 1530, Cite(_COMP, 1140), 1539)),
-    Release("0.30.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2530), Cite(_CFG, 1265),
-            _v1_fallback(1265), _logs(124, 441, 293, 763, Cite(_ENTRY)),
-            cites=_cites(256, 1725, Cite(_CFG, 1010), 1734)),
-    Release("0.31.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2766), Cite(_CFG, 1434),
-            _v1_fallback(1434), _logs(130, 479, 294, 844, Cite(_ENTRY)),
-            cites=_cites(254, 1913, Cite(_CFG, 1102), 1922)),
-    Release("0.32.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2629), Cite(_CFG, 1443),
-            _v1_fallback(1443), _logs(134, 518, 294, 819, Cite(_ENTRY)),
-            cites=_cites(247, 1874, Cite(_CFG, 1077), 1883)),
-    Release("0.33.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, Cite(_CFG, 2735), Cite(_CFG, 1539),
-            _v1_fallback(1539), _logs(140, 513, 294, 849, Cite(_ENTRY, 139)),
-            cites=_cites(255, 1950, Cite(_CFG, 1129), 1959)),
+    Release("0.27.1", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2055), _at(_CFG, 981),
+            logs=_logs(122, 385, 288, 1232, _at(_OPENAI, 682)),
+            cites=_cites(229, 1371, _at(_COMP, 1133), 1380)),
+    Release("0.28.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2163), _at(_CFG, 1061),
+            logs=_logs(123, 396, 288, 1335, _at(_OPENAI, 657)),
+            cites=_cites(221, 1478, _at(_COMP, 1134), 1487)),
+    Release("0.29.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2319), _at(_CFG, 1086),
+            logs=_logs(123, 429, 288, 717, _at(_ENTRY, 139)),
+            cites=_cites(239, 1530, _at(_COMP, 1140), 1539)),
+    Release("0.30.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2530), _at(_CFG, 1265),
+            _v1_fallback(1265), _logs(124, 441, 293, 763, _at(_ENTRY, 139)),
+            cites=_cites(256, 1725, _at(_CFG, 1010), 1734)),
+    Release("0.31.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2766), _at(_CFG, 1434),
+            _v1_fallback(1434), _logs(130, 479, 294, 844, _at(_ENTRY, 136)),
+            cites=_cites(254, 1913, _at(_CFG, 1102), 1922)),
+    Release("0.32.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2629), _at(_CFG, 1443),
+            _v1_fallback(1443), _logs(134, 518, 294, 819, _at(_ENTRY, 140)),
+            cites=_cites(247, 1874, _at(_CFG, 1077), 1883)),
+    Release("0.33.0", _ALL, {}, _V1_V2, None, ENV_VERDICT, _at(_CFG, 2735), _at(_CFG, 1539),
+            _v1_fallback(1539), _logs(140, 513, 294, 849, _at(_ENTRY, 139)),
+            cites=_cites(255, 1950, _at(_CFG, 1129), 1959)),
     # 0.34.0 removed Model Runner V1: VLLM_USE_V2_MODEL_RUNNER left envs.py, and
     # Platform.validate_environ (called from EngineArgs.create_engine_config before any
     # VllmConfig exists) refuses =0 and only warns on =1. The breakable verdict moved into
@@ -237,13 +232,13 @@ RELEASES: tuple[Release, ...] = (
     Release(
         "0.34.0", (BREAKABLE_KNOB, CUDAGRAPH_KNOB, COMPILE_KNOB), {"runner": MRV2}, (MRV2,),
         Gone("VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 has been "
-             "removed. Unset this variable.", Cite("vllm/platforms/interface.py", 1483)),
-        CONFIG_VERDICT, Cite(_CFG, 2816), Cite(_CFG, 1483),
+             "removed. Unset this variable.", _at("vllm/platforms/interface.py", 1483)),
+        CONFIG_VERDICT, _at(_CFG, 2816), _at(_CFG, 1483),
         {"cpu": NoTriton(None, "vLLM on x86 CPUs requires Triton (triton-cpu).",
-                         Cite("vllm/platforms/cpu.py", 243))},
-        LogFormats(Cite(_CORE, 153), None, Cite(_BREAK, 302), Cite("config/vllm.py", 816),
-                   Cite(_ENTRY, 139)),
-        _cites(283, 1862, Cite(_CFG, 1050), 1871),
+                         _at("vllm/platforms/cpu.py", 243))},
+        LogFormats(_at(_CORE, 153), None, _at(_BREAK, 302), _at("config/vllm.py", 816),
+                   _at(_ENTRY, 139)),
+        _cites(283, 1862, _at(_CFG, 1050), 1871),
     ),
 )
 

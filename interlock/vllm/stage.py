@@ -33,7 +33,6 @@ from interlock.vllm.releases import (
     CPU_ARCH,
     KNOBS,
     LEVELS,
-    Cite,
     Release,
     release,
 )
@@ -52,13 +51,6 @@ def by_level(provenance: Provenance) -> bool:
     """Whether the optimization level decided this field (:func:`level_source`)."""
     return provenance.stage == ENGINE and provenance.source in {
         level_source(n) for n in LEVELS}
-
-
-def location(cite: Cite | None) -> Location | None:
-    """A cited place in vLLM's wheel as a trace location (None where no line was read)."""
-    if cite is None or cite.line is None:
-        return None
-    return Location(cite.file, cite.line)
 
 
 @dataclass(frozen=True)
@@ -144,7 +136,7 @@ class ReleaseStage:
 
     def _assign(self, draft: Draft, rel: Release | None, name: str, value: Any, why: str,
                 reason: str, source: str | None = None) -> None:
-        where = location(rel.cites.get(why)) if rel is not None else None
+        where = rel.cites.get(why) if rel is not None else None
         before = {name: draft.values[name]}
         draft.assign(Provenance(name, value, ENGINE, source or self.name, reason, where))
         draft.record(Step(ENGINE, f"{self.name}: {why}", where, {name: value}, note=reason,
@@ -156,7 +148,7 @@ class ReleaseStage:
         runner = values["runner"]
         if runner not in rel.runners:
             if rel.gone is not None and runner == "mrv1":
-                self._refusal(draft, rel.gone.message, location(rel.gone.where), "runner",
+                self._refusal(draft, rel.gone.message, rel.gone.where, "runner",
                               f"vLLM {rel.version} has {' and '.join(rel.runners)} only")
                 return
             self._refusal(draft, f"vLLM {rel.version} has no runner {runner!r} (it has "
@@ -179,11 +171,11 @@ class ReleaseStage:
             if rule.runs is None and arch == "x86_64":
                 how = (context.source(f"features.{CPU_ARCH}") if CPU_ARCH in context.features
                        else "assumed: give --feature cpu_arch=... for another CPU")
-                self._refusal(draft, rule.message, location(rule.where), "runner",
+                self._refusal(draft, rule.message, rule.where, "runner",
                               f"no Triton for {context.platform} ({triton[1]}) on an x86 CPU "
                               f"({how})")
             elif rule.runs is not None and runner != rule.runs:
-                self._refusal(draft, rule.message, location(rule.where), "runner",
+                self._refusal(draft, rule.message, rule.where, "runner",
                               f"runner={runner} is passed explicitly and there is no Triton "
                               f"for {context.platform} ({triton[1]})")
 
