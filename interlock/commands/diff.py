@@ -214,7 +214,7 @@ def _measure_engine(
     (none when vLLM would be started alike)."""
     from interlock.app.query import Query
     from interlock.commands.measure import command_line, engine_setup, measure_on_engine
-    from interlock.measure.engine import compare_cells
+    from interlock.measure.vllm_serve import compare_cells
 
     setup = engine_setup(args, Query(platform=args.platform, device_arch=args.device_arch))
     before, after, cells = compare_cells(old, new, setup.query, setup.model, args.vllm_arg,

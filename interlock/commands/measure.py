@@ -39,7 +39,7 @@ from interlock.core.platform import TRITON_FACT
 if TYPE_CHECKING:
     from interlock.app.query import Query
     from interlock.measure import Workload
-    from interlock.measure.engine import Cell, EngineWorkload
+    from interlock.measure.cells import Cell, EngineWorkload
     from interlock.policy.resolution import Resolution
     from interlock.vllm.version import VllmInstall
 
@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """``--engine interlock|vllm`` and what measuring on ``policy serve`` or ``vllm serve``
-    takes (:mod:`interlock.measure.serve_engine`, :mod:`interlock.measure.engine`)."""
+    takes (:mod:`interlock.measure.policy_serve`, :mod:`interlock.measure.vllm_serve`)."""
     from interlock.commands.common import add_decision_log_args
 
     group = parser.add_argument_group(
@@ -308,10 +308,10 @@ def _finish(args: argparse.Namespace, record: dict[str, Any]) -> int:
 
 
 def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
-    """``--engine vllm``: the cells on `vllm serve` (interlock.measure.engine)."""
+    """``--engine vllm``: the cells on `vllm serve` (interlock.measure.vllm_serve)."""
     from interlock.core.errors import PolicyError
-    from interlock.measure.engine import resolve_cells
     from interlock.measure.pick import policy_pick
+    from interlock.measure.vllm_serve import resolve_cells
 
     policy = load(args)
     setup = engine_setup(args, query_of(args, policy, model=None))
@@ -329,10 +329,10 @@ def _run_engine(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
 
 
 def _run_serve(args: argparse.Namespace, vary: dict[str, list[Any]]) -> int:
-    """``--engine interlock``: the cells on `policy serve` (interlock.measure.serve_engine)."""
+    """``--engine interlock``: the cells on `policy serve` (interlock.measure.policy_serve)."""
     from interlock.core.errors import PolicyError
     from interlock.measure.pick import policy_pick
-    from interlock.measure.serve_engine import measure_serve, serve_cells
+    from interlock.measure.policy_serve import measure_serve, serve_cells
 
     if args.vllm_arg or args.vllm_version:
         raise PolicyError("--vllm-arg and --vllm-version apply to --engine vllm")
@@ -370,7 +370,7 @@ def engine_workload(
     args: argparse.Namespace,
 ) -> tuple[EngineWorkload, list[str], list[str] | None]:
     """What each trial on a server sends, and the accuracy prompts and answers."""
-    from interlock.measure.engine import (
+    from interlock.measure.cells import (
         EngineWorkload,
         read_lines_file,
         shipped_accuracy_prompts,
@@ -457,11 +457,11 @@ def measure_on_engine(
     """Run the cells on `vllm serve` with a progress bar; the record (``pick``: the
     policy's pick among the cells, None for ``policy diff``'s old and new)."""
     from interlock import decision_log
-    from interlock.measure.engine import measure_engine
+    from interlock.measure.vllm_serve import measure_vllm
 
     bar = progress_bar()
     try:
-        return measure_engine(
+        return measure_vllm(
             setup.model, base, cells, skipped, factors, setup.workload, policy=policy,
             accuracy_prompts=setup.prompts, accuracy_answers=setup.answers,
             startup_timeout=args.startup_timeout, vllm_version=setup.version,

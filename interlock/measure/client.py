@@ -25,7 +25,7 @@ from interlock.app.timing import (
     ttft_s,
 )
 from interlock.core.errors import InputError, PolicyError
-from interlock.vllm.engine import Deadline
+from interlock.vllm.process import Deadline
 
 #: Seconds a request may take, from sending it to its last byte, before the trial fails: a
 #: total deadline, not one per read (a server dripping a byte a second would never trip that).
@@ -56,7 +56,7 @@ def _field(value: Any, path: str, kind: type | tuple[type, ...]) -> Any:
 
 
 class Workload(Protocol):
-    """What a trial sends (``interlock.measure.engine.EngineWorkload``)."""
+    """What a trial sends (``interlock.measure.cells.EngineWorkload``)."""
 
     @property
     def concurrency(self) -> int: ...

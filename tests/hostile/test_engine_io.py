@@ -15,9 +15,9 @@ import pytest
 
 from interlock.core.errors import PolicyError
 from interlock.measure import client as bench_client
+from interlock.measure.cells import EngineWorkload
 from interlock.measure.client import complete, run_trial, stream_request
-from interlock.measure.engine import EngineWorkload
-from interlock.vllm.engine import MAX_LINE_BYTES, output_lines
+from interlock.vllm.process import MAX_LINE_BYTES, output_lines
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 

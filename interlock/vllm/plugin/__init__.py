@@ -39,7 +39,6 @@ from typing import Any
 
 from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
 from interlock.core.platform import TRITON_FACT
-from interlock.vllm.engine import compile_mode_name
 from interlock.vllm.releases import (
     BREAKABLE_KNOB,
     CONFIG_VERDICT,
@@ -50,6 +49,7 @@ from interlock.vllm.releases import (
     cpu_arch_name,
     release,
 )
+from interlock.vllm.startup_log import compile_mode_name
 
 #: The method of ``VllmConfig`` each release's seam is (``Release.seam``).
 SEAM_METHOD = "try_verify_and_update_config"

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import PolicyError
 from interlock.core.fields import show_scalar
-from interlock.measure.client import free_port
-from interlock.measure.engine import (
+from interlock.measure.cells import (
     Cell,
     EngineWorkload,
     Progress,
@@ -32,6 +31,7 @@ from interlock.measure.engine import (
     evidence_record,
     run_cells,
 )
+from interlock.measure.client import free_port
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
@@ -136,8 +136,8 @@ def measure_serve(
     """Run the design on ``policy serve`` children and build the evidence record; ``pick``
     as ``--engine vllm``'s (``interlock.measure.pick``)."""
     from interlock import decision_log as records
-    from interlock.measure.engine import _interlock_version
-    from interlock.vllm.engine import EngineProcess
+    from interlock.measure.cells import interlock_version
+    from interlock.vllm.process import EngineProcess
 
     check_answers(accuracy_prompts, accuracy_answers)
     taken: set[int] = set()
@@ -153,7 +153,7 @@ def measure_serve(
 
     trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
                        start, "server")
-    version = _interlock_version()
+    version = interlock_version()
     return evidence_record(
         base, cells, skipped, factors, workload, trials, model=model, policy=policy,
         command=command, created=created, pick=pick, launched=list,
