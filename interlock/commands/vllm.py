@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         # --runner names the task vLLM runs the model for: a given fact.
         traits={"task": user.task} if user.task is not None else None,
         overrides=dict(user.overrides),
-        runners="vllm",
+        executed_by="vllm",
         stage=ReleaseStage(None if release is None else release.version),
     )
     resolution = decide(policy, query)

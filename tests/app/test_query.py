@@ -63,7 +63,7 @@ def test_a_run_elsewhere_is_refused_and_vllm_runners_skip_stage_5():
     # vLLM runs its own runners: no interlock plugin judges them, so the same query decides
     # with or without them, and neither reads the process environment by itself.
     asked = Query(architecture="LlamaForCausalLM", platform="rocm", device_arch="gfx942")
-    assert decide(policy, replace(asked, runners="vllm")).decision.runner in ("mrv1", "mrv2")
+    assert decide(policy, replace(asked, executed_by="vllm")).decision.runner in ("mrv1", "mrv2")
 
 
 def test_debug_graphs_reach_the_runner_in_its_spec(tiny_models, monkeypatch):

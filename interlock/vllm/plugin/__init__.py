@@ -172,7 +172,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         model_id=facts.model_id,
         engine={"vllm": facts.vllm_version},
         overrides=dict(overrides),
-        runners="vllm",
+        executed_by="vllm",
         stage=ReleaseStage(rel.version),
     )
     user = UserFlags(overrides=dict(overrides), given_by=dict(given_by), level=facts.level,
