@@ -207,8 +207,6 @@ def run_cells(
                 if not process.alive():
                     raise PolicyError(f"the {what} exited before the trial's end")
             except (OSError, http.client.HTTPException, PolicyError) as exc:
-                if isinstance(exc, EngineFailed):
-                    raise
                 code = process.exit_status(wait=1.0)
                 died = "" if code is None else f"the {what} exited (status {code}) mid-run: "
                 raise EngineFailed(f"{name}: {died}{exc}; its last output: "

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.core.fields import show_scalar
 from interlock.measure.cells import (
     Cell,
@@ -115,7 +115,7 @@ def serve_cells(
         forced = {**query.overrides, **levels}
         try:
             resolution = decide(policy, replace(query, overrides=forced))
-        except PolicyError as exc:
+        except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
             skipped.append({"levels": dict(levels), "reason": str(exc)})
             continue
         argv = [sys.executable, "-m", "interlock.cli", "serve", "--model", model, *flags]

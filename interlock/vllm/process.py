@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.vllm.startup_log import ANSI
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def clean_group(pgid: int) -> None:
     signal_group(pgid, signal.SIGKILL)
 
 
-class EngineFailed(PolicyError):
+class EngineFailed(LocatedError):
     """A started engine did not come up, or died (``policy measure --engine vllm``)."""
 
     kind = "runtime"

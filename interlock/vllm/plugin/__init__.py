@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
+from interlock.core.errors import EXIT_CODES, LocatedError, PolicyError, error_kind
 from interlock.core.platform import TRITON_FACT
 from interlock.vllm.releases import (
     BREAKABLE_KNOB,
@@ -67,8 +67,9 @@ BREAKABLE_ENV = BREAKABLE_KNOB.name
 _logger = logging.getLogger(LOGGER)
 
 
-class PluginRefusal(PolicyError):
-    """A decision this engine cannot run, or a failure of the plugin: the engine stops."""
+class PluginRefusal(LocatedError):
+    """A decision this engine cannot run, or a failure of the plugin: the engine stops (exit
+    1, as for input the engine was given)."""
 
 
 @dataclass(frozen=True)
