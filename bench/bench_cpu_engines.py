@@ -304,7 +304,7 @@ def interlock_child(model: str, threads: int, isa: str | None) -> dict[str, Any]
 
     from interlock.kernels.native import _cpu, quantized_isa
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     if isa is not None:
         _cpu.quantized_isa(isa)
@@ -316,7 +316,7 @@ def interlock_child(model: str, threads: int, isa: str | None) -> dict[str, Any]
               block_size=BLOCK, num_blocks=KV_BLOCKS)
     load = time.perf_counter() - start
     rss["loaded"] = rss_now_mb()
-    prompts = draw_prompts(llm.engine.model.config.vocab_size, 0)
+    prompts = draw_prompts(llm.step_loop.model.config.vocab_size, 0)
 
     def run(workload: tuple[int, int, int]) -> list[RequestTimes]:
         length, tokens, count = workload

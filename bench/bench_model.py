@@ -41,8 +41,8 @@ import torch
 
 from interlock.app.query import model_target
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import write_demo_checkpoint
 from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.config_json import load_config
@@ -141,7 +141,7 @@ def decode_step_breakdown(llm: LLM, prompts: list[list[int]], steps: int) -> dic
     """Median decode step of the engine with every prompt running, the part of it spent in
     the decode attention op (timed alone on the same block tables, times the layers), and
     the part spent in matmuls (``matmul_ms``)."""
-    engine = llm.engine
+    engine = llm.step_loop
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(engine.make_request(prompt, params))
@@ -327,7 +327,7 @@ def main() -> None:
     ttft = compare(lambda e: median[e, "long_prompt"] * 1e3)
     breakdown = decode_step_breakdown(llm, prompts, new_tokens)
     bandwidth = read_bandwidth()
-    weight_bytes = decode_weight_bytes(llm.engine.runner.model)
+    weight_bytes = decode_weight_bytes(llm.step_loop.runner.model)
     roofline_ms = weight_bytes / max(bandwidth.values()) * 1e3
     loads = None if target == DEMO else load_figures(args.model, torch.get_num_threads())
     figures = {

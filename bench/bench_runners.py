@@ -28,8 +28,8 @@ import torch
 from bench_model import decode_weight_bytes, machine
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 RUNNERS = ("mrv1", "mrv2")
 MODES = (
@@ -59,7 +59,7 @@ class Config:
 
 def decode_steps(llm: LLM, batch: int, steps: int, sync: bool) -> list[float]:
     """Seconds of each decode step after one prefill step of ``batch`` requests."""
-    engine = llm.engine
+    engine = llm.step_loop
     params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
     for i in range(batch):
         prompt = [(7 * i + j) % 1000 + 3 for j in range(PROMPT_LEN)]
@@ -140,7 +140,7 @@ def main() -> None:
             })
     result: dict[str, object] = {"machine": machine(), "device": device, "rows": rows}
     if gpu:
-        model = configs[0].llm.engine.runner.model
+        model = configs[0].llm.step_loop.runner.model
         weights = decode_weight_bytes(model)
         bandwidth = device_bandwidth(torch.device("cuda"))
         roofline_ms = weights / bandwidth * 1e3

@@ -27,8 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
+from interlock.measure.cells import EngineWorkload
 from interlock.measure.client import prompt_ids, run_trial, stream_request
-from interlock.measure.engine import EngineWorkload
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTENING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+) ")

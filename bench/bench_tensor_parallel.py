@@ -30,8 +30,8 @@ import torch
 
 from interlock.core.env import TP_THREADS
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.parallel.group import CollectiveTimes
 
 PROMPT = list(range(1, 33))
@@ -83,7 +83,7 @@ def main() -> None:
     size = args.size
     engines = {1: LLM(args.model, **options),
                size: LLM(args.model, tensor_parallel_size=size, **options)}
-    tp = engines[size].engine.runner.tp  # rank 0's group (the bench process is rank 0)
+    tp = engines[size].step_loop.runner.tp  # rank 0's group (the bench process is rank 0)
 
     for llm in engines.values():  # warm up; tokens must agree
         timed(llm, [PROMPT], 4)
@@ -112,7 +112,7 @@ def main() -> None:
         "tensor_parallel_size": size,
         "collectives": tp.collectives,
         "load_average": os.getloadavg(),
-        "decision": engines[1].engine.runner.decision.__dict__,
+        "decision": engines[1].step_loop.runner.decision.__dict__,
         "batch1_decode_tokens_per_s": {n: statistics.median(v) for n, v in decode.items()},
         "batch1_speedup": statistics.median(decode[size]) / statistics.median(decode[1]),
         "concurrent16_tokens_per_s": {n: statistics.median(v) for n, v in batch.items()},

@@ -54,7 +54,7 @@ def main() -> None:
         sys.exit(f"LLAMA_SIMPLE={binary or ''} does not name llama.cpp's llama-simple")
 
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.model.sources import NAMED_MODELS, named_file
 
     gguf = named_file(args.model) if args.model in NAMED_MODELS else Path(args.model)

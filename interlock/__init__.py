@@ -14,7 +14,7 @@ __version__ = "0.2.0"
 #: does, and the module each lives in. Imported on first use only: ``import interlock`` (and
 #: ``interlock.policy``, which never imports torch) must stay light; and by name, not by an
 #: import statement, so the package's root stays below every layer (the import contract).
-_LAZY = {"LLM": "interlock.llm", "SamplingParams": "interlock.runners.engine.sampling"}
+_LAZY = {"LLM": "interlock.llm", "SamplingParams": "interlock.runners.batching.sampling"}
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 

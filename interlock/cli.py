@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from interlock.core.errors import EXIT_CODES, InterlockError, PolicyError, error_kind
+from interlock.core.errors import EXIT_CODES, InterlockError, LocatedError, error_kind
 from interlock.core.terminal import EscapingWriter, one_line
 
 #: Subcommands, in ``--help`` order; each is ``interlock.commands.<name>``.
@@ -218,10 +218,10 @@ def _main(argv: list[str]) -> int:
 
 
 def _one_paragraph(exc: Exception) -> str:
-    """The error as printed: a :class:`PolicyError` keeps its lines (each one already shows
+    """The error as printed: a :class:`LocatedError` keeps its lines (each one already shows
     the line breaks of the values it quotes); any other error is one line, so a model
     directory named ``m\\nengine: verified`` cannot print a line of its own."""
-    return str(exc) if isinstance(exc, PolicyError) else one_line(str(exc))
+    return str(exc) if isinstance(exc, LocatedError) else one_line(str(exc))
 
 
 def _fail(

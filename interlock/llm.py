@@ -60,11 +60,11 @@ from interlock.app.tokenizer import load_chat_template, load_tokenizer
 from interlock.core.env import DEBUG_GRAPHS
 from interlock.core.errors import InputError
 from interlock.core.heap import give_back_free_memory
+from interlock.runners.batching.kv_cache import plan_kv_cache
+from interlock.runners.batching.request import FinishReason, Request
+from interlock.runners.batching.sampling import SEED_LIMIT, SamplingParams
+from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.kv_cache import plan_kv_cache
-from interlock.runners.engine.request import FinishReason, Request
-from interlock.runners.engine.sampling import SEED_LIMIT, SamplingParams
 from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.sources import DEMO
@@ -90,7 +90,7 @@ class LLM:
     ``policy run`` does (``policy=`` files, ``overrides``, the process environment's
     bindings); ``decision=`` (with ``runner=``, an object) bypasses it. ``device`` is a
     torch device string (None: detected); naming one this torch cannot use is an
-    ``InputError`` saying so. The engine limits (``max_num_seqs``,
+    ``InputError`` saying so. The step loop's limits (``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``block_size``, ``num_blocks`` or
     ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
 
@@ -103,7 +103,7 @@ class LLM:
     ``llm.resolution`` is the decision with its trace.
 
     ``from interlock import LLM, SamplingParams`` imports both, as from vLLM.
-    ``SamplingParams`` (``interlock.runners.engine.sampling``) has vLLM's common fields
+    ``SamplingParams`` (``interlock.runners.batching.sampling``) has vLLM's common fields
     with vLLM's defaults and meaning (``temperature`` 1.0: pass 0 for greedy): ``n``,
     ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, the presence,
     frequency and repetition penalties, ``seed``, ``stop``, ``stop_token_ids``,
@@ -142,7 +142,7 @@ class LLM:
              "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
              "tensor_parallel_size": tensor_parallel_size}
         )
-        # One generate/chat at a time: the engine's batch is not shared between threads.
+        # One generate/chat at a time: the step loop's batch is not shared between threads.
         self._lock = threading.Lock()
         self._owner: int | None = None
         source = resolve_model(model)
@@ -224,7 +224,7 @@ class LLM:
                 runner_from_plugin(decision.runner) if tensor_parallel_size == 1
                 else TensorParallelRunner(runner_factory(decision.runner), tensor_parallel_size)
             )
-        self.engine = Engine(spec, kv_cache, runner, decision)
+        self.step_loop = StepLoop(spec, kv_cache, runner, decision)
         # The load's garbage (tokenizer.json's parse, the weights' repacking, the graphs'
         # activations before they shared a buffer) back to the system: see core.heap.
         give_back_free_memory()
@@ -242,7 +242,7 @@ class LLM:
         which prompt ``index`` got a token (for streaming; with ``n`` 1).
 
         All requests are validated before any runs: one that cannot fit the
-        engine even alone raises ``RequestRejected`` and nothing is run.
+        step loop even alone raises ``RequestRejected`` and nothing is run.
         """
         with self._serialised():
             return self._generate(prompts, sampling_params, on_tokens)
@@ -340,7 +340,7 @@ class LLM:
         callback: bool,
     ) -> tuple[list[Prompt], list[list[Request]]]:
         """The prompts as a list and, per prompt, its ``n`` completions' requests, every one
-        checked before any is added to the engine (``callback``: an ``on_tokens`` will
+        checked before any is added to the step loop (``callback``: an ``on_tokens`` will
         see them, which takes one completion per prompt)."""
         batch = as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -351,7 +351,7 @@ class LLM:
                 raise InputError(f"{len(params)} sampling params for {len(batch)} prompts")
         groups: list[list[Request]] = []
         for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
-            try:  # errors name the caller's position, not the engine's request id
+            try:  # errors name the caller's position, not the step loop's request id
                 if not isinstance(p, SamplingParams):
                     raise InputError(f"expected SamplingParams, got {type(p).__name__}")
                 if p.stop and self.tokenizer is None:
@@ -366,22 +366,22 @@ class LLM:
                     )
                 token_ids = self.encode(prompt)
                 groups.append(
-                    [self.engine.make_request(token_ids, c) for c in completion_params(p)]
+                    [self.step_loop.make_request(token_ids, c) for c in completion_params(p)]
                 )
             except InputError as exc:
                 raise type(exc)(f"prompts[{i}]: {_without_request_id(exc)}") from None
         return batch, groups
 
     def _steps(self, requests: list[Request]) -> Generator[list[int], None, None]:
-        """Add ``requests`` and step the engine until none is unfinished, yielding after
+        """Add ``requests`` and step the loop until none is unfinished, yielding after
         each step the positions (in ``requests``) of those that got a token. However it
         ends (an error, Ctrl-C, the iterator closed), none of them stays running."""
         for request in requests:
-            self.engine.add_request(request)
+            self.step_loop.add_request(request)
         seen = [0] * len(requests)
         try:
-            while self.engine.has_unfinished():
-                self.engine.step()
+            while self.step_loop.has_unfinished():
+                self.step_loop.step()
                 advanced = []
                 for index, request in enumerate(requests):
                     if len(request.output_token_ids) == seen[index]:
@@ -392,7 +392,7 @@ class LLM:
                     advanced.append(index)
                 yield advanced
         except BaseException:
-            self.engine.abort(requests)
+            self.step_loop.abort(requests)
             raise
 
     def _delta(self, completion: int, request: Request, sent: SentText) -> CompletionDelta:
@@ -428,14 +428,14 @@ class LLM:
     def check_stop_strings(self, request: Request) -> None:
         """Finish ``request`` if its text now holds one of its stop strings (vLLM's
         ``stop``); a request that just ended by length ends by the stop string instead.
-        Called between steps, by whoever steps the engine."""
+        Called between steps, by whoever steps the loop."""
         found = _first_stop(self.decode(request.output_token_ids), request.params.stop)
         if found is None or request.stop_reason is not None:
             return
         if request.finish_reason is FinishReason.LENGTH:
             request.finish(FinishReason.STOP, request.finish_time or 0.0, found[1])
         elif request.finish_reason is None:
-            self.engine.stop(request, found[1])
+            self.step_loop.stop(request, found[1])
 
     def chat(
         self,
@@ -499,13 +499,13 @@ class LLM:
         return list(token_ids)
 
     def report(self) -> RunnerReport:
-        return self.engine.report()
+        return self.step_loop.report()
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any (also done at exit); the LLM cannot
         generate afterwards."""
-        if isinstance(self.engine.runner, TensorParallelRunner):
-            self.engine.runner.close()
+        if isinstance(self.step_loop.runner, TensorParallelRunner):
+            self.step_loop.runner.close()
 
     def __enter__(self) -> LLM:
         return self

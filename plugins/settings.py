@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from interlock.core.env import DISABLE_PLUGINS, PLUGINS_STRICT
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 
 
-class PluginError(PolicyError):
+class PluginError(LocatedError):
     """A plugin problem that must stop the caller (strict mode, unknown or conflicting runner,
     a runner factory that does not import); exit 3 on the command line."""
 

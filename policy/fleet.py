@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.policy.context import Context
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
@@ -101,7 +101,8 @@ def fleet(
     def one(p: Policy, context: Context) -> tuple[Resolution | None, str | None]:
         try:
             return resolver(p, context), None
-        except PolicyError as exc:  # a cell's error is that cell's, not the table's end
+        # A policy error, or a plugin's (a runner no plugin registers), is that cell's alone.
+        except LocatedError as exc:
             return None, str(exc)
 
     rows = []

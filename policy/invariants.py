@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.policy.conditions import build_when
 from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
@@ -177,7 +177,7 @@ def check_invariants(
         try:
             resolution: Resolution | None = resolve(policy, context, capabilities=capabilities)
             error = None
-        except PolicyError as exc:
+        except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
             resolution, error = None, exc.message
         for i in chosen:
             result = results[i]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.core.suggest import hint
 from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
@@ -186,7 +186,7 @@ def _run_case(
     expect = case.expect
     try:
         resolution = resolve(policy, context, overrides, capabilities=capabilities)
-    except PolicyError as exc:
+    except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
         message = str(exc)
         if expect.error is None:
             problems.append(f"resolution failed: {message}")

@@ -95,7 +95,7 @@ class KVCacheSpec:
 @dataclass(frozen=True)
 class Sampling:
     """How to pick a sequence's next token, with ``SamplingParams``' meaning
-    (``interlock.runners.engine.sampling``). temperature 0 is greedy; top_k 0, top_p 1.0
+    (``interlock.runners.batching.sampling``). temperature 0 is greedy; top_k 0, top_p 1.0
     and min_p 0.0 are off, as are the penalties at 0, 0 and 1. The penalties change the
     logits before the draw (greedy too). logprobs -1: none; N >= 0: the N most likely
     tokens' log-probabilities and the sampled one's, of the raw logits. The draw depends

@@ -107,7 +107,7 @@ def check_kv_cache_fits(spec: Any, num_blocks: int, block_size: int) -> None:
     """Refuse, before allocating, a KV cache and recurrent-state pool larger than the memory
     of their device (an explicit ``num_blocks`` is not capped by the model's length the way
     a budget is, and the pool grows with ``max_num_seqs`` whatever the blocks)."""
-    from interlock.runners.engine.kv_cache import DTYPE_BYTES, bytes_per_block
+    from interlock.runners.batching.kv_cache import DTYPE_BYTES, bytes_per_block
     from interlock.runners.model.cache_spec import state_pool_bytes
     from interlock.runners.model.memory import available_bytes
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from interlock.core.errors import InputError, ModelError
 from interlock.core.files import FileProblem, read_json
-from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.model.sources import DEMO, NAMED_MODELS, named_file
 
 #: generation_config.json is a few hundred bytes; anything near this is not one.

@@ -30,9 +30,9 @@ from interlock.policy.model import Policy
 if TYPE_CHECKING:
     from interlock.policy.resolution import EngineStage, Resolution
 
-#: Whose runners run the decision: interlock's registered runner plugins (stage 5 asks them
-#: what they serve), or vLLM's own (which interlock's plugins do not describe).
-Runners = Literal["interlock", "vllm"]
+#: Who executes the decision: interlock's registered runner plugins (stage 5 asks them what
+#: they serve), or vLLM's own model runners (which interlock's plugins do not describe).
+Executor = Literal["interlock", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Query:
     tensor_parallel_given: str = ""
     #: The model runs on this machine: a given platform must be this machine's.
     runs_here: bool = False
-    runners: Runners = "interlock"
+    executed_by: Executor = "interlock"
     #: The engine stage of the engine release the decision is handed to (for vLLM,
     #: ``interlock.vllm.stage.ReleaseStage``): the resolution is then what that release runs.
     stage: EngineStage | None = None
@@ -154,7 +154,7 @@ def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution
 
     if query.runs_here:
         check_runs_here(query.platform)
-    stage = capability_stage() if query.runners == "interlock" else None
+    stage = capability_stage() if query.executed_by == "interlock" else None
     return resolve(policy, query.context(), query.overrides, capabilities=stage,
                    refused=refused, engine=query.stage)
 

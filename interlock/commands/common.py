@@ -85,15 +85,14 @@ def add_policy_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pairs(parser: argparse.ArgumentParser, flag: str, metavar: str, help: str) -> None:
+    """A repeatable ``flag KEY=VALUE``, gathered as a list of ``(key, value)`` pairs."""
+    parser.add_argument(flag, action="append", type=pair, default=[], metavar=metavar, help=help)
+
+
 def add_env_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--env",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="K=V",
-        help="value of an environment variable the policy binds (wins over the real one)",
-    )
+    add_pairs(parser, "--env", "K=V",
+              "value of an environment variable the policy binds (wins over the real one)")
 
 
 def add_context_args(parser: argparse.ArgumentParser) -> None:
@@ -121,14 +120,8 @@ def add_model_id_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine-version",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="ENGINE=VERSION",
-        help="the engine version the decision is for, e.g. vllm=0.29.0 (`engine:` conditions)",
-    )
+    add_pairs(parser, "--engine-version", "ENGINE=VERSION",
+              "the engine version the decision is for, e.g. vllm=0.29.0 (`engine:` conditions)")
 
 
 def add_context_flags(parser: argparse.ArgumentParser) -> None:
@@ -141,24 +134,11 @@ def add_context_flags(parser: argparse.ArgumentParser) -> None:
         metavar="ARCH",
         help="device architecture, e.g. gfx950 or sm_90 (--gfx is an alias)",
     )
-    parser.add_argument(
-        "--feature",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="K=V",
-        help="deployment feature, e.g. tensor_parallel_size=8 (ints, floats, true/false, strings)",
-    )
+    add_pairs(parser, "--feature", "K=V",
+              "deployment feature, e.g. tensor_parallel_size=8 (ints, floats, true/false, strings)")
     add_env_args(parser)
     add_engine_args(parser)
-    parser.add_argument(
-        "--set",
-        action="append",
-        type=pair,
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override a decision field, e.g. runner=mrv1",
-    )
+    add_pairs(parser, "--set", "FIELD=VALUE", "override a decision field, e.g. runner=mrv1")
 
 
 def write_json(document: Any) -> None:
@@ -369,6 +349,18 @@ def _logging_by_env() -> bool:
     import os
 
     return bool(os.environ.get(DECISION_LOG.name))
+
+
+def add_decision_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A command that decides for one context: ARCH and its flags (:func:`add_context_args`)
+    and --decision-log (``policy explain``, ``policy resolve``)."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    add_context_args(parser)
+    add_decision_log_args(parser)
+    return parser
 
 
 def add_decision_log_args(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import percent, positive, write_json
-from interlock.commands.measure import add_engine_args, add_workload_args
+from interlock.commands.measure.flags import add_engine_args, add_workload_args
 from interlock.core.errors import PolicyError
 from interlock.policy.diff import MAX_CONTEXTS
 
@@ -135,7 +135,8 @@ def _measure(args: argparse.Namespace, old: Policy, new: Policy, diff: PolicyDif
              ) -> dict[str, Any]:
     """Benchmark the decisions both policies make for --model here, when they differ; list
     the changed contexts this machine cannot measure, grouped by why."""
-    from interlock.commands.measure import command_line, progress_bar, workload_of
+    from interlock.commands.measure.orchestrate import workload_of
+    from interlock.commands.measure.output import command_line, progress_bar
     from interlock.core.platform import detect_platform
     from interlock.measure import compare
 
@@ -213,8 +214,9 @@ def _measure_engine(
     """``--engine vllm``: the old and new decisions for --model as two cells on `vllm serve`
     (none when vLLM would be started alike)."""
     from interlock.app.query import Query
-    from interlock.commands.measure import command_line, engine_setup, measure_on_engine
-    from interlock.measure.engine import compare_cells
+    from interlock.commands.measure.engines import engine_setup, measure_on_engine
+    from interlock.commands.measure.output import command_line
+    from interlock.measure.vllm_serve import compare_cells
 
     setup = engine_setup(args, Query(platform=args.platform, device_arch=args.device_arch))
     before, after, cells = compare_cells(old, new, setup.query, setup.model, args.vllm_arg,
@@ -245,7 +247,7 @@ def _unmeasured(context: Context, architecture: str, here: str) -> str | None:
 
 
 def _keep(record: dict[str, Any]) -> Path:
-    from interlock.commands.measure import write_record
+    from interlock.commands.measure.output import write_record
 
     return write_record(record, None)
 

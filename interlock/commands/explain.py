@@ -5,23 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import (
-    add_context_args,
-    add_decision_log_args,
-    refused_exit,
-    resolve_args,
-)
+from interlock.commands.common import add_decision_command, refused_exit, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "explain",
-        help="explain the decision for an architecture",
-        description="The decision for ARCH, each field with the rule (id, file:line, reason) "
-        "that set it, and the trace of every rule, matched or not.",
+    parser = add_decision_command(
+        subparsers, "explain", "explain the decision for an architecture",
+        "The decision for ARCH, each field with the rule (id, file:line, reason) that set it, "
+        "and the trace of every rule, matched or not.",
     )
-    add_context_args(parser)
-    add_decision_log_args(parser)
     parser.add_argument("--json", action="store_true", help="print the `policy resolve` document")
     parser.set_defaults(run=run)
 

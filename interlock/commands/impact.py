@@ -28,7 +28,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from interlock.commands.common import write_json
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError, PolicyError
 
 if TYPE_CHECKING:
     from interlock.policy.model import Policy
@@ -227,7 +227,7 @@ def _decide(
         stage, versions = ReleaseStage(vllm), {"vllm": vllm}
     try:
         resolution = replay(policy, record, stage, versions)
-    except PolicyError as exc:
+    except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
         return {"decision": {"outcome": f"refused: {exc}"}, "by": {}}
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{log}:{line}: the recorded context cannot be replayed: {exc}") from None

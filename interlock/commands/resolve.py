@@ -5,23 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interlock.commands.common import (
-    add_context_args,
-    add_decision_log_args,
-    refused_exit,
-    resolve_args,
-)
+from interlock.commands.common import add_decision_command, refused_exit, resolve_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "resolve",
-        help="the decision as JSON",
-        description="The decision, provenance, trace and policy stamp for ARCH as one JSON "
-        "document (the same as `policy explain --json`).",
+    parser = add_decision_command(
+        subparsers, "resolve", "the decision as JSON",
+        "The decision, provenance, trace and policy stamp for ARCH as one JSON document (the "
+        "same as `policy explain --json`).",
     )
-    add_context_args(parser)
-    add_decision_log_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -31,4 +23,3 @@ def run(args: argparse.Namespace) -> int:
     resolution = resolve_args(args)
     sys.stdout.write(render_json(resolution))
     return refused_exit(resolution)
-    return 0

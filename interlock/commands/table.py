@@ -120,7 +120,7 @@ def _target(text: str) -> Target:
 def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import check_target, features_of
     from interlock.commands.release_check import warn_outside
-    from interlock.core.errors import PolicyError
+    from interlock.core.errors import LocatedError, PolicyError
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.context import Context
     from interlock.policy.domain import Domain
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     # A refusal is the cell's outcome, shown with its rule; not an error.
                     rows.append(resolve(policy, context, capabilities=stage, refused=True))
-                except PolicyError as exc:  # one context's error is its cell, not the table's end
+                except LocatedError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), context.config))
     sys.stdout.write(render_table(rows, fmt))
     warn_outside("policy table", policy, engine.get("vllm"), sources.get("engine.vllm", ""))

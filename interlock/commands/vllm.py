@@ -1,15 +1,16 @@
 """``policy vllm args|serve MODEL [vllm serve args...]``: run vLLM with the policy's decision.
 
-``args`` prints the command (``--json``: the decision, its adjustments, env and
-argv); ``serve`` logs the one-line provenance and runs ``vllm serve`` as its child:
-signals (SIGINT, SIGTERM) are passed on, its output is copied through, and its startup log
-is checked against the decision (:mod:`interlock.vllm.engine`): one line says verified, or
-warns loudly what the engine did instead. Options of this command come before MODEL;
-everything after MODEL is ``vllm serve``'s. Exit status: the engine's own (128 + N when a
-signal N killed it); 4 with ``--strict`` when the engine does not run the decision (it is
-stopped); 5 when a rule refuses the context, or the vLLM detected or given is outside the
-release the policy's ``version:`` names (``--allow-version-mismatch`` goes on); 1 on a policy
-or input error (and when ``vllm`` is not on PATH), 2 on usage errors.
+``args`` prints the command (``--json``: the decision, its adjustments, env and argv);
+``serve`` logs the one-line provenance and runs ``vllm serve`` as its child: signals
+(SIGINT, SIGTERM) are passed on, its output is copied through, and its startup log is
+checked against the decision (:mod:`interlock.vllm.supervise` feeds it to
+:mod:`interlock.vllm.startup_log`): one line says verified, or warns loudly what the engine
+did instead. Options of this command come before MODEL; everything after MODEL is ``vllm
+serve``'s. Exit status: the engine's own (128 + N when a signal N killed it); 4 with
+``--strict`` when the engine does not run the decision (it is stopped); 5 when a rule
+refuses the context, or the vLLM detected or given is outside the release the policy's
+``version:`` names (``--allow-version-mismatch`` goes on); 1 on a policy or input error (and
+when ``vllm`` is not on PATH), 2 on usage errors.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         # --runner names the task vLLM runs the model for: a given fact.
         traits={"task": user.task} if user.task is not None else None,
         overrides=dict(user.overrides),
-        runners="vllm",
+        executed_by="vllm",
         stage=ReleaseStage(None if release is None else release.version),
     )
     resolution = decide(policy, query)
@@ -365,7 +366,8 @@ def _serve(
     overrides: dict[str, Any], model: str, install: VllmInstall, version: str | None,
 ) -> int:
     from interlock import decision_log
-    from interlock.vllm.engine import EngineCheck, Verification, supervise
+    from interlock.vllm.startup_log import EngineCheck, Verification
+    from interlock.vllm.supervise import supervise
 
     check = EngineCheck(command.decision, args.vllm_version or version,
                         platform=resolution.context.platform)

@@ -24,8 +24,8 @@ from interlock.app.timing import (
     tpot_s,
     ttft_s,
 )
-from interlock.core.errors import InputError, PolicyError
-from interlock.vllm.engine import Deadline
+from interlock.core.errors import InputError, LocatedError, PolicyError
+from interlock.vllm.process import Deadline
 
 #: Seconds a request may take, from sending it to its last byte, before the trial fails: a
 #: total deadline, not one per read (a server dripping a byte a second would never trip that).
@@ -56,7 +56,7 @@ def _field(value: Any, path: str, kind: type | tuple[type, ...]) -> Any:
 
 
 class Workload(Protocol):
-    """What a trial sends (``interlock.measure.engine.EngineWorkload``)."""
+    """What a trial sends (``interlock.measure.cells.EngineWorkload``)."""
 
     @property
     def concurrency(self) -> int: ...
@@ -194,7 +194,7 @@ def run_trial(port: int, model: str, workload: Workload) -> dict[str, Any]:
                 result = stream_request(port, model, prompt, workload.output_len)
                 with lock:
                     results.append(result)
-        except (OSError, http.client.HTTPException, PolicyError, ValueError) as exc:
+        except (OSError, http.client.HTTPException, LocatedError, ValueError) as exc:
             with lock:  # a server's malformed answer fails the trial, naming what it was
                 errors.append(exc)
 

@@ -148,7 +148,7 @@ def run_trials(
 ) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """``(order, samples)``: ``warmup + trials`` blocks, each running every unit (a
     configuration at a batch size) once, in the order of :func:`block_order`."""
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     units = [(c, b) for c in range(len(loaded)) for b in workload.batch_sizes]
     order = block_order(len(units), workload.warmup + workload.trials, workload.seed)
@@ -157,7 +157,7 @@ def run_trials(
     for block, row in enumerate(order):
         for position, unit in enumerate(row):
             index, batch_size = units[unit]
-            sample = _trial(loaded[index].llm.engine, prompt_ids, batch_size, params)
+            sample = _trial(loaded[index].llm.step_loop, prompt_ids, batch_size, params)
             warmup = block < workload.warmup
             samples.append(
                 {

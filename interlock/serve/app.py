@@ -1,14 +1,14 @@
-"""The HTTP side of ``policy serve``: a Starlette app on uvicorn over one :class:`EngineLoop`.
+"""The HTTP side of ``policy serve``: a Starlette app on uvicorn over one :class:`StepThread`.
 
 Each request is checked on the event loop against the bounds of ``protocol.Limits`` (a
 refusal is an OpenAI-shaped JSON error, 400 for a bad request), tokenized on a worker
-thread, submitted to the engine thread, and answered from the token updates that thread
+thread, submitted to the step thread, and answered from the token updates that thread
 sends back: as server-sent events while they arrive (``stream``), or in one JSON document
 at the end (built on the worker thread when it carries logprobs). A client that goes away
 has its requests aborted, which frees their KV-cache blocks. Connections are bounded in
 number and in the time they take to send a request (:class:`_GuardedH11`). SIGTERM (or
 Ctrl-C) stops taking connections, lets the requests in flight finish (``drain_timeout``),
-then ends those still running with finish reason ``abort`` and stops the engine.
+then ends those still running with finish reason ``abort`` and stops the step loop.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from interlock import __version__
 from interlock.app.outputs import SentText
 from interlock.core.errors import InputError, ModelError
 from interlock.llm import LLM, completion_params
-from interlock.runners.engine.request import FinishReason, Request
+from interlock.runners.batching.request import FinishReason, Request
 from interlock.serve import MAX_CONNECTIONS, MAX_LOGPROBS
-from interlock.serve.engine_loop import Closed, EngineLoop, Overloaded, Update
 from interlock.serve.metrics import ServerMetrics
 from interlock.serve.protocol import (
     Limits,
@@ -57,6 +56,7 @@ from interlock.serve.protocol import (
     parse_tokenize,
     usage,
 )
+from interlock.serve.step_thread import Closed, Overloaded, StepThread, Update
 
 LOG = logging.getLogger("interlock.serve")
 #: A request body larger than this is refused (413) before it is parsed.
@@ -93,16 +93,16 @@ class _Choice:
 
     def advance(self, update: Update) -> tuple[str, list[int]]:
         """The new text and the new tokens' positions since the last call."""
-        # The update's token count, not the request's: the engine thread may have stepped on.
+        # The update's token count, not the request's: the step thread may have stepped on.
         text = self.llm.settled_text(self.request, update.num_tokens)
         delta, positions = self.sent.advance(text, update.num_tokens)
         return delta, list(positions)
 
 
 class Generation:
-    """The engine requests of one HTTP request, and their updates as they arrive."""
+    """The step loop's requests of one HTTP request, and their updates as they arrive."""
 
-    def __init__(self, loop: EngineLoop, groups: list[list[Request]]) -> None:
+    def __init__(self, loop: StepThread, groups: list[list[Request]]) -> None:
         self.loop = loop
         self.groups = groups
         self.requests = [r for group in groups for r in group]
@@ -110,7 +110,7 @@ class Generation:
         self.queue: asyncio.Queue[Update] = asyncio.Queue()
         events = asyncio.get_running_loop()
 
-        def deliver(update: Update) -> None:  # on the engine thread
+        def deliver(update: Update) -> None:  # on the step thread
             with contextlib.suppress(RuntimeError):  # the event loop has closed
                 events.call_soon_threadsafe(self.queue.put_nowait, update)
 
@@ -128,7 +128,7 @@ class Generation:
 
 
 class Server:
-    """The routes over ``llm``'s engine."""
+    """The routes over ``llm``'s step loop."""
 
     def __init__(self, llm: LLM, options: ServeOptions) -> None:
         if llm.tokenizer is None:
@@ -136,11 +136,11 @@ class Server:
                              "answers with text")
         self.llm, self.options = llm, options
         self.name = options.served[0]
-        engine = llm.engine
-        self.metrics = ServerMetrics(self.name, options.decision, engine.kv_cache.num_blocks)
-        capacity = engine.model.max_num_seqs + options.max_queue
-        self.loop = EngineLoop(engine, capacity, llm.check_stop_strings, self.metrics)
-        max_model_len = engine.model.max_model_len
+        step_loop = llm.step_loop
+        self.metrics = ServerMetrics(self.name, options.decision, step_loop.kv_cache.num_blocks)
+        capacity = step_loop.model.max_num_seqs + options.max_queue
+        self.loop = StepThread(step_loop, capacity, llm.check_stop_strings, self.metrics)
+        max_model_len = step_loop.model.max_model_len
         self.limits = Limits(
             completions=capacity, prompt_tokens=max_model_len,
             prompt_chars=max_model_len * _longest_token(llm),
@@ -197,7 +197,7 @@ class Server:
                         media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, _: HTTPRequest) -> Response:
-        model = self.llm.engine.model
+        model = self.llm.step_loop.model
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": self.created, "owned_by": "interlock",
              "root": model.name, "max_model_len": model.max_model_len}
@@ -292,17 +292,17 @@ class Server:
     async def _answer(self, http: HTTPRequest, parsed: Parsed, prompts: list[list[int]],
                       chat: bool) -> Response:
         rid = new_id("chatcmpl" if chat else "cmpl")
-        engine = self.llm.engine
+        step_loop = self.llm.step_loop
         groups = []
         for i, token_ids in enumerate(prompts):
             params = parsed.params
-            left = engine.model.max_model_len - len(token_ids)
+            left = step_loop.model.max_model_len - len(token_ids)
             if parsed.default_max_tokens and params.max_tokens is not None and left >= 1:
                 # A default max_tokens (the model's, or completions' 16) is cut to the
                 # context the prompt leaves, as vLLM cuts it; a given one is checked.
                 params = replace(params, max_tokens=min(params.max_tokens, left))
             try:
-                groups.append([engine.make_request(token_ids, p, request_id=f"{rid}-{i}-{j}")
+                groups.append([step_loop.make_request(token_ids, p, request_id=f"{rid}-{i}-{j}")
                                for j, p in enumerate(completion_params(params))])
             except InputError as exc:
                 param = "max_tokens" if "max_tokens" in str(exc) else "prompt"
@@ -370,7 +370,7 @@ class _Reply:
                     update.cancel()
                     return Response(status_code=499)  # nobody reads it
                 error = update.result().error
-                if error is not None:  # the engine loop has logged it
+                if error is not None:  # the step thread has logged it
                     raise RequestError(error, status=500, type="server_error")
         finally:
             gone.cancel()
@@ -447,7 +447,7 @@ def _error(exc: RequestError) -> Response:
 
 
 def _plain(message: str) -> str:
-    """An engine refusal without its internal request id (``request cmpl-...-0-0: ``)."""
+    """A step loop's refusal without its internal request id (``request cmpl-...-0-0: ``)."""
     return message.split(": ", 1)[1] if message.startswith("request ") else message
 
 
@@ -574,10 +574,10 @@ class _Uvicorn(uvicorn.Server):
     (finish reason ``abort``) before uvicorn would cut the answers off."""
 
     def __init__(self, config: uvicorn.Config, announce: Callable[[], None],
-                 loop: EngineLoop, drain_timeout: float) -> None:
+                 loop: StepThread, drain_timeout: float) -> None:
         super().__init__(config)
         self.announce = announce
-        self.engine_loop, self.drain_timeout = loop, drain_timeout
+        self.step_thread, self.drain_timeout = loop, drain_timeout
         self.signals: list[int] = []
         self.aborted = 0  # requests the drain timeout ended
         self._accept_failures = 0
@@ -621,9 +621,9 @@ class _Uvicorn(uvicorn.Server):
             timer.cancel()
 
     def _drain_ran_out(self) -> None:
-        self.aborted = self.engine_loop.in_flight()
+        self.aborted = self.step_thread.in_flight()
         if self.aborted:
-            self.engine_loop.abort_all()
+            self.step_thread.abort_all()
 
 
 def run_server(llm: LLM, options: ServeOptions, sock: socket.socket) -> bool:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from interlock.app.decided_by import LOGGED_FIELDS
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.request import Request
+from interlock.runners.batching.request import Request
+from interlock.runners.batching.step_loop import StepLoop
 
 if TYPE_CHECKING:
     from interlock.policy.resolution import Resolution
@@ -125,8 +125,8 @@ class ServerMetrics:
             self.e2e.observe(request.finish_time - request.arrival_time)
         self.preemptions.inc(request.num_preemptions)
 
-    def stepped(self, engine: Engine) -> None:
-        scheduler = engine.scheduler
+    def stepped(self, step_loop: StepLoop) -> None:
+        scheduler = step_loop.scheduler
         self.running.set(len(scheduler.running))
         self.waiting.set(len(scheduler.waiting))
         free = scheduler.allocator.num_free

@@ -21,12 +21,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 
 from interlock.core.errors import InputError
-from interlock.runners.contract import SampleLogprobs
-from interlock.runners.engine.sampling import (
+from interlock.runners.batching.sampling import (
     SUPPORTED_FIELDS,
     UNSUPPORTED_VLLM_FIELDS,
     SamplingParams,
 )
+from interlock.runners.contract import SampleLogprobs
 from interlock.serve import MAX_LOGPROBS
 
 #: Request fields of the OpenAI API (or of vLLM's server) that ask for more than plain text:

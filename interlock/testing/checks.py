@@ -261,7 +261,7 @@ def _generate(
 ) -> list[list[int]]:
     from interlock.core.platform import device_for
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     llm = LLM(
         model, load_format="dummy", dtype="float32",

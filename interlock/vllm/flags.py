@@ -162,7 +162,7 @@ class _Reader:
         elif name in SPECULATIVE:
             self._feature("speculative", _speculative(name, value), name)
         elif name == "--runner":
-            self.task = _runner_task(name, value)
+            self.task = _task(name, value)
 
     def _feature(self, key: str, value: Any, flag: str) -> None:
         if key in self.features and self.features[key] != value:
@@ -211,17 +211,17 @@ class _Reader:
         )
 
 
-#: ``vllm serve --runner`` values (vLLM's RunnerOption) that name a task; ``auto`` leaves it
-#: to the model.
-RUNNER_TASKS = ("generate", "pooling", "draft")
+#: The model tasks ``vllm serve --runner`` names (vLLM's RunnerOption); ``auto`` leaves the
+#: task to the model. Not a decision's runner: vLLM spells the task with that flag.
+VLLM_TASKS = ("generate", "pooling", "draft")
 
 
-def _runner_task(flag: str, value: str) -> str | None:
+def _task(flag: str, value: str) -> str | None:
     if value == "auto":
         return None
-    if value not in RUNNER_TASKS:
+    if value not in VLLM_TASKS:
         raise PolicyError(
-            f"{flag} {value}: vLLM's runners are auto, {', '.join(RUNNER_TASKS)}"
+            f"{flag} {value}: vLLM's model tasks are auto, {', '.join(VLLM_TASKS)}"
         )
     return value
 

@@ -74,7 +74,7 @@ class Gone:
 @dataclass(frozen=True)
 class LogFormats:
     """Where a release logs each startup line the engine check reads (the messages are
-    :mod:`interlock.vllm.engine`'s); ``runner_v2`` is None where no line says the runner."""
+    :mod:`interlock.vllm.startup_log`'s); ``runner_v2`` is None where no line says the runner."""
 
     config: Location
     runner_v2: Location | None

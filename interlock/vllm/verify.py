@@ -9,7 +9,7 @@ FILE is either a saved engine log or a decision log.
   of a decision record (``--record LOG`` with ``--id``, else its last record that carries an
   engine target). A start begins at the plugin's ``governing`` line, or at the engine's config
   line when the start before already logged one (or came up). The log's own lines are read by
-  the same check as a live ``policy vllm serve`` (:class:`interlock.vllm.engine.EngineCheck`):
+  the same check as a live ``policy vllm serve`` (:class:`interlock.vllm.startup_log.EngineCheck`):
   the config line's ``mode`` and ``cudagraph_mode``, the V2 runner line, the breakable lines,
   the ready line.
 - **A decision log**: every record that says what an engine did (``policy vllm serve``,
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import InputError
-from interlock.vllm.engine import (
-    _ANSI,
+from interlock.vllm.startup_log import (
     _LOG_LINE,
+    ANSI,
     CONFIG_MESSAGE,
     READY_MESSAGE,
     EngineCheck,
@@ -178,7 +178,7 @@ def _message(text: str) -> str | None:
     :class:`EngineCheck` reads it)."""
     if "]" not in text:  # no `[file:line]`: not the logger's (the quick answer for most lines)
         return None
-    match = _LOG_LINE.search(_ANSI.sub("", text).rstrip("\r\n"))
+    match = _LOG_LINE.search(ANSI.sub("", text).rstrip("\r\n"))
     return None if match is None else match["message"].rstrip()
 
 

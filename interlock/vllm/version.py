@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.core.platform import TRITON_FACT
 
 #: Seconds the interpreter may take to report a version when it must be asked (importlib.metadata
@@ -47,7 +47,7 @@ _QUERY = (
 )
 
 
-class DetectionError(PolicyError):
+class DetectionError(LocatedError):
     """The executable's interpreter could not be found or asked (exit 1, like other input)."""
 
 

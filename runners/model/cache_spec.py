@@ -13,7 +13,7 @@ A layer's cache is a tuple of named tensors, each ``[num_blocks, block_size, *sh
 
 A layer that keeps more per token returns one more ``CacheTensor`` from :func:`layer_cache`
 (DSA's ``index`` is one); allocation (``interlock.runners.model.kv_cache``),
-block sizing (``interlock.runners.engine.kv_cache``) and binding (each attention layer's
+block sizing (``interlock.runners.batching.kv_cache``) and binding (each attention layer's
 ``bind_cache`` receives the tensors in this order) follow from the spec.
 """
 

@@ -4,7 +4,7 @@ KV cache.
 The pool has one slot per sequence the engine may run at once (``max_num_seqs``), plus
 one scratch slot, the last, which padding rows of a graph step (slot -1) read and write.
 The scheduler hands slots out at admission and takes them back when a request finishes or
-is preempted (``interlock.runners.engine.scheduler``); the tensors are allocated once here,
+is preempted (``interlock.runners.batching.scheduler``); the tensors are allocated once here,
 so decode graphs capture their addresses.
 """
 

@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.scheduler import RequestRejected
 from interlock.runners.contract import Decision, Runner
-from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.engine.scheduler import RequestRejected
 from interlock.runners.mrv1.runner import MRV1Runner, RunnerError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -57,7 +57,7 @@ def test_an_oversized_request_is_rejected_before_anything_runs(tiny_models):
     with pytest.raises(RequestRejected, match=r"needs 4 KV blocks .* the cache has only 2"):
         llm.generate([[1, 2], list(range(60))], [GREEDY, SamplingParams(temperature=0,
             max_tokens=4)])
-    assert not llm.engine.has_unfinished()
+    assert not llm.step_loop.has_unfinished()
     assert len(llm.generate([[1, 2]], GREEDY)[0].token_ids) == GREEDY.max_tokens
 
 

@@ -14,7 +14,7 @@ import pytest
 def test_from_interlock_import_llm_and_sampling_params() -> None:
     from interlock import LLM, SamplingParams
     from interlock.llm import LLM as Direct
-    from interlock.runners.engine.sampling import SamplingParams as Engine
+    from interlock.runners.batching.sampling import SamplingParams as Engine
 
     assert LLM is Direct and SamplingParams is Engine
     [out] = LLM("demo").generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))

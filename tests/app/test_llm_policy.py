@@ -13,8 +13,8 @@ from interlock.core.errors import PolicyError
 from interlock.llm import LLM
 from interlock.plugins.capabilities import CapabilityError
 from interlock.policy.loader import shipped_policy_path
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.mrv1.runner import MRV1Runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,8 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from interlock.core.errors import InputError
 from interlock.llm import LLM, StreamOutput
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -66,7 +66,7 @@ def test_the_deltas_join_to_what_generate_returns(worded):
         assert [s.finished for s in mine] == [False] * (len(mine) - 1) + [True]
         assert all(s.request_id == mine[0].request_id for s in mine)
     assert stream[0].prompt == "w4 w5 w6" and stream[0].prompt_token_ids == (4, 5, 6)
-    assert not worded.engine.has_unfinished()
+    assert not worded.step_loop.has_unfinished()
 
 
 def test_n_completions_stream_each(worded):
@@ -103,19 +103,19 @@ def test_without_a_tokenizer_the_deltas_are_tokens(tiny_models):
 
 
 def test_closing_a_stream_aborts_what_runs_and_frees_the_llm(worded):
-    allocator = worded.engine.scheduler.allocator
+    allocator = worded.step_loop.scheduler.allocator
     free_blocks = allocator.num_free
     stream = worded.stream(["w1 w2", "w3"], SamplingParams(temperature=0, max_tokens=20,
                                                             ignore_eos=True))
     first = next(stream)
     assert not first.finished and allocator.num_free < free_blocks
     stream.close()
-    assert not worded.engine.has_unfinished()
+    assert not worded.step_loop.has_unfinished()
     assert allocator.num_free == free_blocks  # the aborted requests' blocks are back
     # break out of a for loop closes it as well, and the LLM serves the next call.
     for _ in worded.stream("w1", GREEDY):
         break
-    assert not worded.engine.has_unfinished()
+    assert not worded.step_loop.has_unfinished()
     assert len(worded.generate("w1", GREEDY)[0].token_ids) == 6
 
 
@@ -134,6 +134,6 @@ def test_a_bad_request_is_refused_at_the_first_next_and_nothing_runs(worded):
     stream = worded.stream(["w1", "w2"], [GREEDY, "greedy"])  # type: ignore[list-item]
     with pytest.raises(InputError, match=r"prompts\[1\]: expected SamplingParams"):
         next(stream)
-    assert not worded.engine.has_unfinished()
+    assert not worded.step_loop.has_unfinished()
     with pytest.raises(InputError, match="1 sampling params for 2 prompts"):
         next(worded.stream(["w1", "w2"], [GREEDY]))

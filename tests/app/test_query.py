@@ -63,7 +63,7 @@ def test_a_run_elsewhere_is_refused_and_vllm_runners_skip_stage_5():
     # vLLM runs its own runners: no interlock plugin judges them, so the same query decides
     # with or without them, and neither reads the process environment by itself.
     asked = Query(architecture="LlamaForCausalLM", platform="rocm", device_arch="gfx942")
-    assert decide(policy, replace(asked, runners="vllm")).decision.runner in ("mrv1", "mrv2")
+    assert decide(policy, replace(asked, executed_by="vllm")).decision.runner in ("mrv1", "mrv2")
 
 
 def test_debug_graphs_reach_the_runner_in_its_spec(tiny_models, monkeypatch):
@@ -72,17 +72,17 @@ def test_debug_graphs_reach_the_runner_in_its_spec(tiny_models, monkeypatch):
     small = dict(num_blocks=8, max_model_len=32, max_num_seqs=1, max_num_batched_tokens=8,
                  device="cpu", decision=decision)
     asked = LLM(path, debug_graphs=True, **small)
-    assert asked.engine.model.debug_graphs is True
+    assert asked.step_loop.model.debug_graphs is True
     assert asked.report().graphs.backend == "debug"
     asked.close()
     # The environment is read once, where the LLM is made; an explicit False wins over it.
     monkeypatch.setenv("INTERLOCK_DEBUG_GRAPHS", "1")
     by_env = LLM(path, **small)
-    assert by_env.engine.model.debug_graphs is True
+    assert by_env.step_loop.model.debug_graphs is True
     by_env.close()
     refused = LLM(path, debug_graphs=False, **small)
-    assert refused.engine.model.debug_graphs is False
+    assert refused.step_loop.model.debug_graphs is False
     refused.close()
     # Every tensor-parallel rank is handed the same spec: the setting travels in its message.
-    message = messages.load_message(asked.engine.model, KVCacheSpec(8, 16), decision, "f:g")
+    message = messages.load_message(asked.step_loop.model, KVCacheSpec(8, 16), decision, "f:g")
     assert messages.load_parts(json.loads(json.dumps(message)))[0]["debug_graphs"] is True

@@ -69,7 +69,7 @@ def test_vllm_runner_flag_gives_the_task(cli: Any, tmp_path: Path) -> None:
     assert doc["resolution"]["provenance"]["cudagraph"]["source"] == "pooling-piecewise-graphs"
     assert "-cc.cudagraph_mode=PIECEWISE" in doc["argv"] and doc["adjustments"] == []
     bad = cli("vllm", "args", "--platform", "cuda", model, "--runner", "chat")
-    assert bad.code == 1 and "--runner chat: vLLM's runners are auto" in bad.err
+    assert bad.code == 1 and "--runner chat: vLLM's model tasks are auto" in bad.err
 
 
 def test_an_encoder_decoder_config_decodes_with_full_graphs(cli: Any, tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_penalties_change_the_logits_as_vllm_defines_them(tiny_models, kwargs):
     llm = make_llm(tiny_models.path("llama"), recording=True)
     [out] = llm.generate([PROMPT], params)
     tokens = list(out.token_ids)
-    runner = llm.engine.runner
+    runner = llm.step_loop.runner
     assert isinstance(runner, RecordingRunner)
     for step, logits in enumerate(runner.logits):
         expected = penalised(logits[0], PROMPT, tokens[:step], params)
@@ -140,7 +140,7 @@ def test_logprobs_are_the_raw_distributions(tiny_models):
     completion = out.outputs[0]
     assert completion.logprobs is not None and len(completion.logprobs) == 6
     total = 0.0
-    runner = llm.engine.runner
+    runner = llm.step_loop.runner
     assert isinstance(runner, RecordingRunner)
     for logits, token, entry in zip(runner.logits, completion.token_ids, completion.logprobs,
                                     strict=True):
@@ -161,7 +161,7 @@ def test_min_p_keeps_only_tokens_near_the_most_likely(tiny_models):
     llm = make_llm(tiny_models.path("llama"), recording=True)
     params = SamplingParams(temperature=1.5, min_p=0.3, seed=11, max_tokens=24, ignore_eos=True)
     [out] = llm.generate([PROMPT], params)
-    runner = llm.engine.runner
+    runner = llm.step_loop.runner
     assert isinstance(runner, RecordingRunner)
     for logits, token in zip(runner.logits, out.token_ids, strict=True):
         probs = torch.softmax(logits[0].float() / 1.5, dim=-1)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from interlock.vllm.engine import EngineCheck
 from interlock.vllm.releases import RELEASES, UnknownRelease
+from interlock.vllm.startup_log import EngineCheck
 
 from .fake_vllm_engine import SOURCE
 

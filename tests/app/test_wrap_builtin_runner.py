@@ -47,7 +47,7 @@ def test_the_subclass_counts_what_it_executes(counted) -> None:
     assert type(inner).__name__ == "CountedRunner" and inner.counts == {"steps": 0, "tokens": 0}
     llm = LLM("demo", overrides={"runner": "counted"})
     llm.generate([[1, 2, 3]])
-    engine_runner = llm.engine.runner
+    engine_runner = llm.step_loop.runner
     counts = getattr(engine_runner, "inner", engine_runner).counts
     assert counts["steps"] >= 1 and counts["tokens"] >= 3
 

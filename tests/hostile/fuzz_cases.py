@@ -46,7 +46,7 @@ def build_meta_model(config: dict[str, Any]) -> int:
 def generate_with_llm(arguments: dict[str, Any]) -> str:
     """``LLM("demo", **arguments)`` generates one token."""
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     llm = LLM("demo", **arguments)
     llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=1))

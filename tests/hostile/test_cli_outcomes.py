@@ -54,9 +54,9 @@ def test_12_ctrl_c_exits_130_with_one_line(cli, monkeypatch) -> None:
 
 @pytest.mark.parametrize("json_mode", [False, True])
 def test_12_ctrl_c_during_run_prints_what_was_generated(cli, monkeypatch, json_mode) -> None:
-    from interlock.runners.engine.engine import Engine
+    from interlock.runners.batching.step_loop import StepLoop
 
-    real_step, calls = Engine.step, []
+    real_step, calls = StepLoop.step, []
 
     def step(self):  # type: ignore[no-untyped-def]
         calls.append(1)
@@ -64,7 +64,7 @@ def test_12_ctrl_c_during_run_prints_what_was_generated(cli, monkeypatch, json_m
             raise KeyboardInterrupt
         return real_step(self)
 
-    monkeypatch.setattr(Engine, "step", step)
+    monkeypatch.setattr(StepLoop, "step", step)
     argv = [
         "run",
         "--model",
@@ -95,11 +95,11 @@ def test_13_seed_out_of_range_is_refused_up_front(cli) -> None:
 
 def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkeypatch) -> None:
     from interlock.llm import LLM
+    from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.contract import Decision
-    from interlock.runners.engine.sampling import SamplingParams
 
     llm = LLM("demo", decision=Decision(runner="mrv1", cudagraph="none"), device="cpu")
-    runner, calls = llm.engine.runner, []
+    runner, calls = llm.step_loop.runner, []
     real = runner.execute
 
     def failing(batch):  # type: ignore[no-untyped-def]
@@ -111,8 +111,8 @@ def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkey
     monkeypatch.setattr(runner, "execute", failing)
     with pytest.raises(RuntimeError, match="step failed"):
         llm.generate([[1, 2], [3, 4, 5]], SamplingParams(temperature=0, max_tokens=4))
-    assert not llm.engine.has_unfinished()
-    assert llm.engine.scheduler.allocator.num_free == llm.engine.kv_cache.num_blocks
+    assert not llm.step_loop.has_unfinished()
+    assert llm.step_loop.scheduler.allocator.num_free == llm.step_loop.kv_cache.num_blocks
     [out] = llm.generate([[1, 2]], SamplingParams(temperature=0,
         max_tokens=2))  # the engine still works
     assert len(out.token_ids) == 2
@@ -131,14 +131,14 @@ def test_13_a_failing_step_ends_every_request_and_leaves_the_engine_clean(monkey
 )
 def test_25_python_api_types_are_strict(prompts, params, message) -> None:
     from interlock.llm import LLM
+    from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.contract import Decision
-    from interlock.runners.engine.sampling import SamplingParams
 
     llm = _demo_llm(LLM, Decision)
     with pytest.raises(InputError) as info:
         llm.generate(prompts, SamplingParams(**params) if params else None)
     assert message in str(info.value)
-    assert not llm.engine.has_unfinished()
+    assert not llm.step_loop.has_unfinished()
 
 
 _LLM = []

@@ -22,8 +22,8 @@ from interlock.app.template_sandbox import MAX_CHARS, RENDER_SECONDS  # noqa: E4
 from interlock.app.tokenizer import ChatTemplate  # noqa: E402
 from interlock.core.errors import InputError, InterlockError, ModelError  # noqa: E402
 from interlock.llm import LLM  # noqa: E402
+from interlock.runners.batching.sampling import SamplingParams  # noqa: E402
 from interlock.runners.contract import Decision  # noqa: E402
-from interlock.runners.engine.sampling import SamplingParams  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 EAGER = Decision(runner="mrv1", cudagraph="none")

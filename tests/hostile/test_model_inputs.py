@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from interlock.core.errors import ModelError
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 
 def generate(model: Path, **kw: object) -> tuple[int, ...]:

@@ -10,8 +10,8 @@ from tiny_models import TINY_CONFIGS
 
 from interlock.app.arguments import check_kv_cache_fits
 from interlock.core.errors import InputError
+from interlock.runners.batching.kv_cache import KVCacheError, plan_kv_cache
 from interlock.runners.contract import ModelSpec
-from interlock.runners.engine.kv_cache import KVCacheError, plan_kv_cache
 from interlock.runners.model import memory
 from interlock.runners.model.cache_spec import state_pool_bytes
 from interlock.runners.model.config_json import parse_config

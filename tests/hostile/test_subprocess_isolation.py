@@ -215,8 +215,8 @@ def test_no_subprocess_is_steered_by_the_folder_it_was_pointed_at_workers(
     """Tensor-parallel workers import nothing from the model's folder (a planted
     sitecustomize.py or torch.py there would run in every rank)."""
     from interlock.llm import LLM
+    from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.contract import Decision
-    from interlock.runners.engine.sampling import SamplingParams
 
     marker = tmp_path / "marker"
     _plant(tiny_model, marker)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from interlock.core.errors import InputError
-from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.parallel.distributed import (
     Rendezvous,
     TensorParallelError,
@@ -64,7 +64,7 @@ def test_s3_every_listening_socket_of_a_tp_run_binds_loopback_only() -> None:
     before = _listening(os.getpid())
     with LLM("demo", max_num_seqs=1, tensor_parallel_size=2) as llm:
         llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-        runner = llm.engine.runner
+        runner = llm.step_loop.runner
         pids = [os.getpid(), *runner.worker_pids]
         sockets = {pid: _listening(pid) for pid in pids}
         rdzv = runner._rdzv
@@ -81,7 +81,7 @@ def test_s3_every_listening_socket_of_a_tp_run_binds_loopback_only() -> None:
         assert store.check([rdzv.key("joined")])
         first = rdzv.namespace
     with LLM("demo", max_num_seqs=1, tensor_parallel_size=2) as llm:
-        assert llm.engine.runner._rdzv.namespace != first
+        assert llm.step_loop.runner._rdzv.namespace != first
 
 
 @linux
@@ -159,7 +159,7 @@ def test_u5_a_stopped_worker_is_named_not_rank_0(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setenv("INTERLOCK_TP_TIMEOUT", "10")
     llm = LLM("demo", max_num_seqs=1, tensor_parallel_size=2, decision=Decision(runner="mrv1"))
-    engine = llm.engine
+    engine = llm.step_loop
     engine.add_request(engine.make_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=50)))
     engine.step()
     [pid] = engine.runner.worker_pids

@@ -15,8 +15,8 @@ from kernel_checks import DEVICE
 
 from interlock.kernels import REGISTRY
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import KernelReport
-from interlock.runners.engine.sampling import SamplingParams
 
 COMMON: dict[str, Any] = {
     "vocab_size": 256,

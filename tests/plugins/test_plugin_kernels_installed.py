@@ -16,8 +16,8 @@ from interlock.kernels import REGISTRY, KernelError
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.plugins import KernelSpec, PluginError, hookimpl
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.testing.checks import TINY_PROMPTS
 
 BACKEND = "sliced"

@@ -12,8 +12,8 @@ def test_contract_engine_and_runner_packages_are_torch_free():
         "import sys\n"
         "import interlock.runners, interlock.runners.contract, interlock.runners.mrv1\n"
         "import interlock.runners.model.config, interlock.runners.model.config_json\n"
-        "import interlock.runners.engine.engine\n"
-        "import interlock.runners.engine.scheduler, interlock.runners.engine.kv_cache\n"
+        "import interlock.runners.batching.step_loop\n"
+        "import interlock.runners.batching.scheduler, interlock.runners.batching.kv_cache\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,8 +13,8 @@ from tiny_models import PROMPTS
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision, KVCacheSpec
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.cache_spec import layer_caches
 from interlock.runners.model.config import ConfigError
 from interlock.runners.model.config_json import load_config

@@ -20,8 +20,8 @@ from tiny_models import TIE_CONFIGS, make_checkpoint
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 MODELS = list(TIE_CONFIGS)
 # Prompts of 8 to 16 tokens, as the issue's; with 12 new tokens the contexts reach 28.
@@ -41,7 +41,7 @@ def run(llm: LLM, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int]
         ) -> tuple[list[list[int]], list[Steps]]:
     """Greedy tokens of every prompt, all queued at once, and each request's steps as the
     scheduler gave them: (start_position, token count)."""
-    engine = llm.engine
+    engine = llm.step_loop
     requests = [engine.make_request(p, SamplingParams(temperature=0, max_tokens=n,
                                                       ignore_eos=True))
                 for p, n in zip(prompts, max_tokens, strict=True)]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import inspect
 
 from interlock.llm import LLM
+from interlock.runners.batching.kv_cache import plan_kv_cache
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import Decision, ModelSpec, RunnerOutput, ScheduledBatch
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.kv_cache import plan_kv_cache
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.demo import demo_config
 from interlock.runners.mrv2.runner import MRV2Runner
 
@@ -35,7 +35,7 @@ class CountingMRV2(MRV2Runner):
 
 
 def test_the_engine_takes_its_limits_from_the_run_configuration_alone() -> None:
-    assert list(inspect.signature(Engine).parameters) == ["model", "kv_cache", "runner",
+    assert list(inspect.signature(StepLoop).parameters) == ["model", "kv_cache", "runner",
                                                           "decision"]
 
 
@@ -43,7 +43,7 @@ def test_more_prompts_than_max_num_seqs_run_on_mrv2_within_its_request_state() -
     spec = ModelSpec("demo", demo_config(), "float32", "cpu", max_model_len=64, max_num_seqs=2,
                      max_num_batched_tokens=64)
     runner = CountingMRV2()
-    engine = Engine(spec, plan_kv_cache(spec, 16, num_blocks=32), runner,
+    engine = StepLoop(spec, plan_kv_cache(spec, 16, num_blocks=32), runner,
                     Decision(runner="mrv2"))
     requests = [engine.make_request(p, SamplingParams(temperature=0,
         max_tokens=2)) for p in PROMPTS]
@@ -63,5 +63,5 @@ def test_llm_builds_the_configuration_once_for_cache_scheduler_and_runner() -> N
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=2))
     assert [len(o.token_ids) for o in outputs] == [2] * 4
     assert max(runner.widths) == 2
-    assert llm.engine.model is llm.engine.scheduler.model is runner.model_spec
-    assert llm.engine.model.max_num_seqs == 2
+    assert llm.step_loop.model is llm.step_loop.scheduler.model is runner.model_spec
+    assert llm.step_loop.model.max_num_seqs == 2

@@ -10,8 +10,8 @@ import torch
 from tiny_models import PROMPTS
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 
 def make_llm(tiny_models, runner=None, name: str = "llama", **kwargs) -> LLM:

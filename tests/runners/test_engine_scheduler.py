@@ -8,6 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from interlock.kernels.reference import mla as reference
+from interlock.runners.batching.kv_cache import (
+    BlockAllocator,
+    KVCacheError,
+    bytes_per_block,
+    plan_kv_cache,
+)
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.scheduler import RequestRejected
+from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import (
     Decision,
     KVCacheSpec,
@@ -16,15 +25,6 @@ from interlock.runners.contract import (
     RunnerReport,
     ScheduledBatch,
 )
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.kv_cache import (
-    BlockAllocator,
-    KVCacheError,
-    bytes_per_block,
-    plan_kv_cache,
-)
-from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.engine.scheduler import RequestRejected
 from interlock.runners.model.config_json import parse_config
 from interlock.runners.model.demo import demo_config
 from interlock.runners.model.kv_cache import allocate_kv_cache
@@ -125,10 +125,10 @@ class LatentCacheRunner(CacheCheckingRunner):
 
 
 def make_engine(num_blocks: int, block_size: int = 4, max_model_len: int = 64,
-                model_config=CONFIG, runner=None, **limits) -> Engine:
+                model_config=CONFIG, runner=None, **limits) -> StepLoop:
     spec = ModelSpec("demo", model_config, "float32", "cpu", max_model_len=max_model_len,
                      **limits)
-    return Engine(spec, KVCacheSpec(num_blocks, block_size), runner or CacheCheckingRunner(),
+    return StepLoop(spec, KVCacheSpec(num_blocks, block_size), runner or CacheCheckingRunner(),
                   Decision())
 
 
@@ -138,7 +138,7 @@ def spec_of(dtype: str = "float32", max_model_len: int = 2048, max_num_seqs: int
                      max_num_seqs=max_num_seqs)
 
 
-def run(engine: Engine, prompts, max_tokens: int):
+def run(engine: StepLoop, prompts, max_tokens: int):
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     requests = [engine.make_request(p, params) for p in prompts]
     for request in requests:

@@ -12,10 +12,10 @@ from tiny_models import PROMPTS
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.kv_cache import plan_kv_cache
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, RunnerOutput
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.kv_cache import plan_kv_cache
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model import kda
 from interlock.runners.model.cache_spec import layer_caches, state_pool_bytes, state_spec
 from interlock.runners.model.config import ConfigError
@@ -68,7 +68,7 @@ def test_a_preempted_request_recomputes_to_the_same_tokens(runner, tiny_models):
     # recomputed from its prompt into whichever state slot it gets next.
     _, llm = generate(tiny_models.path(NAME), Decision(runner, "none", False), [], [],
                       num_blocks=9)
-    engine = llm.engine
+    engine = llm.step_loop
     requests = [engine.make_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                 for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
     for request in requests:
@@ -162,11 +162,11 @@ class StateCheckingRunner:
         raise NotImplementedError
 
 
-def _run(num_blocks: int, prompts, max_tokens) -> tuple[Engine, list]:
+def _run(num_blocks: int, prompts, max_tokens) -> tuple[StepLoop, list]:
     config = load_config_for_pool()
     spec = ModelSpec("demo", config, "float32", "cpu", max_model_len=64, max_num_seqs=6,
                      max_num_batched_tokens=16)
-    engine = Engine(spec, KVCacheSpec(num_blocks, 4), StateCheckingRunner(), Decision())
+    engine = StepLoop(spec, KVCacheSpec(num_blocks, 4), StateCheckingRunner(), Decision())
     requests = [engine.make_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                 for p, n in zip(prompts, max_tokens, strict=True)]
     for request in requests:

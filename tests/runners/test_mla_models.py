@@ -14,9 +14,9 @@ from tiny_models import PROMPTS
 from interlock.core.env import DEBUG_GRAPHS
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.kv_cache import bytes_per_block
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.kv_cache import bytes_per_block
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.cache_spec import (
     elements_per_token,
     layer_caches,

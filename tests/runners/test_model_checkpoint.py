@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from interlock.core.errors import InputError
 from interlock.kernels.native import unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import CheckpointError, write_demo_checkpoint
 from interlock.runners.model.config import ConfigError
 from interlock.runners.model.layers import Linear
@@ -126,7 +126,7 @@ def test_a_native_table_packs_the_loaded_weights_and_generates_the_same_tokens(
                    decision=EAGER)
 
     def layouts(llm: LLM) -> set[int]:
-        model = llm.engine.runner.model
+        model = llm.step_loop.runner.model
         assert model.config.tie_word_embeddings
         return {m.weight.dim() for m in model.modules() if isinstance(m, Linear)} | {
             model.embed_tokens.dim()}
@@ -143,14 +143,14 @@ def test_a_native_table_packs_the_loaded_weights_and_generates_the_same_tokens(
 def test_half_precision_dtypes_load_and_auto_follows_the_checkpoint(llama_dir):
     for dtype in ("bfloat16", "float16"):
         llm = LLM(str(llama_dir), dtype=dtype, num_blocks=16, max_model_len=64, decision=EAGER)
-        assert llm.engine.runner.model.embed_tokens.dtype == getattr(torch, dtype)
+        assert llm.step_loop.runner.model.embed_tokens.dtype == getattr(torch, dtype)
         assert len(llm.generate([PROMPT], GREEDY)[0].token_ids) == GREEDY.max_tokens
     config = json.loads((llama_dir / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (llama_dir / "config.json").write_text(json.dumps(config))
     llm = LLM(str(llama_dir), num_blocks=16, max_model_len=64, decision=EAGER)
-    assert llm.engine.runner.model.embed_tokens.dtype == torch.bfloat16
-    assert llm.engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+    assert llm.step_loop.runner.model.embed_tokens.dtype == torch.bfloat16
+    assert llm.step_loop.runner.kv_caches[0][0].dtype == torch.bfloat16
 
 
 def test_dummy_weights_are_seeded_and_need_only_a_config(llama_dir):
@@ -162,7 +162,7 @@ def test_dummy_weights_are_seeded_and_need_only_a_config(llama_dir):
     llm_same = LLM(str(llama_dir), load_format="dummy", seed=1, num_blocks=16, max_model_len=64,
                    decision=EAGER)
     def weights(llm: LLM) -> torch.Tensor:
-        return llm.engine.runner.model.layers[0].self_attn.qkv_proj.weight
+        return llm.step_loop.runner.model.layers[0].self_attn.qkv_proj.weight
 
     assert not torch.equal(weights(llm), weights(llm_same))
 
@@ -171,7 +171,7 @@ def test_demo_model_is_reproducible_and_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     demo = LLM("demo", num_blocks=8, decision=EAGER)
-    params = sum(p.numel() for p in demo.engine.runner.model.parameters())
+    params = sum(p.numel() for p in demo.step_loop.runner.model.parameters())
     assert 45e6 < params < 60e6
     ours = demo.generate([PROMPT], GREEDY)[0].token_ids
     assert LLM("demo", num_blocks=8, decision=EAGER).generate([PROMPT], GREEDY)[0].token_ids == ours

@@ -13,8 +13,8 @@ import pytest
 from tiny_models import NEW_TOKENS, PROMPTS
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model import families
 from interlock.runners.model.config import ConfigError
 from interlock.runners.model.config_json import parse_config

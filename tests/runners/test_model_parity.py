@@ -7,8 +7,8 @@ import torch
 from tiny_models import NEW_TOKENS, PROMPTS, TINY_CONFIGS
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
@@ -47,7 +47,7 @@ def test_alone_and_together_in_a_continuous_batch_give_the_same_tokens(name, tin
     # Few blocks and a small token budget: chunked prefills, requests waiting for
     # blocks and preemptions, with requests joining between steps.
     llm = make_llm(path, num_blocks=24, max_num_batched_tokens=8)
-    engine = llm.engine
+    engine = llm.step_loop
     pending = [engine.make_request(p, GREEDY) for p in PROMPTS]
     requests = list(pending)
     engine.add_request(pending.pop(0))

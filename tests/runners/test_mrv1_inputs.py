@@ -8,8 +8,8 @@ import torch
 from tiny_models import PROMPTS
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision, Sampling, ScheduledBatch, ScheduledSequence
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.attention import attention_split
 from interlock.runners.mrv1.inputs import prepare_host_inputs, to_device
 
@@ -48,7 +48,7 @@ def test_padding_rows_are_inert_and_decode_padding_keeps_one_token_per_row():
 def engine(tiny_models):
     llm = LLM(str(tiny_models.path("llama")), block_size=4, num_blocks=64, max_model_len=96,
               decision=Decision())
-    return llm.engine
+    return llm.step_loop
 
 
 def scheduled_batches(engine):

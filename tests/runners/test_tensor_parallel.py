@@ -21,8 +21,8 @@ from tiny_models import PROMPTS, TINY_CONFIGS
 from tp_harness import Job, rank_main, run_job
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.model.sharding import ShardingError, plan_shards
 from interlock.runners.parallel.distributed import TensorParallelError
@@ -170,7 +170,7 @@ def test_llm_splits_the_demo_model_as_the_policy_decides():
         graphs = llm.report().graphs
         assert graphs.backend == "native" and not graphs.failed, graphs
         assert graphs.replays == {"full/decode/2t2s": 3}, graphs  # the prefill is larger
-        pids = llm.engine.runner.worker_pids
+        pids = llm.step_loop.runner.worker_pids
     _assert_gone(pids)
 
 
@@ -182,8 +182,8 @@ def test_a_closed_run_frees_its_group_and_model_without_the_cyclic_collector():
     try:
         llm = LLM("demo", max_num_seqs=1, tensor_parallel_size=2)
         llm.generate([[1, 2]], SamplingParams(temperature=0, max_tokens=2))
-        group = weakref.ref(llm.engine.runner.tp)
-        model = weakref.ref(llm.engine.runner.inner.model)
+        group = weakref.ref(llm.step_loop.runner.tp)
+        model = weakref.ref(llm.step_loop.runner.inner.model)
         llm.close()
         del llm
         assert group() is None and model() is None
@@ -196,13 +196,13 @@ def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
               decision=Decision(runner="mrv1"))
     notes = llm.report().tensor_parallel.notes
     assert any("replicated on 2 ranks" in note for note in notes)
-    engine = llm.engine
+    engine = llm.step_loop
     for prompt in PROMPTS[:2]:
         engine.add_request(engine.make_request(prompt, SamplingParams(temperature=0,
             max_tokens=50)))
     for _ in range(3):
         engine.step()
-    [pid] = llm.engine.runner.worker_pids
+    [pid] = llm.step_loop.runner.worker_pids
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(TensorParallelError) as caught:
@@ -216,9 +216,9 @@ def test_a_killed_worker_ends_the_run_within_the_timeout_naming_it(tiny_models):
 
 
 def test_a_raising_worker_is_named_with_its_error(tiny_models):
+    from interlock.runners.batching.kv_cache import plan_kv_cache
+    from interlock.runners.batching.step_loop import StepLoop
     from interlock.runners.contract import ModelSpec
-    from interlock.runners.engine.engine import Engine
-    from interlock.runners.engine.kv_cache import plan_kv_cache
     from interlock.runners.parallel.executor import TensorParallelRunner
 
     config = resolve_model(tiny_models.path("llama")).config
@@ -226,7 +226,7 @@ def test_a_raising_worker_is_named_with_its_error(tiny_models):
                      device="cpu", max_model_len=64, max_num_seqs=2, tensor_parallel_size=2)
     kv = plan_kv_cache(spec, 4, num_blocks=32)
     runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2)
-    engine = Engine(spec, kv, runner, Decision(runner="mrv1"))
+    engine = StepLoop(spec, kv, runner, Decision(runner="mrv1"))
     engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(temperature=0,
         max_tokens=20)))
     start = time.monotonic()

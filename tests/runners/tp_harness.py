@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
+from interlock.runners.batching.kv_cache import plan_kv_cache
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import Decision, ModelSpec
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.kv_cache import plan_kv_cache
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.mrv1.runner import MRV1Runner
 from interlock.runners.mrv2.runner import MRV2Runner
@@ -24,7 +24,7 @@ NEW_TOKENS = 6
 Job = tuple[str, str, str, str]
 
 
-def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> Engine:
+def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> StepLoop:
     config = resolve_model(model).config
     spec = ModelSpec(
         name=model, config=config, dtype="float32", device="cpu", max_model_len=64,
@@ -33,10 +33,10 @@ def build_engine(model: str, runner: str, mode: str, tp: int, scenario: str) -> 
     # The batch scenario runs short of blocks: requests wait and are preempted.
     blocks = 24 if scenario == "batch" else 64
     kv = plan_kv_cache(spec, 4, num_blocks=blocks)
-    return Engine(spec, kv, RUNNERS[runner](), Decision(runner=runner, cudagraph=mode))
+    return StepLoop(spec, kv, RUNNERS[runner](), Decision(runner=runner, cudagraph=mode))
 
 
-def generate(engine: Engine, prompts: Sequence[Sequence[int]], scenario: str) -> list[list[int]]:
+def generate(engine: StepLoop, prompts: Sequence[Sequence[int]], scenario: str) -> list[list[int]]:
     """Greedy tokens of every prompt: one request at a time ("alone"), or arriving every
     third step into a continuous batch with chunked prefills ("batch")."""
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)

@@ -11,8 +11,8 @@ from interlock_eager.runner import EagerRunner, EagerRunnerError
 
 from interlock.llm import LLM
 from interlock.plugins import load_registry
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.mrv1.runner import MRV1Runner
 from interlock.testing.checks import TINY_LLAMA, TINY_PROMPTS
 

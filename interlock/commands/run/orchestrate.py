@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from interlock.app.outputs import Prompt, RequestOutput
     from interlock.policy.resolution import Resolution
     from interlock.policy.trace import Step
+    from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.contract import RunnerReport
-    from interlock.runners.engine.sampling import SamplingParams
 
 DEFAULT_PROMPT = (1, 2, 3)
 TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from interlock.app.decided_by import decided_by
     from interlock.app.query import decide
     from interlock.plugins import load_registry
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     if args.chat and not args.prompt:
         raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")

@@ -37,9 +37,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import EXIT_CODES, PolicyError, error_kind
+from interlock.core.errors import EXIT_CODES, LocatedError, PolicyError, error_kind
 from interlock.core.platform import TRITON_FACT
-from interlock.vllm.engine import compile_mode_name
 from interlock.vllm.releases import (
     BREAKABLE_KNOB,
     CONFIG_VERDICT,
@@ -50,6 +49,7 @@ from interlock.vllm.releases import (
     cpu_arch_name,
     release,
 )
+from interlock.vllm.startup_log import compile_mode_name
 
 #: The method of ``VllmConfig`` each release's seam is (``Release.seam``).
 SEAM_METHOD = "try_verify_and_update_config"
@@ -67,8 +67,9 @@ BREAKABLE_ENV = BREAKABLE_KNOB.name
 _logger = logging.getLogger(LOGGER)
 
 
-class PluginRefusal(PolicyError):
-    """A decision this engine cannot run, or a failure of the plugin: the engine stops."""
+class PluginRefusal(LocatedError):
+    """A decision this engine cannot run, or a failure of the plugin: the engine stops (exit
+    1, as for input the engine was given)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
         model_id=facts.model_id,
         engine={"vllm": facts.vllm_version},
         overrides=dict(overrides),
-        runners="vllm",
+        executed_by="vllm",
         stage=ReleaseStage(rel.version),
     )
     user = UserFlags(overrides=dict(overrides), given_by=dict(given_by), level=facts.level,

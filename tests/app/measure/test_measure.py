@@ -262,7 +262,7 @@ def test_a_text_prompt_needs_the_models_tokenizer(cli, shared_tiny_model, tmp_pa
 def test_the_progress_bar_runs_only_on_a_terminal(monkeypatch):
     import io
 
-    from interlock.commands import measure as command
+    from interlock.commands.measure import output as command
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

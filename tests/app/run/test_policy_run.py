@@ -14,8 +14,8 @@ import torch
 from interlock.core.env import GRAPHS_FAIL_CAPTURE
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 
 # The built-in backend a float32 CPU run prefers for the ops the native kernels implement,
 # and what it captures graphs with (tapes of those kernels).

@@ -121,7 +121,7 @@ def test_eight_concurrent_requests_batch_and_match_offline(
     server: ServeProcess, client: openai.OpenAI
 ) -> None:
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     answers: dict[int, str] = {}
     errors: list[BaseException] = []

@@ -55,14 +55,14 @@ class Routes:
 def run_case(path: Path, runner, decision, **engine) -> tuple[list[list[int]], Routes, object]:
     """Generate every prompt through ``runner`` (an instance, or None: through its plugin)."""
     from interlock.llm import LLM
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
     options = {
         "block_size": 4, "num_blocks": 96, "max_model_len": 64, "max_num_seqs": 6,
         "max_num_batched_tokens": 10, **engine,
     }
     llm = LLM(str(path), dtype="float32", runner=runner, decision=decision, **options)
-    graphs = llm.engine.runner.graphs
+    graphs = llm.step_loop.runner.graphs
     routes = Routes([])
     select = graphs.select
 

@@ -28,7 +28,7 @@ from interlock.runners.graphs.plan import GraphKey
 def model(llama_oracle):
     llm = LLM(str(llama_oracle.path), block_size=4, num_blocks=16, max_model_len=32,
               decision=Decision("mrv1"))
-    return llm.engine.runner.model
+    return llm.step_loop.runner.model
 
 
 def decode_inputs(model, seq_lens: list[int]):

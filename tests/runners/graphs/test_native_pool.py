@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.graphs.pool import ALIGN, Lifetime, _place
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -8,8 +8,8 @@ from gguf_builders import train_vocab, write_foreign_gguf, write_tiny_gguf
 from hf_oracle import transformers_greedy
 
 from interlock.llm import LLM
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
-from interlock.runners.engine.sampling import SamplingParams
 from interlock.runners.model.sources import NAMED_MODELS, NamedModel
 
 VOCAB = train_vocab()
@@ -181,7 +181,7 @@ def test_weights_kept_quantized_give_the_float_paths_tokens(tiny, kind):
         greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
         outputs = llm.generate(PROMPTS, greedy)
         tokens[weights] = [list(o.token_ids) for o in outputs]
-        decisions[weights] = llm.engine.runner.model.weight_decisions
+        decisions[weights] = llm.step_loop.runner.model.weight_decisions
     assert tokens["native"] == tokens["dequantize"]
     assert decisions["native"][f"native {kind.lower()}"].startswith(
         "weights kept quantized (14 tensors)")
@@ -204,7 +204,7 @@ def test_two_ranks_keep_their_shards_quantized_and_give_one_ranks_tokens(tiny, k
     one = [list(o.token_ids) for o in LLM(str(path), **options).generate(PROMPTS, greedy)]
     with LLM(str(path), tensor_parallel_size=2, **options) as llm:
         two = [list(o.token_ids) for o in llm.generate(PROMPTS, greedy)]
-        decisions = llm.engine.runner.inner.model.weight_decisions
+        decisions = llm.step_loop.runner.inner.model.weight_decisions
     assert two == one
     assert decisions[f"native {kind.lower()}"].startswith("weights kept quantized (14 tensors)")
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from interlock.kernels.native import quantized_isa
 from interlock.llm import LLM
-from interlock.runners.engine.sampling import SamplingParams
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.model.sources import model_directory, named_file
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def prompts(llm) -> dict[str, list[int]]:
 
 
 def test_the_converted_config_is_smollm2_135m(llm):
-    config = llm.engine.model.config
+    config = llm.step_loop.model.config
     assert (config.architecture, config.num_layers, config.hidden_size, config.num_heads,
             config.num_kv_heads, config.head_dim, config.intermediate_size, config.vocab_size,
             config.rope.theta, config.tie_word_embeddings, config.eos_token_ids) == (
@@ -145,7 +145,7 @@ def test_kept_quantized_the_weights_stay_in_their_blocks(quantized):
     """Every projection is Q4_1 in the file and the tied embedding Q8_0: all held as uint8
     records (96 MB with Q4_1's and Q8_0's float16 scales, where float32 weights are 538 MB),
     and the report says so."""
-    model = quantized.engine.runner.model
+    model = quantized.step_loop.runner.model
     assert model.embed_format == "Q8_0"
     held = {p.dtype: 0 for p in model.parameters()}
     for p in model.parameters():

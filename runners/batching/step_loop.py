@@ -8,13 +8,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from interlock.runners.batching.request import FinishReason, Request
+from interlock.runners.batching.sampling import SamplingParams
+from interlock.runners.batching.scheduler import RequestRejected, Scheduler
 from interlock.runners.contract import Decision, KVCacheSpec, ModelSpec, Runner, RunnerReport
-from interlock.runners.engine.request import FinishReason, Request
-from interlock.runners.engine.sampling import SamplingParams
-from interlock.runners.engine.scheduler import RequestRejected, Scheduler
 
 
-class Engine:
+class StepLoop:
     """Owns the scheduler and one loaded runner; ``step()`` runs one batch.
 
     ``model`` is the run's one configuration: the scheduler schedules within its limits
@@ -37,7 +37,7 @@ class Engine:
     def make_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
     ) -> Request:
-        """A validated request (not yet queued): token ids in range, fits the engine alone."""
+        """A validated request (not yet queued): token ids in range, fits the step loop alone."""
         vocab = self.model.config.vocab_size
         if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(
             prompt_token_ids, Sequence
@@ -97,7 +97,7 @@ class Engine:
 
     def stop(self, request: Request, stop_reason: str) -> None:
         """Finish ``request`` between steps, as stopped by ``stop_reason`` (a stop string
-        its text reached: the engine sees tokens, its caller the text)."""
+        its text reached: the step loop sees tokens, its caller the text)."""
         self.scheduler.stop(request, FinishReason.STOP, time.perf_counter(), stop_reason)
 
     def report(self) -> RunnerReport:

@@ -2,8 +2,10 @@
 
 Every error meant for the user carries a ``kind`` (a class attribute); the
 command line maps it to an exit code (:data:`EXIT_CODES`), and anything
-without one is a bug (exit 70, with a traceback). :class:`PolicyError` is the
-policy engine's: a message pinned to file:line:col and a dotted path.
+without one is a bug (exit 70, with a traceback). :class:`LocatedError` is an error that
+can say where (file:line:col, a dotted path) and can carry further lines and errors;
+:class:`PolicyError` is the policy engine's, and the plugins' and the engines' failures
+have bases of their own on it.
 """
 
 from __future__ import annotations
@@ -47,14 +49,12 @@ def error_kind(exc: BaseException) -> str | None:
     return kind if isinstance(kind, str) and kind in EXIT_CODES else None
 
 
-class PolicyError(InterlockError):
-    """A policy or input error; ``str()`` reads ``policies.yaml:42:7: rules[3].set.runner: ...``.
+class LocatedError(InterlockError):
+    """An error that says where: ``str()`` reads ``policies.yaml:42:7: rules[3].set.runner: ...``.
 
     ``more`` holds further errors found in the same pass (e.g. several schema
     violations), printed one per line after the first.
     """
-
-    kind = "policy"
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class PolicyError(InterlockError):
         line: int | None = None,
         col: int | None = None,
         path: str | None = None,
-        more: tuple[PolicyError, ...] = (),
+        more: tuple[LocatedError, ...] = (),
         details: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
@@ -104,6 +104,12 @@ class PolicyError(InterlockError):
     def __str__(self) -> str:
         own = [self._one_line(), *map(one_line, self.details)]
         return "\n".join([*own, *(str(e) for e in self.more)])
+
+
+class PolicyError(LocatedError):
+    """A policy or input error: a policy file, or what the policy is asked about."""
+
+    kind = "policy"
 
 
 def dotted(path: tuple[str | int, ...]) -> str:

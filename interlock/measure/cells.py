@@ -1,11 +1,12 @@
-"""``policy measure --engine vllm``: the factorial measured on ``vllm serve`` itself.
+"""The trials of ``policy measure --engine vllm|interlock``: the factorial measured on a
+serving engine's own server.
 
-Each cell of the design is a decision with its varied fields forced, turned into the
-``vllm serve`` command ``policy vllm args`` emits (env and flags), on a port of its own.
-Trials run in the blocks of :mod:`interlock.measure.design`; each trial starts the cell's
-server, waits for ``/health`` (bounded), checks its startup log against the cell's
-decision (:class:`interlock.vllm.engine.EngineCheck`: an engine that does not run the
-cell's decision stops the measurement, naming the cell), drives it with streaming
+Each cell of the design is a decision with its varied fields forced, run as a server of its
+own on a port of its own (``vllm serve``: :mod:`interlock.measure.vllm_serve`; ``policy
+serve``: :mod:`interlock.measure.policy_serve`). Trials run in the blocks of
+:mod:`interlock.measure.design`; each trial starts the cell's server, waits for ``/health``
+(bounded), checks its startup log against the cell's decision (a server that does not run
+the cell's decision stops the measurement, naming the cell), drives it with streaming
 ``/v1/completions`` requests at ``concurrency`` and stops it before the next trial. Times
 are taken per streamed chunk, as ``vllm bench serve`` takes them: TTFT is the first
 chunk's arrival after the request, TPOT the rest of the request's time per output token
@@ -29,17 +30,16 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interlock.core.errors import InputError, PolicyError
-from interlock.measure.client import complete, free_port, prompt_ids, run_trial
+from interlock.measure.client import complete, prompt_ids, run_trial
 
 if TYPE_CHECKING:
-    from interlock.app.query import Query
-    from interlock.vllm.engine import EngineProcess
+    from interlock.vllm.process import EngineProcess
 
 
 @dataclass(frozen=True)
@@ -143,72 +143,6 @@ def gpu_name() -> str | None:
     return None
 
 
-def resolve_cells(
-    policy: Any,
-    query: Query,
-    model: str,
-    factors: Mapping[str, Sequence[Any]],
-    vllm_args: Sequence[str],
-    version: str | None = None,
-    triton: tuple[bool, str] | None = None,
-) -> tuple[Any, list[Cell], list[dict[str, Any]]]:
-    """``(base resolution, cells, skipped)``: every combination's decision with its levels
-    forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
-    command for vLLM ``version`` (None: unknown, every flag set); a combination the policy
-    or vLLM's adjustments refuse is skipped with why."""
-    from interlock.app.query import decide
-    from interlock.measure.design import combinations
-    from interlock.vllm.command import serve_command
-    from interlock.vllm.flags import read_user_flags
-    from interlock.vllm.releases import known
-
-    user = read_user_flags(vllm_args)
-    clashing = sorted(set(factors) & set(user.overrides))
-    if clashing:
-        raise PolicyError(
-            f"{', '.join(clashing)}: varied and also set by vllm serve arguments; choose one"
-        )
-    base = decide(policy, replace(query, overrides=user.overrides))
-    cells: list[Cell] = []
-    skipped: list[dict[str, Any]] = []
-    for levels in combinations(factors):
-        try:
-            resolution = decide(policy, replace(query, overrides={**user.overrides, **levels}))
-            # The levels are forced in the resolution, not flags the user gave: the command
-            # still carries them explicitly (those ``version`` reads).
-            command = serve_command(resolution, model, vllm_args, user, (),
-                                    None if version is None else known(version))
-        except PolicyError as exc:
-            skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
-            continue
-        cells.append(Cell(f"c{len(cells)}", dict(levels), resolution, command))
-    return base, cells, skipped
-
-
-def compare_cells(
-    old: Any, new: Any, query: Query, model: str, vllm_args: Sequence[str],
-    version: str | None,
-) -> tuple[Any, Any, list[Cell]]:
-    """``(old resolution, new resolution, cells)``: what two policies decide for ``query``
-    on vLLM, as the cells ``old`` and ``new`` of a factor ``policy`` (none when vLLM would be
-    started alike)."""
-    from interlock.app.query import decide
-    from interlock.vllm.command import serve_command
-    from interlock.vllm.flags import read_user_flags
-    from interlock.vllm.releases import known
-
-    user = read_user_flags(vllm_args)
-    cells = []
-    for name, policy in (("old", old), ("new", new)):
-        resolution = decide(policy, replace(query, overrides=user.overrides))
-        command = serve_command(resolution, model, vllm_args, user, (),
-                                None if version is None else known(version))
-        cells.append(Cell(name, {"policy": name}, resolution, command))
-    same = (cells[0].command.argv, cells[0].command.env) == (
-        cells[1].command.argv, cells[1].command.env)
-    return cells[0].resolution, cells[1].resolution, [] if same else cells
-
-
 Progress = Callable[[int, int], None]
 
 
@@ -242,7 +176,7 @@ def run_cells(
     and stops it. A failure is an ``EngineFailed`` naming the cell, with the process's last
     output."""
     from interlock.measure.design import block_order
-    from interlock.vllm.engine import EngineFailed
+    from interlock.vllm.process import EngineFailed
 
     blocks = workload.warmup + workload.trials
     order = block_order(len(cells), blocks, workload.seed)
@@ -273,8 +207,6 @@ def run_cells(
                 if not process.alive():
                     raise PolicyError(f"the {what} exited before the trial's end")
             except (OSError, http.client.HTTPException, PolicyError) as exc:
-                if isinstance(exc, EngineFailed):
-                    raise
                 code = process.exit_status(wait=1.0)
                 died = "" if code is None else f"the {what} exited (status {code}) mid-run: "
                 raise EngineFailed(f"{name}: {died}{exc}; its last output: "
@@ -290,73 +222,6 @@ def run_cells(
             if progress is not None:
                 progress(done, total)
     return Trials(order, samples, time.perf_counter() - started)
-
-
-def measure_engine(
-    model: str,
-    base: Any,
-    cells: list[Cell],
-    skipped: list[dict[str, Any]],
-    factors: Mapping[str, Sequence[Any]],
-    workload: EngineWorkload,
-    *,
-    policy: dict[str, Any],
-    accuracy_prompts: Sequence[str],
-    accuracy_answers: Sequence[str] | None,
-    startup_timeout: float,
-    vllm_version: str | None,
-    port: int | None,
-    decision_log: str | None,
-    launch: Callable[[Sequence[str]], list[str]] | None = None,
-    progress: Progress | None,
-    command: str | None,
-    pick: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run the design on ``vllm serve`` and build the evidence record; ``pick`` as
-    :func:`interlock.measure.measure` takes it."""
-    from interlock import decision_log as records
-    from interlock.vllm.engine import EngineCheck, EngineProcess, log_release
-
-    log_release(vllm_version)  # an unread release is refused before anything starts
-    check_answers(accuracy_prompts, accuracy_answers)
-    taken: set[int] = set()
-    for cell in cells:
-        cell.port = free_port(port, taken)
-        taken.add(cell.port)
-        cell.record = records.build_record(
-            cell.resolution, "policy measure", model=model, capabilities=False,
-            runner={"name": cell.command.decision["runner"], "plugin": None,
-                    "distribution": "vllm", "version": vllm_version},
-        )
-    created = datetime.datetime.now(datetime.timezone.utc)
-
-    def launched(argv: list[str]) -> list[str]:
-        """The install's own way: vllm serve, or python -m."""
-        return launch(argv) if launch is not None else argv
-
-    def start(cell: Cell, argv: list[str], name: str) -> EngineProcess:
-        return EngineProcess(launched(argv), {**os.environ, **cell.command.env},
-                             EngineCheck(cell.command.decision, vllm_version,
-                                         cell.resolution.context.platform),
-                             cell.port, name)
-
-    trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
-                       start, "engine")
-
-    if decision_log is not None:
-        for cell in cells:
-            records.append_record(decision_log, {**cell.record, "engine": {
-                "name": "vllm", "argv": launched(cell.command.argv), "env": cell.command.env,
-                "target": cell.command.decision, **(cell.verification or {})}})
-    version = next((c.verification["vllm_version"] for c in cells if c.verification),
-                   vllm_version)
-    return evidence_record(
-        base, cells, skipped, factors, workload, trials, model=model, policy=policy,
-        command=command, created=created, pick=pick, launched=launched,
-        software={"vllm": version, "interlock": _interlock_version()},
-        engine={"name": "vllm", "version": version},
-        accuracy_prompts=accuracy_prompts, accuracy_answers=accuracy_answers,
-    )
 
 
 def evidence_record(
@@ -399,12 +264,12 @@ def evidence_record(
             "env": dict(base.context.env),
         },
         "workload": workload.to_dict(),
-        "factors": {name: _jsonable(list(levels)) for name, levels in factors.items()},
+        "factors": {name: jsonable(list(levels)) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),
         **({"pick": pick} if pick is not None else {}),
         "configurations": [
             {
-                "id": c.id, "label": c.label, "levels": _jsonable(c.levels),
+                "id": c.id, "label": c.label, "levels": jsonable(c.levels),
                 "decision": c.resolution.decision.to_dict(), "target": c.command.decision,
                 "argv": launched(c.command.argv), "env": c.command.env, "port": c.port,
                 "decision_record": c.record["id"], "verification": c.verification,
@@ -476,17 +341,17 @@ def _config_sha(model: str, config_hash: Callable[[str], str]) -> str:
     return hashlib.sha256(model.encode()).hexdigest()
 
 
-def _interlock_version() -> str:
+def interlock_version() -> str:
     import interlock
 
     return str(interlock.__version__)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, list):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     return value

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import SampleLogprobs
-from interlock.runners.engine.sampling import SamplingParams
 
 
 class RequestStatus(Enum):
@@ -64,7 +64,7 @@ class Request:
 
     @property
     def max_tokens(self) -> int:
-        """``params.max_tokens``, which the engine resolves (None there) at admission."""
+        """``params.max_tokens``, which the step loop resolves (None there) at admission."""
         assert self.params.max_tokens is not None
         return self.params.max_tokens
 

@@ -21,10 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.errors import PolicyError
+from interlock.core.errors import LocatedError
 from interlock.core.fields import show_scalar
-from interlock.measure.client import free_port
-from interlock.measure.engine import (
+from interlock.measure.cells import (
     Cell,
     EngineWorkload,
     Progress,
@@ -32,6 +31,7 @@ from interlock.measure.engine import (
     evidence_record,
     run_cells,
 )
+from interlock.measure.client import free_port
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
@@ -115,7 +115,7 @@ def serve_cells(
         forced = {**query.overrides, **levels}
         try:
             resolution = decide(policy, replace(query, overrides=forced))
-        except PolicyError as exc:
+        except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
             skipped.append({"levels": dict(levels), "reason": str(exc)})
             continue
         argv = [sys.executable, "-m", "interlock.cli", "serve", "--model", model, *flags]
@@ -136,8 +136,8 @@ def measure_serve(
     """Run the design on ``policy serve`` children and build the evidence record; ``pick``
     as ``--engine vllm``'s (``interlock.measure.pick``)."""
     from interlock import decision_log as records
-    from interlock.measure.engine import _interlock_version
-    from interlock.vllm.engine import EngineProcess
+    from interlock.measure.cells import interlock_version
+    from interlock.vllm.process import EngineProcess
 
     check_answers(accuracy_prompts, accuracy_answers)
     taken: set[int] = set()
@@ -153,7 +153,7 @@ def measure_serve(
 
     trials = run_cells(cells, model, workload, accuracy_prompts, startup_timeout, progress,
                        start, "server")
-    version = _interlock_version()
+    version = interlock_version()
     return evidence_record(
         base, cells, skipped, factors, workload, trials, model=model, policy=policy,
         command=command, created=created, pick=pick, launched=list,

@@ -93,7 +93,7 @@ class SamplingParams:
     prompt and the output so far; ``frequency_penalty`` subtracts itself times a token's
     count in the output, ``presence_penalty`` itself once for a token the output has
     (both 0.0 off, in [-2, 2]). Penalties apply to greedy requests too. ``seed`` makes
-    sampling reproducible per request (None: the engine draws one from its own seeded
+    sampling reproducible per request (None: the step loop draws one from its own seeded
     generator). ``logprobs=N`` returns, per generated token, the ``N`` most likely
     tokens' log-probabilities and the sampled one's, of the model's raw distribution.
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections import deque
 
 from interlock.core.errors import InputError
+from interlock.runners.batching.kv_cache import BlockAllocator, blocks_for
+from interlock.runners.batching.request import FinishReason, Request, RequestStatus
 from interlock.runners.contract import (
     KVCacheSpec,
     ModelSpec,
@@ -33,13 +35,11 @@ from interlock.runners.contract import (
     ScheduledBatch,
     ScheduledSequence,
 )
-from interlock.runners.engine.kv_cache import BlockAllocator, blocks_for
-from interlock.runners.engine.request import FinishReason, Request, RequestStatus
 from interlock.runners.model.cache_spec import state_spec
 
 
 class RequestRejected(InputError):
-    """A request that can never run with this engine's limits."""
+    """A request that can never run within the step loop's limits."""
 
 
 class Scheduler:
@@ -196,7 +196,7 @@ class Scheduler:
 
     def abort(self, requests: list[Request], now: float) -> None:
         """Finish unfinished ``requests`` as aborted and free their blocks; the batch in
-        flight (if a step failed) is forgotten, so the engine is clean for the next call."""
+        flight (if a step failed) is forgotten, so the step loop is clean for the next call."""
         for request in requests:
             self.stop(request, FinishReason.ABORTED, now)
         self._scheduled = []

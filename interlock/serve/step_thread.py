@@ -1,9 +1,10 @@
-"""One engine, many HTTP requests: a thread steps the continuous-batching engine while the
-server's event loop adds and aborts requests and receives each one's tokens.
+"""One step loop, many HTTP requests: a thread steps interlock's continuous-batching loop
+(:class:`~interlock.runners.batching.step_loop.StepLoop`) while the server's event loop adds
+and aborts requests and receives each one's tokens.
 
-The engine is not thread-safe, so only the loop's thread touches it once it runs: other
-threads hand it requests to add and to abort through :meth:`EngineLoop.submit` and
-:meth:`EngineLoop.abort`, which it applies between steps. After each step every request
+The step loop is not thread-safe, so only this thread touches it once it runs: other
+threads hand it requests to add and to abort through :meth:`StepThread.submit` and
+:meth:`StepThread.abort`, which it applies between steps. After each step every request
 that got a token (or finished) is reported to the callback it was submitted with, from
 the loop's thread. Requests admitted at once are bounded (``capacity``): past it,
 ``submit`` raises :class:`Overloaded` rather than queueing without end.
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from interlock.core.errors import InterlockError
-from interlock.runners.engine.engine import Engine
-from interlock.runners.engine.request import Request
+from interlock.runners.batching.request import Request
+from interlock.runners.batching.step_loop import StepLoop
 
 LOG = logging.getLogger("interlock.serve")
 
@@ -32,7 +33,7 @@ class Overloaded(InterlockError):
 
 
 class Closed(InterlockError):
-    """The server is draining or its engine has stopped (HTTP 503)."""
+    """The server is draining or its step loop has stopped (HTTP 503)."""
 
     kind = "runtime"
 
@@ -58,18 +59,18 @@ class Observer(Protocol):
 
     def finished(self, request: Request) -> None: ...
 
-    def stepped(self, engine: Engine) -> None: ...
+    def stepped(self, step_loop: StepLoop) -> None: ...
 
 
-class EngineLoop:
-    """Steps ``engine`` on a thread of its own while requests are unfinished.
+class StepThread:
+    """Steps ``step_loop`` on a thread of its own while requests are unfinished.
 
     ``stop_strings(request)`` is called between steps for a request with stop strings that
-    got tokens (the engine sees tokens, the caller text: ``LLM.check_stop_strings``)."""
+    got tokens (the step loop sees tokens, the caller text: ``LLM.check_stop_strings``)."""
 
-    def __init__(self, engine: Engine, capacity: int, stop_strings: Callable[[Request], None],
-                 observer: Observer) -> None:
-        self.engine, self.capacity = engine, capacity
+    def __init__(self, step_loop: StepLoop, capacity: int,
+                 stop_strings: Callable[[Request], None], observer: Observer) -> None:
+        self.step_loop, self.capacity = step_loop, capacity
         self._stop_strings, self._observer = stop_strings, observer
         self._cond = threading.Condition()
         self._adds: list[tuple[Request, Deliver]] = []
@@ -79,7 +80,7 @@ class EngineLoop:
         self._closing = False
         self._abort_everything = False
         self.failure: str | None = None  # why the thread died, if it did
-        self._thread = threading.Thread(target=self._run, name="interlock-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="interlock-step-loop", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -130,7 +131,7 @@ class EngineLoop:
             self._loop()
         except BaseException as exc:  # the thread's death must be visible, never silent
             self.failure = f"{type(exc).__name__}: {exc}"
-            LOG.error("policy serve: the engine loop stopped: %s", self.failure)
+            LOG.error("policy serve: the step loop stopped: %s", self.failure)
             with self._cond:
                 self._closing = True
             raise
@@ -146,29 +147,29 @@ class EngineLoop:
                 closing, everything = self._closing, self._abort_everything
                 self._abort_everything = False
             for request, deliver in adds:
-                self.engine.add_request(request)
+                self.step_loop.add_request(request)
                 self._active[request] = (deliver, 0)
             if closing or everything:
                 aborts = list(self._active)
             self._abort([r for r in aborts if r in self._active])
             if closing:
-                self._observer.stepped(self.engine)
+                self._observer.stepped(self.step_loop)
                 return
-            if self.engine.has_unfinished():
+            if self.step_loop.has_unfinished():
                 self._step()
 
     def _step(self) -> None:
         try:
-            self.engine.step()
+            self.step_loop.step()
         except Exception as exc:
             # A failed step (out of memory, a runner error) fails the requests in it, not
-            # the server: they are aborted, each told why, and the engine is clean again.
-            message = f"the engine step failed: {type(exc).__name__}: {exc}"
+            # the server: they are aborted, each told why, and the step loop is clean again.
+            message = f"the step failed: {type(exc).__name__}: {exc}"
             LOG.error("policy serve: %s", message)
             self._abort(list(self._active), message)
             return
         # The gauges first: a client that has a token sees the state that produced it.
-        self._observer.stepped(self.engine)
+        self._observer.stepped(self.step_loop)
         now = time.perf_counter()
         for request, (deliver, seen) in list(self._active.items()):
             count = len(request.output_token_ids)
@@ -183,8 +184,8 @@ class EngineLoop:
     def _abort(self, requests: list[Request], error: str | None = None) -> None:
         if not requests:
             return
-        self.engine.abort(requests)
-        self._observer.stepped(self.engine)
+        self.step_loop.abort(requests)
+        self._observer.stepped(self.step_loop)
         for request in requests:
             deliver, _ = self._active[request]
             self._report(request, deliver, len(request.output_token_ids), error)

@@ -1,1 +1,0 @@
-"""The generation engine: requests, sampling parameters, paged KV cache, scheduler, step loop."""
