@@ -14,7 +14,7 @@ runs conversations:
     [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}])
     out.text  # 'The capital of France is Paris.'
  Without a ``decision`` the policy decides, exactly as
-``policy run`` does (``interlock.app.query.decide``): for the model's architecture and
+``policy run`` does (``interlock.app.query.decide_query``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
@@ -53,7 +53,7 @@ from interlock.app.outputs import (
     StreamOutput,
     as_prompt_list,
 )
-from interlock.app.query import Query, decide, detected_device
+from interlock.app.query import Query, decide_query, detected_device
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
@@ -165,7 +165,7 @@ class LLM:
             from interlock.policy.loader import load_policy
 
             loaded = load_policy(policy)
-            self.resolution: Resolution | None = decide(loaded, Query.for_device(
+            self.resolution: Resolution | None = decide_query(loaded, Query.for_device(
                 loaded, source.name, device, overrides or {}, tensor_parallel_size))
             decision = self.resolution.decision
             decided = decided_by(self.resolution)

@@ -3,7 +3,7 @@
 A :class:`Query` is built once, where a request enters: the command line
 (``interlock.commands.common.query_of``), ``LLM(...)`` (:meth:`Query.for_device`),
 ``policy serve`` and ``policy vllm`` (from their flags) and the vLLM plugin (from vLLM's
-own config). :func:`decide` turns it into a :class:`Resolution`; what runs afterwards is
+own config). :func:`decide_query` turns it into a :class:`Resolution`; what runs afterwards is
 handed that resolution, never the command line or the process environment again.
 
 torch is imported only where a platform is detected or a device named
@@ -30,9 +30,9 @@ from interlock.policy.model import Policy
 if TYPE_CHECKING:
     from interlock.policy.resolution import EngineStage, Resolution
 
-#: Whose runners run the decision: interlock's registered runner plugins (stage 5 asks them
+#: Who runs the decision: interlock's registered runner plugins (stage 5 asks them
 #: what they serve), or vLLM's own (which interlock's plugins do not describe).
-Runners = Literal["interlock", "vllm"]
+RunBy = Literal["interlock", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Query:
     tensor_parallel_given: str = ""
     #: The model runs on this machine: a given platform must be this machine's.
     runs_here: bool = False
-    runners: Runners = "interlock"
+    run_by: RunBy = "interlock"
     #: The engine stage of the engine release the decision is handed to (for vLLM,
     #: ``interlock.vllm.stage.ReleaseStage``): the resolution is then what that release runs.
     stage: EngineStage | None = None
@@ -144,7 +144,7 @@ def _demo_context(architecture: str | None, common: dict[str, Any]) -> Context:
     )
 
 
-def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution:
+def decide_query(policy: Policy, query: Query, *, refused: bool = False) -> Resolution:
     """The decision for ``query`` under ``policy``, with the capabilities of the registered
     runner plugins when interlock's runners run it. Raises ``PolicyError``
     (``CapabilityError`` when something forced is unsupported, ``PolicyRefused`` where a
@@ -154,7 +154,7 @@ def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution
 
     if query.runs_here:
         check_runs_here(query.platform)
-    stage = capability_stage() if query.runners == "interlock" else None
+    stage = capability_stage() if query.run_by == "interlock" else None
     return resolve(policy, query.context(), query.overrides, capabilities=stage,
                    refused=refused, engine=query.stage)
 

@@ -342,12 +342,12 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 def resolve_args(args: argparse.Namespace) -> Resolution:
     """Load, ask and decide: the shared body of explain and resolve. A refused resolution
     is returned (its ``refusal`` set), for the command to show."""
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
 
     policy = load(args)
     query = query_of(args, policy)
     # A refused context is shown and recorded like any other; the command exits `refused`.
-    resolution = decide(policy, query, refused=True)
+    resolution = decide_query(policy, query, refused=True)
     if getattr(args, "decision_log", None) is not None or _logging_by_env():
         record_decision(args, resolution, f"policy {args.command}", model=args.model,
                         overrides=dict(query.overrides))

@@ -441,7 +441,7 @@ def engine_setup(args: argparse.Namespace, asked: Query) -> EngineSetup:
         features[TRITON_FACT], sources[f"features.{TRITON_FACT}"] = triton
     rel = known(engine["vllm"]) if "vllm" in engine else None
     query = replace(asked, model=model_target(model.readable), features=features,
-                    sources=sources, engine=engine, overrides={}, runners="vllm",
+                    sources=sources, engine=engine, overrides={}, run_by="vllm",
                     stage=ReleaseStage(None if rel is None else rel.version))
     return EngineSetup(model=model.argument, query=query, workload=workload,
                        prompts=prompts, answers=answers, detected=engine.get("vllm"),

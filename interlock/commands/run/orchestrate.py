@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if worker is not None:
         return worker
     from interlock.app.decided_by import decided_by
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
     from interlock.plugins import load_registry
     from interlock.runners.engine.sampling import SamplingParams
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    resolution = decide(policy, query)
+    resolution = decide_query(policy, query)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Prompt] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
