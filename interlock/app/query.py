@@ -149,14 +149,27 @@ def decide_query(policy: Policy, query: Query, *, refused: bool = False) -> Reso
     runner plugins when interlock's runners run it. Raises ``PolicyError``
     (``CapabilityError`` when something forced is unsupported, ``PolicyRefused`` where a
     rule refuses the context unless ``refused`` asks for the refused resolution back)."""
+    if query.runs_here:
+        check_runs_here(query.platform)
+    return decide_context(policy, query.context(), query.overrides, run_by=query.run_by,
+                          stage=query.stage, refused=refused)
+
+
+def decide_context(
+    policy: Policy, context: Context, overrides: Mapping[str, Any] | None = None, *,
+    run_by: RunBy = "interlock", stage: EngineStage | None = None, refused: bool = False,
+) -> Resolution:
+    """The one decision every reader makes of a context built by
+    :func:`~interlock.policy.context.make_context` (a :class:`Query`'s, a table row's, a
+    replayed record's, a policy test case's): stage 5 asks the registered runner plugins
+    when interlock's runners run it (``run_by``), ``stage`` is the engine stage of the
+    release the decision is handed to."""
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
-    if query.runs_here:
-        check_runs_here(query.platform)
-    stage = capability_stage() if query.run_by == "interlock" else None
-    return resolve(policy, query.context(), query.overrides, capabilities=stage,
-                   refused=refused, engine=query.stage)
+    capabilities = capability_stage() if run_by == "interlock" else None
+    return resolve(policy, context, overrides, capabilities=capabilities,
+                   refused=refused, engine=stage)
 
 
 def process_env(

@@ -263,14 +263,11 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     )
     if "model" not in given and getattr(args, "model", None) is not None:
         fields["model"] = model_target(args.model)
-    if "vllm" in engine and not given.get("runs_here"):
+    if not given.get("runs_here"):
         # A question about a vLLM release read by interlock: the answer is what it runs.
-        from interlock.vllm.releases import known
-        from interlock.vllm.stage import ReleaseStage
+        from interlock.vllm.stage import stage_for
 
-        read = known(engine["vllm"])
-        if read is not None:
-            fields["stage"] = ReleaseStage(read.version)
+        fields["stage"] = stage_for(engine)
     return Query(**{**fields, **given})
 
 
