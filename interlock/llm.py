@@ -65,7 +65,7 @@ from interlock.runners.engine.engine import Engine
 from interlock.runners.engine.kv_cache import plan_kv_cache
 from interlock.runners.engine.request import FinishReason, Request
 from interlock.runners.engine.sampling import SEED_LIMIT, SamplingParams
-from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
+from interlock.runners.model.checkpoint import ModelSource, resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.sources import DEMO
 from interlock.runners.parallel.executor import TensorParallelRunner
@@ -86,11 +86,12 @@ class LLM:
 
     ``LLM(model)`` takes what ``policy run --model`` takes: ``demo`` (the built-in model),
     a named model (``smollm2``), a GGUF file, or a Hugging Face model directory (or its
-    ``config.json``). The policy decides the runner and the graph settings as
-    ``policy run`` does (``policy=`` files, ``overrides``, the process environment's
-    bindings); ``decision=`` (with ``runner=``, an object) bypasses it. ``device`` is a
-    torch device string (None: detected); naming one this torch cannot use is an
-    ``InputError`` saying so. The engine limits (``max_num_seqs``,
+    ``config.json``), or a ``ModelSource`` already resolved (``policy run`` resolves the
+    model once, for its decision and its run). The policy decides the runner and the graph
+    settings as ``policy run`` does (``policy=`` files, ``overrides``, the process
+    environment's bindings); ``decision=`` (with ``runner=``, an object) bypasses it.
+    ``device`` is a torch device string (None: detected); naming one this torch cannot use
+    is an ``InputError`` saying so. The engine limits (``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``block_size``, ``num_blocks`` or
     ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
 
@@ -113,7 +114,7 @@ class LLM:
 
     def __init__(
         self,
-        model: str | Path = DEMO,
+        model: str | Path | ModelSource = DEMO,
         *,
         dtype: str = "auto",
         load_format: str = "auto",
@@ -145,7 +146,8 @@ class LLM:
         # One generate/chat at a time: the engine's batch is not shared between threads.
         self._lock = threading.Lock()
         self._owner: int | None = None
-        source = resolve_model(model)
+        source = model if isinstance(model, ModelSource) else resolve_model(model)
+        named = source.name if isinstance(model, ModelSource) else os.fspath(model)
         # A size the model cannot be split into is refused before anything is decided,
         # loaded or started.
         plan_shards(source.config, tensor_parallel_size)
@@ -178,12 +180,12 @@ class LLM:
                 )
             self.resolution = None
             decided = given_by_caller(decision)
-        LOG.info("LLM %s: %s", os.fspath(model), decided)
+        LOG.info("LLM %s: %s", named, decided)
         if self.resolution is not None:
             from interlock import decision_log as records
 
             records.write(records.log_path(decision_log), self.resolution, "LLM",
-                          model=os.fspath(model), overrides=dict(overrides or {}))
+                          model=named, overrides=dict(overrides or {}))
         self.plugin_kernels = install_plugin_kernels()
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)
