@@ -233,9 +233,11 @@ def _fail(
     exc: BaseException | None = None,
 ) -> int:
     if _wants_json(argv, args):
-        # ``details``: what a command had done when it failed (e.g. run's partial outputs).
+        # ``details``: what a command had done when it failed (e.g. run's partial outputs);
+        # an error's own detail lines (a tuple) are in ``message`` already.
         details = getattr(exc, "details", None)
-        error = {"kind": kind, "message": message, "location": where, **(details or {})}
+        extra = details if isinstance(details, dict) else {}
+        error = {"kind": kind, "message": message, "location": where, **extra}
         sys.stdout.write(json.dumps({"error": error}, indent=2) + "\n")
     return EXIT_CODES[kind]
 

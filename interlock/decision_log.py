@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from interlock.core.env import DECISION_LOG
 from interlock.core.errors import InputError
 from interlock.core.terminal import one_line
-from interlock.policy.context import Context
+from interlock.policy.context import Context, make_context
 from interlock.policy.trace import OVERRIDES
 
 if TYPE_CHECKING:
@@ -378,8 +378,10 @@ def recorded_context(record: Mapping[str, Any]) -> Context:
     config = ctx.get("config_values")
     if config is not None and not isinstance(config, dict):
         raise ValueError("context.config_values is not an object")
-    return Context(
-        architecture=_text(ctx["architecture"], "architecture"),
+    # Built as every reader builds its context: a record from before a fact was recorded
+    # (has_triton) gets it as a query would.
+    return make_context(
+        _text(ctx["architecture"], "architecture"),
         platform=_text(ctx["platform"], "platform"),
         device_arch=_text(ctx.get("device_arch", ""), "device_arch"),
         features=dict(ctx.get("features", {})),
@@ -434,20 +436,17 @@ def replay(
     the recorded ones (an upgrade's question)."""
     from dataclasses import replace
 
-    from interlock.policy.resolution import resolve
+    from interlock.app.query import decide_context
 
-    capabilities = None
-    if record.get("capabilities", True):
-        from interlock.plugins.capabilities import capability_stage
-
-        capabilities = capability_stage()
     overrides = record.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ValueError("overrides is not an object")
     context = recorded_context(record)
     if versions:
         context = replace(context, engine={**context.engine, **versions})
-    return resolve(policy, context, overrides, capabilities=capabilities, engine=engine)
+    # A record made without stage 5 (the vLLM plugin's) was decided for vLLM's runners.
+    return decide_context(policy, context, overrides, stage=engine,
+                          run_by="interlock" if record.get("capabilities", True) else "vllm")
 
 
 def parse_time(text: str) -> datetime:

@@ -14,7 +14,7 @@ runs conversations:
     [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}])
     out.text  # 'The capital of France is Paris.'
  Without a ``decision`` the policy decides, exactly as
-``policy run`` does (``interlock.app.query.decide``): for the model's architecture and
+``policy run`` does (``interlock.app.query.decide_query``): for the model's architecture and
 traits on the device's platform, under the layered policy (``policy=`` files,
 else ``$INTERLOCK_POLICY``, else the shipped one), the process environment's
 bindings and ``overrides``; ``llm.resolution`` keeps the full resolution and
@@ -53,7 +53,7 @@ from interlock.app.outputs import (
     StreamOutput,
     as_prompt_list,
 )
-from interlock.app.query import Query, decide, detected_device
+from interlock.app.query import Query, decide_query, detected_device
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
@@ -65,7 +65,7 @@ from interlock.runners.batching.request import FinishReason, Request
 from interlock.runners.batching.sampling import SEED_LIMIT, SamplingParams
 from interlock.runners.batching.step_loop import StepLoop
 from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport, SampleLogprobs
-from interlock.runners.model.checkpoint import resolve_dtype, resolve_model
+from interlock.runners.model.checkpoint import ModelSource, resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.sources import DEMO
 from interlock.runners.parallel.executor import TensorParallelRunner
@@ -86,11 +86,12 @@ class LLM:
 
     ``LLM(model)`` takes what ``policy run --model`` takes: ``demo`` (the built-in model),
     a named model (``smollm2``), a GGUF file, or a Hugging Face model directory (or its
-    ``config.json``). The policy decides the runner and the graph settings as
-    ``policy run`` does (``policy=`` files, ``overrides``, the process environment's
-    bindings); ``decision=`` (with ``runner=``, an object) bypasses it. ``device`` is a
-    torch device string (None: detected); naming one this torch cannot use is an
-    ``InputError`` saying so. The step loop's limits (``max_num_seqs``,
+    ``config.json``), or a ``ModelSource`` already resolved (``policy run`` resolves the
+    model once, for its decision and its run). The policy decides the runner and the graph
+    settings as ``policy run`` does (``policy=`` files, ``overrides``, the process
+    environment's bindings); ``decision=`` (with ``runner=``, an object) bypasses it.
+    ``device`` is a torch device string (None: detected); naming one this torch cannot use
+    is an ``InputError`` saying so. The step loop's limits (``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``block_size``, ``num_blocks`` or
     ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
 
@@ -113,7 +114,7 @@ class LLM:
 
     def __init__(
         self,
-        model: str | Path = DEMO,
+        model: str | Path | ModelSource = DEMO,
         *,
         dtype: str = "auto",
         load_format: str = "auto",
@@ -145,7 +146,8 @@ class LLM:
         # One generate/chat at a time: the step loop's batch is not shared between threads.
         self._lock = threading.Lock()
         self._owner: int | None = None
-        source = resolve_model(model)
+        source = model if isinstance(model, ModelSource) else resolve_model(model)
+        named = source.name if isinstance(model, ModelSource) else os.fspath(model)
         # A size the model cannot be split into is refused before anything is decided,
         # loaded or started.
         plan_shards(source.config, tensor_parallel_size)
@@ -165,7 +167,7 @@ class LLM:
             from interlock.policy.loader import load_policy
 
             loaded = load_policy(policy)
-            self.resolution: Resolution | None = decide(loaded, Query.for_device(
+            self.resolution: Resolution | None = decide_query(loaded, Query.for_device(
                 loaded, source.name, device, overrides or {}, tensor_parallel_size))
             decision = self.resolution.decision
             decided = decided_by(self.resolution)
@@ -178,12 +180,12 @@ class LLM:
                 )
             self.resolution = None
             decided = given_by_caller(decision)
-        LOG.info("LLM %s: %s", os.fspath(model), decided)
+        LOG.info("LLM %s: %s", named, decided)
         if self.resolution is not None:
             from interlock import decision_log as records
 
             records.write(records.log_path(decision_log), self.resolution, "LLM",
-                          model=os.fspath(model), overrides=dict(overrides or {}))
+                          model=named, overrides=dict(overrides or {}))
         self.plugin_kernels = install_plugin_kernels()
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)

@@ -94,10 +94,10 @@ class PolicyCaseItem(pytest.Item):
         self.run = run
 
     def runtest(self) -> None:
-        from interlock.plugins.capabilities import capability_stage
         from interlock.policy.policytest import render_result, run_case
+        from interlock.vllm.stage import decide_with_release
 
-        result = run_case(self.run.policy, self.case, capabilities=capability_stage())
+        result = run_case(self.run.policy, self.case, decide=decide_with_release)
         self.run.results.append(result)
         for warning in result.warnings:
             self.warn(pytest.PytestWarning(warning))

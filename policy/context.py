@@ -194,23 +194,38 @@ def make_context(
     sources: Mapping[str, str] | None = None,
     model_id: str | None = None,
     engine: Mapping[str, str] | None = None,
+    model_config: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    model_traits: Mapping[str, Any] | None = None,
+    identity: tuple[tuple[str, str], ...] = (),
 ) -> Context:
     """Build a context, reading ``model`` (a directory or config.json) and detecting the
     platform when it is not given. ``model_id`` names the model (``zai-org/GLM-5.3``) for
     ``model:`` conditions besides its directory name and ``_name_or_path``; ``engine`` gives
-    engine versions (``{"vllm": "0.29.0"}``). Raises :class:`PolicyError` on bad input."""
+    engine versions (``{"vllm": "0.29.0"}``). Raises :class:`PolicyError` on bad input.
+
+    Every reader builds its context here, so each gets the same normalisation (the
+    ``has_triton`` fact, the device arch's origin): a model's config may also come as its
+    content (``model_config``: a policy test case's, flattened and its traits read as a
+    file's are), or as values already flattened (``config``, with ``model_traits`` and
+    ``identity``: a decision record's, a table row's config state)."""
     facts: dict[str, str] = dict(sources or {})
-    model_traits: dict[str, Any] = {}
-    flat: dict[str, Any] | None = None
-    identity: list[tuple[str, str]] = []
+    traits_of_model: dict[str, Any] = dict(model_traits or {})
+    flat: dict[str, Any] | None = None if config is None else dict(config)
+    names: list[tuple[str, str]] = list(identity)
     if model_id is not None:
-        identity.append((_model_name(model_id, "--model-id"), facts.get("model_id", GIVEN)))
+        names.append((_model_name(model_id, "--model-id"), facts.get("model_id", GIVEN)))
+    if model_config is not None:
+        flat = flatten_config(model_config)
+        for name, (value, note) in traits_from_config(model_config).items():
+            traits_of_model[name] = value
+            facts[f"traits.{name}"] = f"{MODEL_CONFIG} ({note})"
     if model is not None:
-        config_path, config = read_model_config(model)
-        flat = flatten_config(config)
+        config_path, read = read_model_config(model)
+        flat = flatten_config(read)
         facts["config"] = f"{MODEL_CONFIG} ({config_path})"
-        identity += model_identity(config_path, config)
-        model_arch = _architecture_of(config, config_path)
+        names += model_identity(config_path, read)
+        model_arch = _architecture_of(read, config_path)
         if architecture is not None and architecture != model_arch:
             raise PolicyError(
                 f"architecture {architecture!r} disagrees with the model's "
@@ -220,8 +235,8 @@ def make_context(
         if architecture is None:
             architecture = model_arch
             facts["architecture"] = f"{MODEL_CONFIG} ({config_path})"
-        for name, (value, note) in traits_from_config(config).items():
-            model_traits[name] = value
+        for name, (value, note) in traits_from_config(read).items():
+            traits_of_model[name] = value
             facts[f"traits.{name}"] = f"{MODEL_CONFIG} ({note})"
     if architecture is None:
         raise PolicyError("an architecture is required: give ARCH or --model PATH")
@@ -251,10 +266,10 @@ def make_context(
         features=features,
         env=dict(env or {}),
         traits=dict(traits or {}),
-        model_traits=model_traits,
+        model_traits=traits_of_model,
         sources=facts,
         config=flat,
-        identity=tuple(dict.fromkeys(identity)),
+        identity=tuple(dict.fromkeys(names)),
         engine=dict(engine or {}),
     )
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from interlock.core.errors import LocatedError
-from interlock.policy.context import Context
+from interlock.core.errors import LocatedError, PolicyError
+from interlock.policy.context import Context, make_context
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
 
@@ -98,7 +98,9 @@ def fleet(
     """Resolve every architecture on every target (and under ``base``, when given); the
     keywords are every context's."""
 
-    def one(p: Policy, context: Context) -> tuple[Resolution | None, str | None]:
+    def one(p: Policy, context: Context | str) -> tuple[Resolution | None, str | None]:
+        if isinstance(context, str):
+            return None, context
         try:
             return resolver(p, context), None
         # A policy error, or a plugin's (a runner no plugin registers), is that cell's alone.
@@ -110,10 +112,13 @@ def fleet(
         cells = []
         for target in targets:
             column_engine, column_sources = target.engine_facts(engine or {}, sources or {})
-            context = Context(
-                arch, target.platform, target.device_arch, features=dict(features or {}),
-                env=dict(env or {}), engine=column_engine, sources=column_sources,
-            )
+            try:
+                context: Context | str = make_context(
+                    arch, platform=target.platform, device_arch=target.device_arch or None,
+                    features=features, env=env, engine=column_engine, sources=column_sources,
+                )
+            except PolicyError as exc:  # a context that cannot be built is its cell's error
+                context = str(exc)
             res, err = one(policy, context)
             if base is not None:
                 old, old_err = one(base, context)

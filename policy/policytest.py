@@ -1,7 +1,10 @@
 """Running policy test cases: per-case verdicts with the actual decision, and rule coverage.
 
-A case resolves its context through the whole pipeline, as `policy explain`
-does (stage 5 included when a capability stage is given). It passes when every
+A case's context is built as `policy explain` builds its own
+(:func:`~interlock.policy.context.make_context`) and decided by the ``decide`` the caller
+passes: the application passes its one decision (``interlock.app.query.decide_context``,
+stage 5 included), so a case decides as every other reader does; the default is the
+policy's own pipeline (:func:`~interlock.policy.resolution.resolve`). It passes when every
 expected field has the expected value (and, with ``rule``, was set by that
 rule), or, with ``error``, when resolution fails with a message containing it.
 A rule is covered when it decided at least one field of some case's decision, or refused
@@ -12,19 +15,23 @@ some case's context. Coverage is per file of the stack; the counted files are th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from interlock.core.errors import LocatedError
 from interlock.core.suggest import hint
+from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
 from interlock.policy.explain import render_trace
 from interlock.policy.loader import shipped_sha256
 from interlock.policy.model import Policy
-from interlock.policy.resolution import CapabilityCheck, PolicyRefused, Resolution, resolve
+from interlock.policy.resolution import PolicyRefused, Resolution, resolve
 from interlock.policy.testfile import LoadedCase
 from interlock.policy.trace import ENV, RULES, Provenance, Step, rule_deciders
+
+#: How a case's context is decided: ``(policy, context, overrides) -> Resolution``.
+Decide = Callable[[Policy, Context, Mapping[str, Any]], Resolution]
 
 
 @dataclass(frozen=True)
@@ -138,24 +145,19 @@ class TestRun:
 
 
 def run_cases(
-    policy: Policy,
-    cases: Sequence[LoadedCase],
-    *,
-    capabilities: CapabilityCheck | None = None,
+    policy: Policy, cases: Sequence[LoadedCase], *, decide: Decide = resolve
 ) -> TestRun:
     run = TestRun(policy)
     for case in cases:
-        run.results.append(run_case(policy, case, capabilities=capabilities))
+        run.results.append(run_case(policy, case, decide=decide))
     return run
 
 
-def run_case(
-    policy: Policy, loaded: LoadedCase, *, capabilities: CapabilityCheck | None = None
-) -> CaseResult:
-    """Resolve one case and compare. Names the case cannot use (an env variable the policy
+def run_case(policy: Policy, loaded: LoadedCase, *, decide: Decide = resolve) -> CaseResult:
+    """Decide one case and compare. Names the case cannot use (an env variable the policy
     does not bind, a rule id it does not have) fail it at their file:line, next to any value
     that differs."""
-    result = _run_case(policy, loaded, capabilities)
+    result = _run_case(policy, loaded, decide)
     warnings = _warnings(policy, loaded)
     return dataclasses.replace(result, warnings=warnings) if warnings else result
 
@@ -175,17 +177,14 @@ def _warnings(policy: Policy, loaded: LoadedCase) -> tuple[str, ...]:
     return (f"{where.file}:{where.line}:{where.col}: {message}",)
 
 
-def _run_case(
-    policy: Policy, loaded: LoadedCase, capabilities: CapabilityCheck | None
-) -> CaseResult:
+def _run_case(policy: Policy, loaded: LoadedCase, decide: Decide) -> CaseResult:
     case = loaded.case
     problems = _unknown_names(policy, loaded)
     given = case.given
-    context = loaded.context()
     overrides = given.set.model_dump(exclude_unset=True)
     expect = case.expect
     try:
-        resolution = resolve(policy, context, overrides, capabilities=capabilities)
+        resolution = decide(policy, loaded.context(), overrides)
     except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
         message = str(exc)
         if expect.error is None:

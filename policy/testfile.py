@@ -58,8 +58,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, model_validator
 
 from interlock.core.errors import PolicyError
-from interlock.policy.conditions import ENGINES, check_version, flatten_config
-from interlock.policy.context import MODEL_CONFIG, Context, traits_from_config
+from interlock.policy.conditions import ENGINES, check_version
+from interlock.policy.context import Context, make_context
 from interlock.policy.loader import read_source
 from interlock.policy.model import Location
 from interlock.policy.schema import (
@@ -226,24 +226,22 @@ class LoadedCase:
         """The context the case gives, its config flattened as a model's config.json is."""
         given = self.case.given
         where = f"{self.doc.name}:{self.at('given').line}"
-        identity = ((given.model, f"given by the case ({where})"),) if given.model else ()
         sources: dict[str, str] = {}
-        # The case's config is read as a model's config.json is: its traits too.
-        traits = traits_from_config(given.config) if given.config is not None else {}
+        if given.model:
+            sources["model_id"] = f"given by the case ({where})"
         if given.config is not None:
             sources["config"] = f"the case's config ({where})"
-            sources.update({f"traits.{k}": f"{MODEL_CONFIG} ({why})"
-                            for k, (_, why) in traits.items()})
-        return Context(
-            architecture=given.architecture,
+        # Built as `policy explain` builds its context (the same normalisation); the case's
+        # config is read as a model's config.json is, its traits too.
+        return make_context(
+            given.architecture,
             platform=given.platform,
-            device_arch=given.device_arch,
-            features=dict(given.features),
-            env=dict(given.env),
-            model_traits={k: value for k, (value, _) in traits.items()},
-            config=None if given.config is None else flatten_config(given.config),
-            identity=identity,
-            engine=dict(given.engine),
+            device_arch=given.device_arch or None,
+            features=given.features,
+            env=given.env,
+            model_config=given.config,
+            model_id=given.model,
+            engine=given.engine,
             sources=sources,
         )
 

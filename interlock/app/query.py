@@ -3,7 +3,7 @@
 A :class:`Query` is built once, where a request enters: the command line
 (``interlock.commands.common.query_of``), ``LLM(...)`` (:meth:`Query.for_device`),
 ``policy serve`` and ``policy vllm`` (from their flags) and the vLLM plugin (from vLLM's
-own config). :func:`decide` turns it into a :class:`Resolution`; what runs afterwards is
+own config). :func:`decide_query` turns it into a :class:`Resolution`; what runs afterwards is
 handed that resolution, never the command line or the process environment again.
 
 torch is imported only where a platform is detected or a device named
@@ -144,19 +144,32 @@ def _demo_context(architecture: str | None, common: dict[str, Any]) -> Context:
     )
 
 
-def decide(policy: Policy, query: Query, *, refused: bool = False) -> Resolution:
+def decide_query(policy: Policy, query: Query, *, refused: bool = False) -> Resolution:
     """The decision for ``query`` under ``policy``, with the capabilities of the registered
     runner plugins when interlock's runners run it. Raises ``PolicyError``
     (``CapabilityError`` when something forced is unsupported, ``PolicyRefused`` where a
     rule refuses the context unless ``refused`` asks for the refused resolution back)."""
+    if query.runs_here:
+        check_runs_here(query.platform)
+    return decide_context(policy, query.context(), query.overrides, executed_by=query.executed_by,
+                          stage=query.stage, refused=refused)
+
+
+def decide_context(
+    policy: Policy, context: Context, overrides: Mapping[str, Any] | None = None, *,
+    executed_by: Executor = "interlock", stage: EngineStage | None = None, refused: bool = False,
+) -> Resolution:
+    """The one decision every reader makes of a context built by
+    :func:`~interlock.policy.context.make_context` (a :class:`Query`'s, a table row's, a
+    replayed record's, a policy test case's): stage 5 asks the registered runner plugins
+    when interlock's runners run it (``executed_by``), ``stage`` is the engine stage of the
+    release the decision is handed to."""
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
-    if query.runs_here:
-        check_runs_here(query.platform)
-    stage = capability_stage() if query.executed_by == "interlock" else None
-    return resolve(policy, query.context(), query.overrides, capabilities=stage,
-                   refused=refused, engine=query.stage)
+    capabilities = capability_stage() if executed_by == "interlock" else None
+    return resolve(policy, context, overrides, capabilities=capabilities,
+                   refused=refused, engine=stage)
 
 
 def process_env(

@@ -243,14 +243,11 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     )
     if "model" not in given and getattr(args, "model", None) is not None:
         fields["model"] = model_target(args.model)
-    if "vllm" in engine and not given.get("runs_here"):
+    if not given.get("runs_here"):
         # A question about a vLLM release read by interlock: the answer is what it runs.
-        from interlock.vllm.releases import known
-        from interlock.vllm.stage import ReleaseStage
+        from interlock.vllm.stage import stage_for
 
-        read = known(engine["vllm"])
-        if read is not None:
-            fields["stage"] = ReleaseStage(read.version)
+        fields["stage"] = stage_for(engine)
     return Query(**{**fields, **given})
 
 
@@ -322,12 +319,12 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
 def resolve_args(args: argparse.Namespace) -> Resolution:
     """Load, ask and decide: the shared body of explain and resolve. A refused resolution
     is returned (its ``refusal`` set), for the command to show."""
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
 
     policy = load(args)
     query = query_of(args, policy)
     # A refused context is shown and recorded like any other; the command exits `refused`.
-    resolution = decide(policy, query, refused=True)
+    resolution = decide_query(policy, query, refused=True)
     if getattr(args, "decision_log", None) is not None or _logging_by_env():
         record_decision(args, resolution, f"policy {args.command}", model=args.model,
                         overrides=dict(query.overrides))

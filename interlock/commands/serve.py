@@ -1,7 +1,7 @@
 """``policy serve --model M``: the policy decides how to run M, then an OpenAI-compatible
 HTTP server answers from it (:mod:`interlock.serve`).
 
-The decision is resolved as ``policy run`` resolves it (``interlock.app.query.decide``), and
+The decision is resolved as ``policy run`` resolves it (``interlock.app.query.decide_query``), and
 one line on stderr names who chose the runner, cudagraph mode and breakable. Everything that
 can be refused is checked before the model loads: the policy, the model's name and its
 tokenizer, and the address (a port in use is an input error, exit 1, naming it). torch,
@@ -111,7 +111,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     from interlock.app.decided_by import decided_by
     from interlock.app.generation_config import generation_defaults
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
 
     try:
         from interlock.serve.app import ServeOptions, run_server
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     allow_descriptors(args.max_connections)
     sock = bind(args.host, args.port)
     try:
-        resolution = decide(policy, query)
+        resolution = decide_query(policy, query)
         print(f"policy serve: {decided_by(resolution)}", file=sys.stderr, flush=True)
         record_decision(args, resolution, "policy serve", model=args.model,
                         overrides=dict(query.overrides))

@@ -25,7 +25,6 @@ from interlock.policy.model import Policy
 MAX_ROWS = 20_000
 
 if TYPE_CHECKING:
-    from interlock.plugins.capabilities import CapabilityStage
     from interlock.policy.fleet import Target
 
 
@@ -121,21 +120,20 @@ def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import check_target, features_of
     from interlock.commands.release_check import warn_outside
     from interlock.core.errors import LocatedError, PolicyError
-    from interlock.plugins.capabilities import capability_stage
-    from interlock.policy.context import Context
+    from interlock.policy.context import make_context
     from interlock.policy.domain import Domain
     from interlock.policy.explain import TableError, render_table
-    from interlock.policy.resolution import resolve
+    from interlock.vllm.stage import decide_with_release
 
     fmt = "json" if args.json else args.format
     policy = load(args)
-    env, _ = env_of(args, policy, process=False)
-    engine, sources = engine_of(args)
+    env, sources = env_of(args, policy, process=False)
+    engine, engine_sources = engine_of(args)
+    sources.update(engine_sources)
     features = features_of(args, policy)
     architectures = _rows(policy, args.architecture)
-    stage = capability_stage()
     if args.target:
-        return _fleet(args, policy, architectures, stage, fmt, features=features, env=env,
+        return _fleet(args, policy, architectures, fmt, features=features, env=env,
                       engine=engine, sources=sources)
     platforms = args.platform or _platforms(policy)
     for platform in args.platform or ():
@@ -153,16 +151,17 @@ def run(args: argparse.Namespace) -> int:
     for arch in architectures:
         for platform in platforms:
             for config in domain.config_states:
-                context = Context(
-                    arch, platform, args.device_arch or "", features=features, env=env,
-                    engine=engine, sources=sources,
-                    config=None if config is None else dict(config),
-                )  # fmt: skip
+                state = None if config is None else dict(config)
                 try:
+                    context = make_context(
+                        arch, platform=platform, device_arch=args.device_arch,
+                        features=features, env=env, engine=engine, sources=sources,
+                        config=state,
+                    )  # fmt: skip
                     # A refusal is the cell's outcome, shown with its rule; not an error.
-                    rows.append(resolve(policy, context, capabilities=stage, refused=True))
+                    rows.append(decide_with_release(policy, context, refused=True))
                 except LocatedError as exc:  # one context's error is its cell, not the table's end
-                    rows.append(TableError(arch, platform, str(exc), context.config))
+                    rows.append(TableError(arch, platform, str(exc), state))
     sys.stdout.write(render_table(rows, fmt))
     warn_outside("policy table", policy, engine.get("vllm"), sources.get("engine.vllm", ""))
     if fmt == "text":
@@ -202,16 +201,14 @@ def _rows(policy: Policy, patterns: list[str] | None) -> list[str]:
 
 
 def _fleet(
-    args: argparse.Namespace, policy: Policy, architectures: list[str],
-    stage: CapabilityStage, fmt: str, **context: Any,
+    args: argparse.Namespace, policy: Policy, architectures: list[str], fmt: str,
+    **context: Any,
 ) -> int:
     from interlock.commands.common import check_target
     from interlock.commands.release_check import refuse_outside, warn_outside
     from interlock.core.errors import InputError
     from interlock.policy.fleet import fleet, render_fleet
-    from interlock.policy.resolution import resolve
-    from interlock.vllm.releases import known
-    from interlock.vllm.stage import ReleaseStage
+    from interlock.vllm.stage import decide_with_release
 
     if args.platform or args.device_arch:
         raise InputError("--target names each column's platform and arch; drop --platform and "
@@ -225,14 +222,12 @@ def _fleet(
             refuse_outside(f"policy table: --target {target.name}", policy,
                            engine.get("vllm"), sources.get("engine.vllm", ""))
 
-    def decide(p: Policy, ctx: Any) -> Any:
+    def decide_cell(p: Policy, ctx: Any) -> Any:
         # A column's release decides through its engine stage: the cell is what it runs. A
         # refusal is the cell's outcome, shown with its rule; not an error.
-        read = known(ctx.engine["vllm"]) if "vllm" in ctx.engine else None
-        engine = ReleaseStage(read.version) if read is not None else None
-        return resolve(p, ctx, capabilities=stage, refused=True, engine=engine)
+        return decide_with_release(p, ctx, refused=True)
 
-    table = fleet(policy, architectures, args.target, decide, base=_base(args), **context)
+    table = fleet(policy, architectures, args.target, decide_cell, base=_base(args), **context)
     sys.stdout.write(render_fleet(table, fmt))
     # --engine-version's vLLM against the policy's release (a column's was checked above).
     warn_outside("policy table", policy, context["engine"].get("vllm"),

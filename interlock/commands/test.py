@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         run_cases,
     )
     from interlock.policy.testfile import load_tests, tests_path_for
+    from interlock.vllm.stage import decide_with_release
 
     paths = [Path(f) for f in args.files]
     if not paths:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             policy = load(args)
         else:
             policy = load_policy_sources([(name, read_source(p, name)) for name, p in key])
-        runs.append(run_cases(policy, cases, capabilities=stage))
+        runs.append(run_cases(policy, cases, decide=decide_with_release))
         checked.append(check_invariants(policy, invariants, capabilities=stage))
     failed = sum(run.failed for run in runs) + sum(
         not r.passed for results in checked for r in results

@@ -142,7 +142,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from interlock.app.decided_by import decided_by
-    from interlock.app.query import Query, decide, model_target, process_env
+    from interlock.app.query import Query, decide_query, model_target, process_env
     from interlock.commands.common import check_target, features_of
     from interlock.commands.release_check import engine_lines
     from interlock.core.errors import PolicyError
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         executed_by="vllm",
         stage=ReleaseStage(None if release is None else release.version),
     )
-    resolution = decide(policy, query)
+    resolution = decide_query(policy, query)
     context = resolution.context
     version = context.engine.get("vllm")
     command = serve_command(resolution, model.argument, args.vllm_args, user, extra, release)

@@ -136,12 +136,12 @@ def compare(
     running ``model`` here (env bindings unset, the runners' capabilities applied), measured
     side by side as the levels ``old`` and ``new`` of a factor ``policy`` when they differ
     (the record is None when they decide alike)."""
-    from interlock.app.query import Query, decide, model_target
+    from interlock.app.query import Query, decide_query, model_target
     from interlock.measure.harness import Config
 
     model = os.fspath(model)
     query = Query(model=model_target(model), runs_here=True)
-    before, after = decide(old, query), decide(new, query)
+    before, after = decide_query(old, query), decide_query(new, query)
     if before.decision == after.decision:
         return before, after, None
     configs = [Config("old", {"policy": "old"}, before), Config("new", {"policy": "new"}, after)]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from interlock.app.query import Query, decide
+from interlock.app.query import Query, decide_query
 from interlock.app.timing import RequestTimes, decode_ms_per_token, mean_ttft_ms
 from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
@@ -85,12 +85,13 @@ def resolve_design(
     with why."""
     from interlock.plugins.capabilities import CapabilityError
 
-    base = decide(policy, query)
+    base = decide_query(policy, query)
     configs: list[Config] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
-            resolution = decide(policy, replace(query, overrides={**query.overrides, **levels}))
+            resolution = decide_query(
+                policy, replace(query, overrides={**query.overrides, **levels}))
         except CapabilityError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue

@@ -105,16 +105,16 @@ def serve_cells(
     forced over the query's overrides, as `policy serve` decides it, and the command that
     runs it (``flags``: the measurement's policy and context flags, passed on); a
     combination the policy or the runners refuse is skipped with why."""
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
     from interlock.measure.design import combinations
 
-    base = decide(policy, query)
+    base = decide_query(policy, query)
     cells: list[Cell] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         forced = {**query.overrides, **levels}
         try:
-            resolution = decide(policy, replace(query, overrides=forced))
+            resolution = decide_query(policy, replace(query, overrides=forced))
         except LocatedError as exc:  # a policy's or a plugin's (stage 5) error
             skipped.append({"levels": dict(levels), "reason": str(exc)})
             continue

@@ -19,14 +19,16 @@ In order, each step in the trace with the release's ``file:line``:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from interlock.core.cudagraph import without_piecewise
 from interlock.core.errors import PolicyError
 from interlock.core.platform import TRITON_FACT
-from interlock.policy.model import Location
-from interlock.policy.resolution import Draft, Refusal
+from interlock.policy.context import Context
+from interlock.policy.model import Location, Policy
+from interlock.policy.resolution import Draft, Refusal, Resolution
 from interlock.policy.trace import DEFAULTS, ENGINE, IMPLIED, Provenance, Step
 from interlock.vllm.releases import (
     ADJUSTMENTS,
@@ -184,6 +186,30 @@ class ReleaseStage:
         draft.refusal = Refusal(self.name, where, message, reason, None,
                                 {name: draft.provenance[name]})
         draft.record(Step(ENGINE, f"{self.name}: refuses", where, note=message, refuse=message))
+
+
+def stage_for(engine: Mapping[str, str]) -> ReleaseStage | None:
+    """The engine stage a question about vLLM ``engine["vllm"]`` is decided through, so that
+    its answer is what that release runs: the release's where interlock has read it, else
+    none. `policy explain`, `policy table` (a column's release or --engine-version) and
+    `policy test` cases all take it from here."""
+    from interlock.vllm.releases import known
+
+    read = known(engine["vllm"]) if "vllm" in engine else None
+    return ReleaseStage(read.version) if read is not None else None
+
+
+def decide_with_release(
+    policy: Policy, context: Context, overrides: Mapping[str, Any] | None = None, *,
+    refused: bool = False,
+) -> Resolution:
+    """``context`` decided as `policy explain` decides the same question: by the one
+    decision (:func:`~interlock.app.query.decide_context`), through :func:`stage_for` its
+    vLLM version (a table row, a `policy test` case)."""
+    from interlock.app.query import decide_context
+
+    return decide_context(policy, context, overrides, stage=stage_for(context.engine),
+                          refused=refused)
 
 
 def _known_triton(draft: Draft) -> tuple[bool, str] | None:

@@ -42,7 +42,7 @@ from interlock.runners.parallel.group import SINGLE, TensorParallel
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 __all__ = ["CheckpointError", "ModelSource", "build_model", "load_model", "resolve_dtype",
-           "resolve_model", "write_demo_checkpoint"]
+           "resolve_model", "source_in", "write_demo_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,12 @@ class ModelSource:
 def resolve_model(model: str | Path) -> ModelSource:
     """``demo``, a named model or a GGUF file (its cached conversion, made on first use: see
     ``runners.model.sources``), or a model directory."""
-    directory = model_directory(model)
+    return source_in(model_directory(model))
+
+
+def source_in(directory: Path | None) -> ModelSource:
+    """The model a resolution found (``model_directory``'s answer: None for the demo), its
+    config read: what was resolved once is not resolved again."""
     if directory is None:
         return ModelSource(DEMO, None, demo.demo_config())
     return ModelSource(str(directory), directory, load_config(directory))

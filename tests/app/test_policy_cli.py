@@ -344,3 +344,14 @@ def test_a_renamed_command_is_refused_with_its_new_name(capsys) -> None:
     err = capsys.readouterr().err
     assert "`policy bench` is now `policy measure`" in err
     assert err.rstrip().endswith("run: policy measure demo --vary runner=mrv1,mrv2")
+
+
+def test_a_json_error_with_detail_lines_is_a_json_document(cli) -> None:
+    # A capability error carries its ways out as detail lines: --json prints them in the
+    # message, as text does, instead of failing on them with a traceback.
+    code, out, _ = cli("explain", "LlamaForCausalLM", "--platform", "cuda", "--feature",
+                       "has_triton=false", "--env", "VLLM_USE_V2_MODEL_RUNNER=1", "--json")
+    error = json.loads(out)["error"]
+    assert code == 1 and error["kind"] == "policy"
+    assert error["message"].startswith("runner=mrv2 is forced by VLLM_USE_V2_MODEL_RUNNER=1")
+    assert "to choose otherwise:" in error["message"]

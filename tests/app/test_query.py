@@ -1,4 +1,4 @@
-"""One question, one answer: every entry point builds a Query once and decide() answers it;
+"""One question, one answer: every entry point builds a Query once and decide_query() answers it;
 what runs afterwards is handed the result (debug graphs included), never the environment."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from interlock.app.query import Query, decide, model_target
+from interlock.app.query import Query, decide_query, model_target
 from interlock.core.errors import InputError, PolicyError
 from interlock.llm import LLM
 from interlock.policy.loader import load_policy
@@ -29,7 +29,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 def test_the_command_line_the_api_and_decide_answer_alike(tiny_models, cli):
     path = str(tiny_models.path("llama"))
     policy = load_policy(None)
-    direct = decide(policy, Query(model=model_target(path), platform="cpu"))
+    direct = decide_query(policy, Query(model=model_target(path), platform="cpu"))
     shown = cli("explain", "--model", path, "--platform", "cpu", "--json")
     assert shown.code == 0, shown.err
     assert json.loads(shown.out)["decision"] == direct.decision.to_dict()
@@ -45,25 +45,27 @@ def test_the_run_split_is_one_feature_and_a_disagreeing_one_is_named():
     policy = load_policy(None)
     query = Query(architecture="LlamaForCausalLM", platform="cpu", tensor_parallel_size=2,
                   tensor_parallel_given="--tensor-parallel-size 2")
-    context = decide(policy, query).context
+    context = decide_query(policy, query).context
     assert context.features["tensor_parallel_size"] == 2
     assert context.source("features.tensor_parallel_size") == "given (--tensor-parallel-size 2)"
     clash = replace(query, features={"tensor_parallel_size": 4},
                     sources={"features.tensor_parallel_size": "given with --feature"})
     with pytest.raises(InputError, match=r"tensor_parallel_size=4 \(given with --feature\) "
                                          r"disagrees with --tensor-parallel-size 2"):
-        decide(policy, clash)
+        decide_query(policy, clash)
 
 
 def test_a_run_elsewhere_is_refused_and_vllm_runners_skip_stage_5():
     policy = load_policy(None)
     with pytest.raises(PolicyError, match="--platform rocm: this command runs the model on "
                                           "this machine"):
-        decide(policy, Query(architecture="LlamaForCausalLM", platform="rocm", runs_here=True))
+        decide_query(policy, Query(architecture="LlamaForCausalLM", platform="rocm",
+                                   runs_here=True))
     # vLLM runs its own runners: no interlock plugin judges them, so the same query decides
     # with or without them, and neither reads the process environment by itself.
     asked = Query(architecture="LlamaForCausalLM", platform="rocm", device_arch="gfx942")
-    assert decide(policy, replace(asked, executed_by="vllm")).decision.runner in ("mrv1", "mrv2")
+    by_vllm = decide_query(policy, replace(asked, executed_by="vllm"))
+    assert by_vllm.decision.runner in ("mrv1", "mrv2")
 
 
 def test_debug_graphs_reach_the_runner_in_its_spec(tiny_models, monkeypatch):

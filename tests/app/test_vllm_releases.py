@@ -14,7 +14,7 @@ import pytest
 
 from interlock.core.errors import EXIT_CODES
 from interlock.policy.loader import load_policy
-from interlock.vllm.plugin import EngineFacts, PluginRefusal, decide, read_back, register
+from interlock.vllm.plugin import EngineFacts, PluginRefusal, plugin_decision, read_back, register
 from interlock.vllm.releases import KNOBS, NEWEST, RELEASES, known, release_number
 
 ROOT = Path(__file__).parents[2]
@@ -136,7 +136,7 @@ def _config(cudagraph: str, mode: str, breakable: bool) -> Any:
 
 
 def test_the_plugin_on_034_sets_no_runner_and_says_why() -> None:
-    made = decide(_gpu_facts(), load_policy([str(ROOT / "policies.yaml")]), {})
+    made = plugin_decision(_gpu_facts(), load_policy([str(ROOT / "policies.yaml")]), {})
     assert made.env == {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
     lines = [s.line() for s in made.settings]
     assert lines[0].startswith("interlock: decided runner=mrv2 (defaults, ")
@@ -146,7 +146,7 @@ def test_the_plugin_on_034_sets_no_runner_and_says_why() -> None:
 
 
 def test_the_plugin_reads_back_vllms_final_config() -> None:
-    made = decide(_gpu_facts(), load_policy([str(ROOT / "policies.yaml")]), {})
+    made = plugin_decision(_gpu_facts(), load_policy([str(ROOT / "policies.yaml")]), {})
     read_back(_config("FULL_AND_PIECEWISE", "NONE", True), made)  # what was decided
     # A planted disagreement: a later step of vLLM turned breakable graphs off.
     with pytest.raises(PluginRefusal) as caught:
@@ -176,12 +176,12 @@ def test_the_plugin_refuses_to_govern_a_release_it_has_not_read(
 
 def test_the_plugin_warns_when_the_policy_is_written_for_other_releases() -> None:
     facts = _gpu_facts(vllm_version="0.32.0", architecture="LlamaForCausalLM")
-    (warning,) = decide(facts, load_policy([str(ROOT / "policies.yaml")]), {}).warnings
+    (warning,) = plugin_decision(facts, load_policy([str(ROOT / "policies.yaml")]), {}).warnings
     assert warning.startswith("interlock: WARNING: vLLM 0.32.0 (the running vLLM) is outside "
                               "what the policy is written for: vLLM 0.33.0 to 0.34.0")
     assert "use --policy @all-releases (vLLM 0.27.1 to 0.34.0" in warning
     every = load_policy([str(ROOT / "examples" / "vllm-all-releases.yaml")])
-    assert decide(facts, every, {}).warnings == ()
+    assert plugin_decision(facts, every, {}).warnings == ()
 
 
 def test_a_wrapper_is_matched_on_its_text_model_from_034(cli: Any, tmp_path: Path) -> None:

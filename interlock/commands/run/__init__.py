@@ -1,7 +1,7 @@
 """``policy run``: decide how to run a model, run it through the chosen runner plugin, show it.
 
 The decision is resolved for the model's architecture (traits from its
-config; ``demo`` is the built-in model) by ``interlock.app.query.decide``, the path
+config; ``demo`` is the built-in model) by ``interlock.app.query.decide_query``, the path
 ``interlock.llm.LLM`` takes too; one line on stderr names the runner, cudagraph
 mode and breakable with the policy line that chose each, and the runner is
 instantiated through the plugin that registers it. torch is imported only

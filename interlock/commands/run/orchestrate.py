@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import redirect_stdout
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interlock.app.timing import (
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from interlock.policy.trace import Step
     from interlock.runners.batching.sampling import SamplingParams
     from interlock.runners.contract import RunnerReport
+    from interlock.runners.model.checkpoint import ModelSource
 
 DEFAULT_PROMPT = (1, 2, 3)
 TEXT_MAX_TOKENS = 64  # enough for a sentence or two of an answer
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if worker is not None:
         return worker
     from interlock.app.decided_by import decided_by
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
     from interlock.plugins import load_registry
     from interlock.runners.batching.sampling import SamplingParams
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=max_tokens, temperature=args.temperature, seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    resolution = decide(policy, query)
+    resolution = decide_query(policy, query)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
     plugin = load_registry().runner(resolution.decision.runner).plugin
     prompts: list[Prompt] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
@@ -76,15 +78,20 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, overrides=dict(query.overrides),
         prompts=prompts if args.decision_log_prompts else None,
     )
+    from interlock.runners.model.checkpoint import source_in
+    from interlock.runners.model.sources import DEMO
+
+    # The model query_of resolved (the policy decided on it) is the one loaded: not again.
+    source = source_in(None if query.model == DEMO else Path(str(query.model)))
     try:
         # Plugin code (the runner) prints to stderr: stdout is this command's output.
         with redirect_stdout(sys.stderr):
-            result = _execute(args, resolution, str(query.model), prompts, params, stream)
+            result = _execute(args, resolution, source, prompts, params, stream)
+        outcome = run_outcome(result[2], result[1])
     except BaseException as exc:
         # What ran is recorded even when it failed, then the failure goes on as before.
         kind = "interrupted" if isinstance(exc, KeyboardInterrupt) else type(exc).__name__
-        record_decision(args, resolution, "policy run", **recorded,
-                        outcome={"error": kind, "message": str(exc)[:500]})
+        outcome = {"error": kind, "message": str(exc)[:500]}
         if isinstance(exc, KeyboardInterrupt):
             # Ctrl-C: show what was generated so far (exit 130 is the command line's).
             partial = [output_dict(o) for o in getattr(exc, "outputs", ())]
@@ -93,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
             elif partial:
                 sys.stdout.write(render_outputs(partial))
         raise
+    finally:
+        # One record of the run, from one place, whatever its outcome.
+        record_decision(args, resolution, "policy run", **recorded, outcome=outcome)
     outputs, report, metrics, trace = result
-    record_decision(args, resolution, "policy run", **recorded,
-                    outcome=run_outcome(metrics, report))
     document = run_document(resolution, plugin.provider, outputs, report, metrics, trace,
                          verbose=args.verbose, prompts=args.prompt, chat=args.chat)
     if args.json:
@@ -131,7 +139,7 @@ def run_outcome(metrics: dict[str, Any], report: RunnerReport) -> dict[str, Any]
 def _execute(
     args: argparse.Namespace,
     resolution: Resolution,
-    model: str,
+    model: ModelSource,
     prompts: list[Prompt],
     params: SamplingParams,
     stream: Stream | None,

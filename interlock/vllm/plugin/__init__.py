@@ -25,7 +25,7 @@ ungoverned.
 
 The decision is also exported on ``/metrics`` by :mod:`interlock.vllm.plugin.metrics`
 (entry-point group ``vllm.stat_logger_plugins``). Everything that does not need vLLM is
-here and testable without it (:func:`decide`); the adapter reads vLLM's objects.
+here and testable without it (:func:`plugin_decision`); the adapter reads vLLM's objects.
 """
 
 from __future__ import annotations
@@ -137,12 +137,12 @@ class PluginDecision:
         return ",".join(dict.fromkeys(seen))
 
 
-def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> PluginDecision:
+def plugin_decision(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> PluginDecision:
     """The policy's decision for the model vLLM is loading, what to set in vLLM for it, and
     the lines to log; a decision the engine cannot run raises :class:`PluginRefusal` naming
     the rule that made it."""
     from interlock.app.decided_by import chooser as provenance_chooser
-    from interlock.app.query import Query, decide, process_env
+    from interlock.app.query import Query, decide_query, process_env
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import UserFlags
     from interlock.vllm.stage import LEVEL_FEATURE, ReleaseStage
@@ -178,7 +178,7 @@ def decide(facts: EngineFacts, policy: Any, environ: Mapping[str, str]) -> Plugi
     )
     user = UserFlags(overrides=dict(overrides), given_by=dict(given_by), level=facts.level,
                      level_flag=f"-O{facts.level}" if facts.level is not None else "")
-    resolution = decide(policy, query)
+    resolution = decide_query(policy, query)
     try:
         command = serve_command(resolution, facts.model_dir or facts.architecture, [], user,
                                 release=rel)
@@ -382,7 +382,7 @@ def _govern(config: Any) -> None:
     facts = engine_facts(config)
     policy = load_policy(None)
     environ = {k: v for k, v in os.environ.items() if k not in _set_here}
-    made = decide(facts, policy, environ)
+    made = plugin_decision(facts, policy, environ)
     apply(config, made)
     model_config._interlock_governed = True
     model_config._interlock_made = made
