@@ -446,7 +446,7 @@ def replay(
         context = replace(context, engine={**context.engine, **versions})
     # A record made without stage 5 (the vLLM plugin's) was decided for vLLM's runners.
     return decide_context(policy, context, overrides, stage=engine,
-                          run_by="interlock" if record.get("capabilities", True) else "vllm")
+                          executed_by="interlock" if record.get("capabilities", True) else "vllm")
 
 
 def parse_time(text: str) -> datetime:

@@ -210,7 +210,7 @@ def test_the_vllm_plugin_decides_as_a_query_for_vllm_and_its_record_replays(
     env, sources = process_env(policy, q["env"], "process environment of the vLLM engine")
     query = Query(architecture=q["architecture"], platform=platform, device_arch=arch,
                   features={**features, "has_triton": has_triton}, env=env,
-                  engine={"vllm": q["vllm"]}, run_by="vllm", stage=ReleaseStage(q["vllm"]),
+                  engine={"vllm": q["vllm"]}, executed_by="vllm", stage=ReleaseStage(q["vllm"]),
                   sources={**sources, "features.has_triton": facts.triton_source})
     asked = _outcome(lambda: decide_query(policy, query))
     if isinstance(made, PolicyError):
