@@ -45,7 +45,7 @@ def resolve_cells(
     forced (over what the user's ``vllm serve`` arguments set) and its ``vllm serve``
     command for vLLM ``version`` (None: unknown, every flag set); a combination the policy
     or vLLM's adjustments refuse is skipped with why."""
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
     from interlock.measure.design import combinations
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
@@ -57,12 +57,13 @@ def resolve_cells(
         raise PolicyError(
             f"{', '.join(clashing)}: varied and also set by vllm serve arguments; choose one"
         )
-    base = decide(policy, replace(query, overrides=user.overrides))
+    base = decide_query(policy, replace(query, overrides=user.overrides))
     cells: list[Cell] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
-            resolution = decide(policy, replace(query, overrides={**user.overrides, **levels}))
+            forced = {**user.overrides, **levels}
+            resolution = decide_query(policy, replace(query, overrides=forced))
             # The levels are forced in the resolution, not flags the user gave: the command
             # still carries them explicitly (those ``version`` reads).
             command = serve_command(resolution, model, vllm_args, user, (),
@@ -81,7 +82,7 @@ def compare_cells(
     """``(old resolution, new resolution, cells)``: what two policies decide for ``query``
     on vLLM, as the cells ``old`` and ``new`` of a factor ``policy`` (none when vLLM would be
     started alike)."""
-    from interlock.app.query import decide
+    from interlock.app.query import decide_query
     from interlock.vllm.command import serve_command
     from interlock.vllm.flags import read_user_flags
     from interlock.vllm.releases import known
@@ -89,7 +90,7 @@ def compare_cells(
     user = read_user_flags(vllm_args)
     cells = []
     for name, policy in (("old", old), ("new", new)):
-        resolution = decide(policy, replace(query, overrides=user.overrides))
+        resolution = decide_query(policy, replace(query, overrides=user.overrides))
         command = serve_command(resolution, model, vllm_args, user, (),
                                 None if version is None else known(version))
         cells.append(Cell(name, {"policy": name}, resolution, command))
