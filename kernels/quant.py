@@ -7,7 +7,7 @@ A GGUF file stores a linear weight [N, K] row by row in blocks of its type (``FO
 (the scales stored as the file's float16 where the format's are, ``Format.half``):
 strip s and block b (``Format.block`` inputs) is one record of ``Format.record`` bytes,
 records back to back, so that a product streams the weight front to back (the head of
-``interlock/kernels/native/_cpu.c`` describes a record). Weight (n, k) is then
+``kernels/native/quantized.c`` describes a record). Weight (n, k) is then
 ``d q + m``, which ``dequantize`` computes bitwise as ``gguf.quants.dequantize`` does.
 
 Torch only: the model source hands the file's bytes in as a uint8 tensor.

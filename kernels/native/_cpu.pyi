@@ -1,4 +1,4 @@
-# The C extension (kernels/native/_cpu.c). Every op takes raw addresses and sizes, checked
+# The C extension (kernels/native/*.c). Every op takes raw addresses and sizes, checked
 # by interlock.kernels.native.ops; the OP_* codes name them, in calls and in tape records.
 # tests/kernels/test_native_build.py holds this stub to the module and each call site in
 # ops.py to SIGNATURES.

@@ -526,7 +526,7 @@ def quantized_linear(
     x: torch.Tensor, weight: torch.Tensor, ggml_type: str, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x times a weight kept quantized (``kernels.quant.pack``), dequantized in registers
-    inside the product (the accumulation order: the head of _cpu.c's quantized products)."""
+    inside the product (the accumulation order: the head of quantized.c)."""
     _check("x", x, 2)
     fmt, outputs, inputs = _quantized("quantized_linear weight", weight, ggml_type)
     rows, features = x.shape
