@@ -132,7 +132,7 @@ sanitize: native-check
 	  $(PY) tools/sanitized_pytest.py $(SANITIZE_SO) -q --capture=sys -p no:cacheprovider \
 	  tests/kernels/test_native_kernels.py tests/kernels/test_native_tape.py \
 	  tests/kernels/test_native_build.py tests/kernels/test_quantized_kernels.py \
-	  tests/kernels/test_native_threads.py
+	  tests/kernels/test_native_threads.py tests/kernels/test_int8_kernels.py
 
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)

@@ -41,8 +41,16 @@ KERNELS = {
     "add": "interlock.kernels.native.ops:add",
     "quantized_linear": "interlock.kernels.native.ops:quantized_linear",
     "quantized_embedding": "interlock.kernels.native.ops:quantized_embedding",
+    "quantized_linear_int8": "interlock.kernels.native.ops:quantized_linear_int8",
 }
 """op -> lazy "module:function" target."""
+
+
+def int8_isa() -> str:
+    """The instruction set the int8-activation products run on here ("vnni", "avx2" or
+    "portable"): the module picks the widest this CPU has when it loads."""
+    isa: str = importlib.import_module("interlock.kernels.native._cpu").int8_isa()
+    return isa
 
 
 def quantized_isa() -> str:

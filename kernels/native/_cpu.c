@@ -37,6 +37,16 @@
 #define CPU_NAME "unknown"
 #endif
 
+/* The widest int8 path this CPU runs (INT8_*). */
+static int int8_best(void) {
+#if NATIVE_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")) return INT8_VNNI;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+            && __builtin_cpu_supports("f16c")) return INT8_AVX2;
+#endif
+    return INT8_PORTABLE;
+}
+
 /* ---- one entry point per op, and tapes of them -------------------------------------
  *
  * Every op is called with a code and a fixed list of integer ('i') and float ('d')
@@ -90,7 +100,9 @@ typedef union { int64_t i; double d; } Slot;
        topk_group, renormalize, scaling, scratch) */                                       \
     X(GROUPED_ROUTE, "grouped_route", "iiiiiiiiiiiiidi")                                  \
     /* read_words(x, bytes, out): out[0] = the words' sum, read by the threads */          \
-    X(READ_WORDS, "read_words", "iii")
+    X(READ_WORDS, "read_words", "iii")                                                     \
+    /* quantized_linear_int8(x, x_row_stride, packed w, kind, L, bias|0, y, T, K, N) */   \
+    X(QUANTIZED_LINEAR_INT8, "quantized_linear_int8", "iiiiiiiiii")
 
 #define AS_ENUM(code, name, kinds) OP_##code,
 enum { OP_NONE, OP_TABLE(AS_ENUM) OP_COUNT };
@@ -143,6 +155,9 @@ static int run_op(int64_t op, const Slot *a) {
         return moe_experts_packed(P(0), a[1].i, P(2), P(3), P(4), P(5), P(6), a[7].i, a[8].i,
                                   a[9].i, a[10].i, a[11].i);
 #endif
+    case OP_QUANTIZED_LINEAR_INT8:
+        if (a[3].i != (QBYTES_NIBBLES | QBYTES_HALF | QBYTES_INT8) || a[4].i != 32) return -2;
+        return linear_int8(P(0), a[1].i, P(2), P(5), P(6), a[7].i, a[8].i, a[9].i);
     case OP_QUANTIZED_EMBEDDING:
         if (!qkind_known(a[3].i, a[4].i)) return -2;
         return quantized_rows(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, a[5].i, a[6].i, P(7));
@@ -247,6 +262,7 @@ static void describe(int64_t op, int rc, const Slot *a) {
                      "64-bit words", (long long)a[1].i);
         return;
     case OP_QUANTIZED_LINEAR:
+    case OP_QUANTIZED_LINEAR_INT8:
     case OP_QUANTIZED_EMBEDDING:
         if (rc == -2)
             PyErr_Format(PyExc_ValueError, "no quantized record of kind %lld with blocks of %lld",
@@ -367,6 +383,33 @@ static PyObject *py_quantized_isa(PyObject *Py_UNUSED(self), PyObject *const *ar
 #endif
 }
 
+/* int8_isa(name=None) -> str: the instruction set the int8 products run with, "vnni"
+ * (AVX-512 VNNI), "avx2" or "portable" (import picks the widest this CPU has). Given a
+ * name, they run with that one from now on: every path gives bitwise the same results, and
+ * the tests and benchmarks compare them. ValueError for a path this CPU cannot run. */
+static PyObject *py_int8_isa(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {
+    static const char *const names[] = {"portable", "avx2", "vnni"};
+    if (argc > 1 || (argc == 1 && argv[0] != Py_None && !PyUnicode_Check(argv[0]))) {
+        PyErr_SetString(PyExc_TypeError, "int8_isa(name: str | None = None)");
+        return NULL;
+    }
+    if (argc == 1 && argv[0] != Py_None) {
+        const char *name = PyUnicode_AsUTF8(argv[0]);
+        if (name == NULL) return NULL;
+        int path = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(name, names[i]) == 0) path = i;
+        if (path < 0 || path > int8_best()) {
+            PyErr_Format(PyExc_ValueError, "int8_isa %R: this CPU runs %s", argv[0],
+                         int8_best() == INT8_VNNI ? "'vnni', 'avx2' or 'portable'"
+                         : int8_best() == INT8_AVX2 ? "'avx2' or 'portable'" : "'portable' only");
+            return NULL;
+        }
+        int8_path = path;
+    }
+    return PyUnicode_FromString(names[int8_path]);
+}
+
 /* threads(n=None) -> int: how many threads the products share their strips among (the
  * caller's and n - 1 workers, started by the next product), 1..MAX_THREADS; given n, from
  * now on. TypeError or ValueError for anything else. */
@@ -392,6 +435,7 @@ static PyMethodDef methods[] = {
     {"record", (PyCFunction)(void (*)(void))py_record, METH_FASTCALL, NULL},
     {"run_tape", (PyCFunction)(void (*)(void))py_run_tape, METH_FASTCALL, NULL},
     {"quantized_isa", (PyCFunction)(void (*)(void))py_quantized_isa, METH_FASTCALL, NULL},
+    {"int8_isa", (PyCFunction)(void (*)(void))py_int8_isa, METH_FASTCALL, NULL},
     {"threads", (PyCFunction)(void (*)(void))py_threads, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -413,6 +457,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
             || !__builtin_cpu_supports("f16c"))
         unsupported = "this CPU has no AVX2, FMA and F16C (" CPU_NAME ")";
     use_avx512 = unsupported == NULL && __builtin_cpu_supports("avx512f");
+    int8_path = int8_best();
 #else
     unsupported = "not built for this CPU (" CPU_NAME ")";
 #endif

@@ -6,6 +6,7 @@
  *   pool.c        the thread pool the products share their work through; a streaming read
  *   products.c    float32 products over weights packed in strips
  *   quantized.c   products over weights kept in GGUF's quantized block formats
+ *   int8.c        Q4_1 products on int8 activations (integer dot products)
  *   elementwise.c SwiGLU, RMS norm, adds
  *   attention.c   paged decode and prefill attention, MLA decode, rotary, the KV store
  *   moe.c         routed experts and DeepSeek's grouped routing
@@ -55,6 +56,7 @@ static inline void zero_floats(float *to, long n) {
 #define QBYTES_NIBBLES 0
 #define QBYTES_SIGNED 1
 #define QBYTES_HALF 2
+#define QBYTES_INT8 4 /* the quants regrouped for int8 activations (int8.c) */
 #define QSIGNED(kind) ((kind) & QBYTES_SIGNED)
 
 /* The bytes of a record's scales (and offsets) before its quants, and of one record of L
@@ -88,6 +90,9 @@ static inline float half_value(uint16_t h) {
     return f;
 }
 
+
+/* Outputs per strip of a packed weight, float or quantized. */
+#define STRIP 16
 
 /* ---- the thread pool (pool.c) ----------------------------------------------------- */
 
@@ -134,6 +139,16 @@ INTERNAL int quantized_rows(const int64_t *ids, long n, const uint8_t *w, int ki
 INTERNAL int select_rows(const float *x, long xs, long rows, long H, const int64_t *indices,
                          long n, float *out);
 
+/* The int8 products (int8.c): the instruction set they run with (int8_path), and y [T, N] =
+ * x [T, K] W^T (+ bias) for W in Q4_1's int8 records (K a multiple of 32, N of 16); 0, -1
+ * if a scratch cannot be allocated, or POOL_FAILED. */
+#define INT8_PORTABLE 0
+#define INT8_AVX2 1
+#define INT8_VNNI 2
+INTERNAL extern int int8_path;
+INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, const float *bias,
+                         float *y, long T, long K, long N);
+
 #if NATIVE_X86
 
 /* ---- x86-64 (AVX2, FMA, F16C) ----------------------------------------------------- */
@@ -141,8 +156,7 @@ INTERNAL int select_rows(const float *x, long xs, long rows, long H, const int64
 /* Whether the quantized products take their AVX-512 path (quantized.c; set at import). */
 INTERNAL extern int use_avx512;
 
-/* Outputs per strip of a packed weight, rows per tile of the float products (products.c). */
-#define STRIP 16
+/* Rows per tile of the float products (products.c). */
 #define TILE_ROWS 6
 /* Rows of x per pass over the weight: a block of them stays in L2 (48 x 1536 floats is
  * 288 KiB) while every strip passes through. */
