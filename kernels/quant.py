@@ -75,8 +75,10 @@ FORMATS = {f.name: f for f in (
 )}
 
 
-#: The formats whose products can take int8 activations, in their regrouped records.
-INT8_FORMATS = {"Q4_1": Format("Q4_1", NIBBLES, 32, 32, 20, half=True, int8=True)}
+#: The formats whose products can take int8 activations, in their records for them: Q4_1's
+#: regrouped, Q8_0's its own (a tied head's rows serve the embedding as they are).
+INT8_FORMATS = {"Q4_1": Format("Q4_1", NIBBLES, 32, 32, 20, half=True, int8=True),
+                "Q8_0": FORMATS["Q8_0"]}
 
 #: Inputs per block of an int8 activation row (one scale and one float sum each).
 INT8_BLOCK = 32

@@ -40,7 +40,8 @@
 /* The widest int8 path this CPU runs (INT8_*). */
 static int int8_best(void) {
 #if NATIVE_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")) return INT8_VNNI;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")
+            && __builtin_cpu_supports("avx512vbmi")) return INT8_VNNI;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
             && __builtin_cpu_supports("f16c")) return INT8_AVX2;
 #endif
@@ -156,8 +157,10 @@ static int run_op(int64_t op, const Slot *a) {
                                   a[9].i, a[10].i, a[11].i);
 #endif
     case OP_QUANTIZED_LINEAR_INT8:
-        if (a[3].i != (QBYTES_NIBBLES | QBYTES_HALF | QBYTES_INT8) || a[4].i != 32) return -2;
-        return linear_int8(P(0), a[1].i, P(2), P(5), P(6), a[7].i, a[8].i, a[9].i);
+        if ((a[3].i != (QBYTES_NIBBLES | QBYTES_HALF | QBYTES_INT8)
+             && a[3].i != (QBYTES_SIGNED | QBYTES_HALF)) || a[4].i != 32) return -2;
+        return linear_int8(P(0), a[1].i, P(2), a[3].i == (QBYTES_SIGNED | QBYTES_HALF), P(5),
+                           P(6), a[7].i, a[8].i, a[9].i);
     case OP_QUANTIZED_EMBEDDING:
         if (!qkind_known(a[3].i, a[4].i)) return -2;
         return quantized_rows(P(0), a[1].i, P(2), (int)a[3].i, a[4].i, a[5].i, a[6].i, P(7));
@@ -384,7 +387,7 @@ static PyObject *py_quantized_isa(PyObject *Py_UNUSED(self), PyObject *const *ar
 }
 
 /* int8_isa(name=None) -> str: the instruction set the int8 products run with, "vnni"
- * (AVX-512 VNNI), "avx2" or "portable" (import picks the widest this CPU has). Given a
+ * (AVX-512 VNNI and VBMI), "avx2" or "portable" (import picks the widest this CPU has). Given a
  * name, they run with that one from now on: every path gives bitwise the same results, and
  * the tests and benchmarks compare them. ValueError for a path this CPU cannot run. */
 static PyObject *py_int8_isa(PyObject *Py_UNUSED(self), PyObject *const *argv, Py_ssize_t argc) {

@@ -1,5 +1,5 @@
-/* Q4_1 products on int8 activations (see native.h): integer dot products in place of a
- * float conversion and an FMA per weight.
+/* Q4_1 and Q8_0 products on int8 activations (see native.h): integer dot products in place
+ * of a float conversion and an FMA per weight.
  *
  * At one row the float path (quantized.c) spends its instructions widening every 4-bit
  * quant to a float and multiplying it in: on AVX2 more than the weight's bytes take to
@@ -15,6 +15,13 @@
  * which cannot overflow: 8 x 2 x 15 x 127 = 30480 < 2^15, then vpmaddwd into 32 bits), and
  * portable C, which every build has.
  *
+ * Q8_0 (int8 x int8; d_w (d_x isum), no offset) keeps its own records (quantized.c: 16
+ * float16 scales, then 32 lines of 16 signed bytes, byte c of line k q[c][k]), so that a
+ * tied head's rows serve the embedding as they are: with VNNI, vpermb (AVX-512 VBMI, which
+ * the VNNI path requires) gathers four lines into one output's four inputs a lane, and
+ * vpdpbusd takes x_q + 128 as its unsigned operand, less 128 times the quants' sum (a second
+ * vpdpbusd with ones); on AVX2, two lines' bytes interleaved into 16-bit pairs, vpmaddwd.
+ *
  * The records (kernels.quant.pack of an int8 format) are Q4_1's, the quants regrouped so
  * that a 32-bit lane holds four consecutive inputs of one output: a record is 16 float16
  * scales d[c], 16 float16 offsets m[c], then 4 lines of 64 bytes, byte 4 c + i of line g
@@ -27,6 +34,8 @@ INTERNAL int int8_path = INT8_PORTABLE;
 #define INT8_BLOCK 32
 #define INT8_QUANTS 64     /* bytes of a record before its quants: 16 scales, 16 offsets */
 #define INT8_RECORD 320    /* the scales, the offsets and 4 lines of 64 bytes */
+#define Q8_QUANTS 32       /* bytes of a Q8_0 record before its quants: 16 scales */
+#define Q8_RECORD 544      /* the scales and 32 lines of 16 bytes */
 
 /* The row quantized: x_q [K] (int8), and per block d_x and s. Shared by every strip. */
 typedef struct {
@@ -65,6 +74,29 @@ static void int8_strips_portable(const void *ctx, long lo, long hi) {
                         }
                     float dw = half_at(rec, o), m = half_at(rec + 32, o);
                     y[o] += fmaf(dw, dx * (float)isum, m * sum);
+                }
+            }
+            copy_floats(c->y + t * c->N + s * STRIP, y, STRIP);
+        }
+    }
+}
+
+/* Q8_0: strips lo .. hi - 1, portable C. */
+static void q8_strips_portable(const void *ctx, long lo, long hi) {
+    const Int8Product *c = ctx;
+    for (long s = lo; s < hi; s++) {
+        const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
+        for (long t = 0; t < c->T; t++) {
+            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
+            float y[STRIP] = {0};
+            for (long b = 0; b < c->nb; b++) {
+                const uint8_t *rec = ws + b * Q8_RECORD;
+                const int8_t *xb = xq + b * INT8_BLOCK, *lines = (const int8_t *)rec + Q8_QUANTS;
+                float dx = c->dx[t * c->nb + b];
+                for (long o = 0; o < STRIP; o++) {
+                    int32_t isum = 0;
+                    for (long k = 0; k < INT8_BLOCK; k++) isum += lines[16 * k + o] * xb[k];
+                    y[o] += half_at(rec, o) * (dx * (float)isum);
                 }
             }
             copy_floats(c->y + t * c->N + s * STRIP, y, STRIP);
@@ -132,7 +164,85 @@ AVX2 static void int8_strips_avx2(const void *ctx, long lo, long hi) {
     }
 }
 
-#define VNNI __attribute__((target("avx512f,avx512vnni,avx2,fma,f16c")))
+/* Q8_0: strips lo .. hi - 1 with AVX2: lines k and k + 1 interleaved into 16-bit pairs
+ * (q[c][k], q[c][k + 1]), multiplied with the pair (x_q[k], x_q[k + 1]) and added in pairs
+ * into 32 bits (vpmaddwd): outputs 0..7 and 8..15 in two registers. */
+AVX2 static void q8_strips_avx2(const void *ctx, long lo, long hi) {
+    const Int8Product *c = ctx;
+    for (long s = lo; s < hi; s++) {
+        const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
+        for (long t = 0; t < c->T; t++) {
+            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
+            __m256 y0 = _mm256_setzero_ps(), y1 = y0;
+            for (long b = 0; b < c->nb; b++) {
+                const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
+                const int8_t *xb = xq + b * INT8_BLOCK;
+                for (long l = 0; l < Q8_RECORD; l += 64)
+                    _mm_prefetch((const char *)rec + 2 * Q8_RECORD + l, _MM_HINT_T0);
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+                for (long k = 0; k < INT8_BLOCK; k += 2) {
+                    __m128i l0 = _mm_loadu_si128((const __m128i *)(lines + 16 * k));
+                    __m128i l1 = _mm_loadu_si128((const __m128i *)(lines + 16 * k + 16));
+                    int32_t pair = (int32_t)(uint16_t)xb[k] | (int32_t)((uint32_t)(uint16_t)xb[k + 1] << 16);
+                    __m256i xp = _mm256_set1_epi32(pair);
+                    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(
+                        _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(l0, l1)), xp));
+                    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(
+                        _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(l0, l1)), xp));
+                }
+                __m256 dx = _mm256_set1_ps(c->dx[t * c->nb + b]);
+                __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
+                __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 1));
+                y0 = _mm256_add_ps(y0, _mm256_mul_ps(d0, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(a0))));
+                y1 = _mm256_add_ps(y1, _mm256_mul_ps(d1, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(a1))));
+            }
+            float *yo = c->y + t * c->N + s * STRIP;
+            _mm256_storeu_ps(yo, y0);
+            _mm256_storeu_ps(yo + 8, y1);
+        }
+    }
+}
+
+#define VNNI __attribute__((target("avx512f,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+
+/* Q8_0: strips lo .. hi - 1 with AVX-512 VNNI and VBMI. */
+VNNI static void q8_strips_vnni(const void *ctx, long lo, long hi) {
+    const Int8Product *c = ctx;
+    /* byte 4 c + i of a group <- byte 16 i + c of its four lines: q[c][4 g + i] */
+    uint8_t order[64];
+    for (int o = 0; o < 16; o++)
+        for (int i = 0; i < 4; i++) order[4 * o + i] = (uint8_t)(16 * i + o);
+    const __m512i gather = _mm512_loadu_si512((const void *)order);
+    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi32((int)0x80808080u);
+    for (long s = lo; s < hi; s++) {
+        const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
+        for (long t = 0; t < c->T; t++) {
+            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
+            __m512 y = _mm512_setzero_ps();
+            for (long b = 0; b < c->nb; b++) {
+                const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
+                const int8_t *xb = xq + b * INT8_BLOCK;
+                for (long l = 0; l < Q8_RECORD; l += 64)
+                    _mm_prefetch((const char *)rec + 2 * Q8_RECORD + l, _MM_HINT_T0);
+                __m512i a = _mm512_setzero_si512(), q = a;
+                for (long g = 0; g < 8; g++) {
+                    __m512i v = _mm512_permutexvar_epi8(
+                        gather, _mm512_loadu_si512((const void *)(lines + 64 * g)));
+                    /* x_q + 128 as unsigned bytes: the sign bit of each byte flipped */
+                    __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(word_at(xb, g)), flip);
+                    a = _mm512_dpbusd_epi32(a, xu, v);
+                    q = _mm512_dpbusd_epi32(q, ones, v);
+                }
+                __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, _mm512_slli_epi32(q, 7)));
+                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+                y = _mm512_add_ps(y, _mm512_mul_ps(
+                    dw, _mm512_mul_ps(_mm512_set1_ps(c->dx[t * c->nb + b]), isum)));
+            }
+            _mm512_storeu_ps(c->y + t * c->N + s * STRIP, y);
+        }
+    }
+}
+
 
 /* Strips lo .. hi - 1 with AVX-512 VNNI: a strip's 16 outputs in one register; the low and
  * high nibbles' dot products in two chains. */
@@ -193,7 +303,7 @@ static void quantize_row(const float *x, long nb, int8_t *xq, float *dx, float *
     }
 }
 
-INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, const float *bias,
+INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, int q8, const float *bias,
                          float *y, long T, long K, long N) {
     long nb = K / INT8_BLOCK;
     size_t rows = (size_t)(T > 0 ? T : 1);
@@ -208,10 +318,10 @@ INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, const float 
     for (long t = 0; t < T; t++)
         quantize_row(x + t * xs, nb, xq + t * K, dx + t * nb, xsum + t * nb);
     Int8Product c = {w, xq, dx, xsum, y, T, nb, N};
-    RangeFn fn = int8_strips_portable;
+    RangeFn fn = q8 ? q8_strips_portable : int8_strips_portable;
 #if NATIVE_X86
-    if (int8_path == INT8_VNNI) fn = int8_strips_vnni;
-    else if (int8_path == INT8_AVX2) fn = int8_strips_avx2;
+    if (int8_path == INT8_VNNI) fn = q8 ? q8_strips_vnni : int8_strips_vnni;
+    else if (int8_path == INT8_AVX2) fn = q8 ? q8_strips_avx2 : int8_strips_avx2;
 #endif
     int rc = parallel_for(fn, &c, N / STRIP, 1);
     if (rc == 0 && bias)

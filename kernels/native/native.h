@@ -140,13 +140,13 @@ INTERNAL int select_rows(const float *x, long xs, long rows, long H, const int64
                          long n, float *out);
 
 /* The int8 products (int8.c): the instruction set they run with (int8_path), and y [T, N] =
- * x [T, K] W^T (+ bias) for W in Q4_1's int8 records (K a multiple of 32, N of 16); 0, -1
- * if a scratch cannot be allocated, or POOL_FAILED. */
+ * x [T, K] W^T (+ bias) for W in Q4_1's int8 records, or Q8_0's own (q8), K a multiple of 32
+ * and N of 16; 0, -1 if a scratch cannot be allocated, or POOL_FAILED. */
 #define INT8_PORTABLE 0
 #define INT8_AVX2 1
 #define INT8_VNNI 2
 INTERNAL extern int int8_path;
-INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, const float *bias,
+INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, int q8, const float *bias,
                          float *y, long T, long K, long N);
 
 #if NATIVE_X86

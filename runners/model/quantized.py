@@ -9,7 +9,8 @@ is read; the float tensor it replaces is never written, so its memory is never t
 The rest loads as floats, each with its reason. ``dequantize`` loads everything as floats
 (what every other backend takes). ``int8`` keeps them as ``native`` does, but packs the
 Q4_1 weights in the records of the products on int8 activations (``quant.INT8_FORMATS``),
-which round each row to 8 bits per block: the other formats keep their own products. Under
+which round each row to 8 bits per block, and the Q8_0 ones (a tied head's too) in their
+own records for the same products: the other formats keep their own products. Under
 tensor parallelism each rank keeps its shard
 quantized: its output rows, or, for a row-parallel product, its inputs in whole records.
 """
@@ -160,9 +161,12 @@ def keep_quantized(model: CausalLM, directory: Path, int8: bool = False) -> Kept
     vocab, hidden = model.embedding.shape
     why = _why_float([(0, table, vocab, None)], types, hidden, vocab)
     if why is None and model.tp.size == 1:
-        model.keep_quantized_embedding(packed(table, hidden), types[table])
+        # the head's product takes int8 activations only where the head is this table
+        regrouped = int8 and types[table] in quant.INT8_FORMATS and model.lm_head is None
+        model.keep_quantized_embedding(packed(table, hidden, regrouped=regrouped), types[table],
+                                       regrouped)
         kept.names.add(table)
-        counts[types[table]] += 1
+        counts[f"{types[table]} int8" if regrouped else types[table]] += 1
     elif table in types:
         floats.append(f"{table}: {why or 'sharded across ranks'}")
     # where the products are the native ones, which instruction set they run
