@@ -36,8 +36,10 @@ VLLM ?= 0.34.0
 
 install: $(VENV)/.installed
 
-# The native kernels (kernels/native/_cpu.c) are compiled by the install: a change rebuilds them.
-$(VENV)/.installed: pyproject.toml Makefile $(LOCK) kernels/native/_cpu.c runners/parallel/_shm.c
+# The native kernels (every .c file of kernels/native/ and native.h, one module) are compiled by
+# the install: a change rebuilds them.
+NATIVE_C := $(sort $(wildcard kernels/native/*.c))
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK) $(NATIVE_C) kernels/native/native.h runners/parallel/_shm.c
 	$(PYTHON) -m venv $(VENV)
 	$(RETRY) $(PY) -m pip install --quiet --upgrade pip $(if $(LOCK),-c $(LOCK))
 	$(RETRY) $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
@@ -106,16 +108,16 @@ lock:
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu"
 
-# The native kernels (kernels/native/_cpu.c): every warning an error, on the x86-64 path and
-# on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles x86 out).
-NATIVE_C := kernels/native/_cpu.c
+# The native kernels (every .c file of kernels/native/, one module): every warning an error, on
+# the x86-64 path and on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles
+# x86 out).
 NATIVE_FLAGS = -Wall -Wextra -Werror -ffp-contract=off -I$(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 native-check: install
 	cc -fsyntax-only $(NATIVE_FLAGS) $(NATIVE_C)
 	cc -fsyntax-only $(NATIVE_FLAGS) -DINTERLOCK_NATIVE_PORTABLE $(NATIVE_C)
 	cc -fsyntax-only $(NATIVE_FLAGS) runners/parallel/_shm.c
 
-# The native kernel tests against an AddressSanitizer + UBSan build of _cpu.c, loaded in
+# The native kernel tests against an AddressSanitizer + UBSan build of the kernels, loaded in
 # place of the installed one (tools/sanitized_pytest.py). Python is not instrumented, so the
 # ASan runtime is preloaded, with libstdc++ (torch's C++ exceptions need its real __cxa_throw);
 # leak checks are off (the interpreter's own allocations). --capture=sys: a sanitizer report
@@ -130,7 +132,7 @@ sanitize: native-check
 	  $(PY) tools/sanitized_pytest.py $(SANITIZE_SO) -q --capture=sys -p no:cacheprovider \
 	  tests/kernels/test_native_kernels.py tests/kernels/test_native_tape.py \
 	  tests/kernels/test_native_build.py tests/kernels/test_quantized_kernels.py \
-	  tests/kernels/test_native_threads.py
+	  tests/kernels/test_native_threads.py tests/kernels/test_int8_kernels.py
 
 vllm-snapshot: install
 	PYTHON=$(PYTHON) tools/vllm_probe/setup_venv.sh $(VLLM) .vllm-probe/venv-$(VLLM)

@@ -15,7 +15,8 @@ the same functions ``policy run --json`` reports through; BENCHMARKS.md says the
 
 Engines, each in processes of its own, interleaved rep by rep at each thread count:
 
-* ``interlock``: ``LLM`` in a child process on the GGUF file, weights kept quantized; its
+* ``interlock``: ``LLM`` in a child process on the GGUF file, weights kept quantized
+  (``--weights native``, the default, or ``int8``: the Q4_1 products on int8 activations); its
   KV cache sized to the 16 requests (64 blocks of 16 tokens); ``torch.set_num_threads`` to
   the thread count, which the native products follow. Times from each request's own clock
   readings (``RequestOutput.times``).
@@ -37,7 +38,8 @@ The figures to compare are like with like: interlock against llama.cpp in-proces
 ``policy serve`` against vLLM through the same client, and only on one instruction set:
 
 * each rep records its engine's ISA: interlock's quantized products' path
-  (``interlock.kernels.native.quantized_isa``; ``--isa`` sets it), llama.cpp's from the
+  (``products_isa``: ``quantized_isa``, with ``--weights int8`` the int8 products' path,
+  VNNI counted as avx512; ``--isa`` sets both), llama.cpp's from the
   ``interlock-isa`` file bench/build_llama_cpp.sh writes next to its tools (its default
   build is ``GGML_NATIVE=ON``; llama-batched-bench prints no system info), ``policy
   serve``'s as interlock's, vLLM's as torch's CPU capability. Where the two sides of a
@@ -297,21 +299,38 @@ def rss_now_mb() -> float:
     raise RuntimeError("/proc/self/status has no VmRSS")
 
 
-def interlock_child(model: str, threads: int, isa: str | None) -> dict[str, Any]:
+#: The int8 products' paths as the instruction sets a ratio compares (VNNI is AVX-512's).
+INT8_ISAS = {"vnni": "avx512", "avx2": "avx2", "portable": "portable"}
+
+
+def products_isa(weights: str) -> str:
+    """The instruction set interlock's quantized products run with in this process, for
+    ``weights`` native or int8 (whose Q8_0 head keeps the float path: both must agree)."""
+    from interlock.kernels.native import int8_isa, quantized_isa
+
+    isa = quantized_isa()
+    if weights == "int8" and INT8_ISAS[int8_isa()] != isa:
+        return f"{INT8_ISAS[int8_isa()]} (int8) and {isa}"
+    return isa
+
+
+def interlock_child(model: str, threads: int, isa: str | None, weights: str
+                    ) -> dict[str, Any]:
     """One rep of interlock, in this (child) process, its quantized products on ``isa``
-    (None: the widest this CPU has)."""
+    (None: the widest this CPU has), its weights held as ``weights`` asks."""
     import torch
 
-    from interlock.kernels.native import _cpu, quantized_isa
+    from interlock.kernels.native import _cpu
     from interlock.llm import LLM
     from interlock.runners.batching.sampling import SamplingParams
 
     if isa is not None:
         _cpu.quantized_isa(isa)
+        _cpu.int8_isa("vnni" if isa == "avx512" else isa)
     torch.set_num_threads(threads)
     rss = {"torch imported": rss_now_mb()}
     start = time.perf_counter()
-    llm = LLM(model, dtype="float32", device="cpu", weights="native",
+    llm = LLM(model, dtype="float32", device="cpu", weights=weights,
               max_num_seqs=REQUESTS[2], max_model_len=PREFILL[0] + PREFILL[1],
               block_size=BLOCK, num_blocks=KV_BLOCKS)
     load = time.perf_counter() - start
@@ -335,7 +354,7 @@ def interlock_child(model: str, threads: int, isa: str | None) -> dict[str, Any]
     [held] = [k.reason for k in llm.report().kernels if k.op == "quantized_linear"]
     return {**figures(result["decode"], result["prefill"], result["requests"]),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_mb": rss, "load_s": load, "weights": held, "isa": quantized_isa()}
+            "rss_mb": rss, "load_s": load, "weights": held, "isa": products_isa(weights)}
 
 
 def measured(command: list[str], env: dict[str, str] | None = None
@@ -362,7 +381,8 @@ def baseline_mb(threads: int) -> float:
 
 def run_interlock(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--model", args.model,
-               "--threads", str(threads), *(["--isa", args.isa] if args.isa else [])]
+               "--threads", str(threads), "--weights", args.weights,
+               *(["--isa", args.isa] if args.isa else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     code, out, err, _ = measured(command, env)
     if code:
@@ -534,7 +554,8 @@ def start_server(engine: str, args: argparse.Namespace, threads: int, folder: Pa
     if engine == "serve":
         argv = [sys.executable, "-m", "interlock.cli", "serve", "--model", args.model,
                 "--port", str(port), "--max-num-seqs", str(REQUESTS[2]),
-                "--max-model-len", str(longest), "--weights", "native", "--dtype", "float32"]
+                "--max-model-len", str(longest), "--weights", args.weights, "--dtype",
+                "float32"]
         return Server("policy serve", argv, env, port, args.model,
                       folder / f"serve-{threads}.log")
     if not VLLM_PYTHON.exists():
@@ -653,12 +674,12 @@ def token_bytes(gguf: Path) -> int:
     return sum(n for name, n in sizes.items() if tied or name != "token_embd.weight")
 
 
-def engine_isa(engine: str) -> str | None:
+def engine_isa(engine: str, weights: str) -> str | None:
     """A server's instruction set: ``policy serve``'s quantized products' path (the widest
-    this CPU has, as it picks at start), vLLM's torch CPU capability; None if not known."""
+    this CPU has, as it picks at start; ``products_isa``), vLLM's torch CPU capability;
+    None if not known."""
     if engine == "serve":
-        argv = [sys.executable, "-c",
-                "from interlock.kernels.native import quantized_isa; print(quantized_isa())"]
+        argv = [sys.executable, __file__, "--child-isa", "--weights", weights]
     elif VLLM_PYTHON.exists():
         argv = [str(VLLM_PYTHON), "-c",
                 "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"]
@@ -779,12 +800,20 @@ def main() -> None:
     parser.add_argument("--isa", choices=("avx512", "avx2"),
                         help="interlock's quantized products' instruction set (default: the "
                              "widest this CPU has)")
+    parser.add_argument("--weights", choices=("native", "int8"), default="native",
+                        help="how interlock and policy serve hold the Q4_1 weights: native "
+                             "(float activations) or int8 (the products on int8 activations)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-isa", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-read", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(interlock_child(args.model, int(args.threads), args.isa)))
+        print(json.dumps(interlock_child(args.model, int(args.threads), args.isa,
+                                         args.weights)))
+        return
+    if args.child_isa:
+        print(products_isa(args.weights))
         return
     if args.child_read:
         print(json.dumps(read_child(args.child_read, int(args.threads))))
@@ -800,7 +829,7 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")]
     cores = parse_proc_stat(Path("/proc/stat").read_text()).cores
     weights = token_bytes(gguf)
-    isas = {e: engine_isa(e) for e in engines if e in ("serve", "vllm")}
+    isas = {e: engine_isa(e, args.weights) for e in engines if e in ("serve", "vllm")}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {
         t: {e: [] for e in engines} for t in thread_counts}
     reads: dict[int, list[dict[str, Any]]] = {t: [] for t in sorted({1, cores, *thread_counts})}
@@ -868,7 +897,7 @@ def main() -> None:
     goals = {t: ratios(table) for t, table in tables.items()}
     loads = [v for by_engine in runs.values() for reps in by_engine.values() for r in reps
              for v in r["cpu"]["load"]]
-    notes = {"file": str(gguf), "reps": args.reps, "cores": cores,
+    notes = {"file": str(gguf), "reps": args.reps, "cores": cores, "weights": args.weights,
              "utc": f"{started}–{time.strftime('%H:%M:%S', time.gmtime())}",
              "load_average": [min(loads), max(loads)] if loads else None,
              "token_bytes": weights, "read_gb_per_s": bandwidth, "not_run": why_not}
@@ -877,7 +906,8 @@ def main() -> None:
                           "refused": {t: w for t, (_, w) in goals.items()}, "runs": runs,
                           "reads": reads, **notes}, indent=2))
         return
-    print(f"{gguf.name}, medians of the valid reps of {args.reps} interleaved, "
+    print(f"{gguf.name} (interlock's weights {args.weights}), medians of the valid reps of "
+          f"{args.reps} interleaved, "
           f"{notes['utc']} UTC, {cores} cores, load average {notes['load_average']}")
     print("read bandwidth (GB/s, by threads): " + ", ".join(
         f"{t}: {'invalid' if b is None else f'{b:.1f}'}" for t, b in bandwidth.items())

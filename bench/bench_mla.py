@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -36,11 +35,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_model import (  # noqa: E402
+    compare,
     greedy_generators,
+    interleaved_medians,
     machine,
     policy_decision,
     read_bandwidth,
-    timed,
+    warm_up,
 )
 
 from interlock.llm import LLM  # noqa: E402
@@ -113,26 +114,13 @@ def main() -> None:
     parameters = sum(p.numel() for p in hf.parameters())
     ours, theirs = greedy_generators(llm, hf)
 
-    # Also warms both up.
-    same_tokens = ours([prompt], [16]) == theirs([prompt], [16])
-    ours(prompts, [4] * concurrency)
-    theirs(prompts, [4] * concurrency)
+    same_tokens = warm_up(ours, theirs, prompt, prompts)
     runs = {
         "batch1_one": ([prompt], [1]),
         "batch1_many": ([prompt], [new_tokens]),
         "concurrent": (prompts, [new_tokens] * concurrency),
     }
-    samples: dict[tuple[str, str], list[float]] = {}
-    for _ in range(reps):
-        for run, (prompts_, outputs) in runs.items():
-            for engine, generate in (("interlock", ours), ("transformers", theirs)):
-                seconds = timed(lambda g=generate, p=prompts_, o=outputs: g(p, o))
-                samples.setdefault((engine, run), []).append(seconds)
-    median = {key: statistics.median(values) for key, values in samples.items()}
-
-    def compare(metric) -> dict[str, float]:
-        ours_, theirs_ = metric("interlock"), metric("transformers")
-        return {"interlock": ours_, "transformers": theirs_, "ratio": ours_ / theirs_}
+    median = interleaved_medians(ours, theirs, runs, reps)
 
     tpot = compare(lambda e: (median[e, "batch1_many"] - median[e, "batch1_one"])
                    / (new_tokens - 1) * 1e3)

@@ -126,6 +126,39 @@ def greedy_generators(llm: LLM, hf: torch.nn.Module) -> tuple[Generate, Generate
     return ours, theirs
 
 
+def warm_up(ours: Generate, theirs: Generate, prompt: list[int],
+            prompts: list[list[int]]) -> bool:
+    """Runs both engines once on one prompt and once on the whole batch, so that no timed
+    run pays a first call's costs; whether their 16 greedy tokens for ``prompt`` agree."""
+    same_tokens = ours([prompt], [16]) == theirs([prompt], [16])
+    ours(prompts, [4] * len(prompts))
+    theirs(prompts, [4] * len(prompts))
+    return same_tokens
+
+
+Runs = dict[str, tuple[list[list[int]], list[int]]]
+
+
+def interleaved_medians(ours: Generate, theirs: Generate, runs: Runs,
+                        reps: int) -> dict[tuple[str, str], float]:
+    """The median seconds of each (engine, run): every run of ``runs`` (its prompts and
+    output lengths) by both engines in turn, ``reps`` times, so that a change in the
+    machine's load falls on both alike."""
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(reps):
+        for run, (prompts, outputs) in runs.items():
+            for engine, generate in (("interlock", ours), ("transformers", theirs)):
+                seconds = timed(lambda g=generate, p=prompts, o=outputs: g(p, o))
+                samples.setdefault((engine, run), []).append(seconds)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def compare(metric: Callable[[str], float]) -> dict[str, float]:
+    """A figure for each engine, and interlock's over transformers'."""
+    ours, theirs = metric("interlock"), metric("transformers")
+    return {"interlock": ours, "transformers": theirs, "ratio": ours / theirs}
+
+
 def policy_decision(platform: str, target: str) -> Decision:
     """The decision the shipped policy resolves for the model (``demo``: its architecture)
     on ``platform`` (``policy resolve``, capabilities stage included)."""
@@ -296,10 +329,7 @@ def main() -> None:
 
     ours, theirs = greedy_generators(llm, hf)
 
-    # Also warms both up.
-    same_tokens = ours([prompt], [16]) == theirs([prompt], [16])
-    ours(prompts, [4] * concurrency)
-    theirs(prompts, [4] * concurrency)
+    same_tokens = warm_up(ours, theirs, prompt, prompts)
 
     runs = {
         "batch1_one": ([prompt], [1]),
@@ -308,17 +338,7 @@ def main() -> None:
         "mixed_outputs": (prompts, mixed_outputs),
         "long_prompt": ([long_prompt], [1]),
     }
-    samples: dict[tuple[str, str], list[float]] = {}
-    for _ in range(reps):
-        for run, (prompts_, outputs) in runs.items():
-            for engine, generate in (("interlock", ours), ("transformers", theirs)):
-                seconds = timed(lambda g=generate, p=prompts_, o=outputs: g(p, o))
-                samples.setdefault((engine, run), []).append(seconds)
-    median = {key: statistics.median(values) for key, values in samples.items()}
-
-    def compare(metric: Callable[[str], float]) -> dict[str, float]:
-        ours_, theirs_ = metric("interlock"), metric("transformers")
-        return {"interlock": ours_, "transformers": theirs_, "ratio": ours_ / theirs_}
+    median = interleaved_medians(ours, theirs, runs, reps)
 
     tpot = compare(lambda e: (median[e, "batch1_many"] - median[e, "batch1_one"])
                    / (new_tokens - 1) * 1e3)

@@ -31,9 +31,11 @@ DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPES)
 #: random (``dummy``).
 LOAD_FORMATS: tuple[str, ...] = ("auto", "safetensors", "dummy")
 #: How a GGUF file's block-quantized weights are held: kept quantized (``native``, products
-#: that dequantize inside them), converted to floats at load (``dequantize``), or ``auto``:
-#: native where the quantized kernels run natively (CPU, float32, one rank), else dequantize.
-WEIGHTS: tuple[str, ...] = ("auto", "native", "dequantize")
+#: that dequantize inside them; ``int8``, the same, but the Q4_1 and Q8_0 products round their
+#: activations to 8 bits and take integer dot products), converted to floats at load
+#: (``dequantize``), or ``auto``: native where the quantized kernels run natively (CPU,
+#: float32, one rank), else dequantize.
+WEIGHTS: tuple[str, ...] = ("auto", "native", "int8", "dequantize")
 RUNNER_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 FieldValue = str | bool | tuple[int, ...]

@@ -7,7 +7,7 @@ A GGUF file stores a linear weight [N, K] row by row in blocks of its type (``FO
 (the scales stored as the file's float16 where the format's are, ``Format.half``):
 strip s and block b (``Format.block`` inputs) is one record of ``Format.record`` bytes,
 records back to back, so that a product streams the weight front to back (the head of
-``interlock/kernels/native/_cpu.c`` describes a record). Weight (n, k) is then
+``kernels/native/quantized.c`` describes a record). Weight (n, k) is then
 ``d q + m``, which ``dequantize`` computes bitwise as ``gguf.quants.dequantize`` does.
 
 Torch only: the model source hands the file's bytes in as a uint8 tensor.
@@ -22,8 +22,9 @@ import torch
 from interlock.kernels.packing import PACK_STRIP
 
 #: The record kinds (the C code's QBYTES_*): 4-bit quants with offsets, or signed bytes;
-#: HALF is added where the scales (and offsets) are float16.
-NIBBLES, SIGNED, HALF = 0, 1, 2
+#: HALF is added where the scales (and offsets) are float16, INT8 where the quants are
+#: regrouped for the products on int8 activations (``INT8_FORMATS``).
+NIBBLES, SIGNED, HALF, INT8 = 0, 1, 2, 4
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Format:
     # where they are computed at load (Q4_0's -8 d, which float16 could overflow, and the
     # K-quants' products of two scales)
     half: bool = False
+    # the quants regrouped for the products on int8 activations (kernels/native/int8.c):
+    # line g of a record (64 bytes) holds q[c][4 g .. 4 g + 3] in the low nibbles of bytes
+    # 4 c .. 4 c + 3 and q[c][16 + 4 g ..] in the high ones, one output's four inputs a lane
+    int8: bool = False
 
     @property
     def scale_bytes(self) -> int:
@@ -54,7 +59,7 @@ class Format:
     @property
     def code(self) -> int:
         """The record kind as the C kernels take it."""
-        return self.kind | (HALF if self.half else 0)
+        return self.kind | (HALF if self.half else 0) | (INT8 if self.int8 else 0)
 
     @property
     def label(self) -> str:
@@ -70,6 +75,15 @@ FORMATS = {f.name: f for f in (
 )}
 
 
+#: The formats whose products can take int8 activations, in their records for them: Q4_1's
+#: regrouped, Q8_0's its own (a tied head's rows serve the embedding as they are).
+INT8_FORMATS = {"Q4_1": Format("Q4_1", NIBBLES, 32, 32, 20, half=True, int8=True),
+                "Q8_0": FORMATS["Q8_0"]}
+
+#: Inputs per block of an int8 activation row (one scale and one float sum each).
+INT8_BLOCK = 32
+
+
 class QuantFormatError(ValueError):
     """A quantized tensor the kernels cannot take as it is, naming why."""
 
@@ -81,6 +95,29 @@ def format_of(name: str) -> Format:
         raise QuantFormatError(
             f"no quantized kernels for {name}; they take {', '.join(FORMATS)}"
         ) from None
+
+
+def int8_format_of(name: str) -> Format:
+    """The regrouped records of ``name`` for the products on int8 activations."""
+    try:
+        return INT8_FORMATS[name]
+    except KeyError:
+        raise QuantFormatError(
+            f"no int8-activation products for {name}; they take {', '.join(INT8_FORMATS)}"
+        ) from None
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows x [T, K] (float32, K a multiple of 32) rounded to 8 bits per block of 32 inputs,
+    as the native int8 products round them: x_q = rint(x / d) (x times 1 / d, ties to even)
+    with d = max|x| / 127 per block (0 for a block of zeros), and each block's float sum.
+    Returns x_q [T, K] (int8), d [T, K / 32] and the sums [T, K / 32]."""
+    rows, inputs = x.shape
+    blocks = x.reshape(rows, inputs // INT8_BLOCK, INT8_BLOCK)
+    d = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    xq = torch.round(blocks * inverse.unsqueeze(-1)).to(torch.int8).reshape(rows, inputs)
+    return xq, d, blocks.sum(dim=-1)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -190,6 +227,8 @@ def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
         if offset is None:
             raise QuantFormatError(f"{fmt.name}: 4-bit records take offsets")
         lines = (qb[:, :, : L // 2] | (qb[:, :, L // 2:] << 4)).to(torch.uint8)
+        if fmt.int8:  # [S, nb, 16 j, 16 c] -> [S, nb, 4 g, 16 c, 4 i], j = 4 g + i
+            lines = lines.reshape(strips, blocks, 4, 4, PACK_STRIP).transpose(3, 4)
         parts = [per_strip(scale), per_strip(offset)]
     else:
         lines = qb.contiguous().view(torch.uint8)
@@ -198,35 +237,50 @@ def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
     return torch.cat(parts, dim=-1)
 
 
-def dequantize(packed: torch.Tensor, name: str) -> torch.Tensor:
-    """Records (``pack``) -> the float32 weight [N, K]: d q + m per weight, in float32."""
-    fmt = format_of(name)
+def unpack(packed: torch.Tensor, name: str, int8: bool = False) -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Records (``pack``; the regrouped ones of ``INT8_FORMATS`` if ``int8``) -> the quants
+    [N, K] as float32, the scales [N, K / block] and the offsets (None for signed formats)."""
+    fmt = int8_format_of(name) if int8 else format_of(name)
     strips, blocks, record = packed.shape
     if packed.dtype is not torch.uint8 or record != fmt.record:
         raise QuantFormatError(
             f"{name}: records {tuple(packed.shape)} {packed.dtype} are not {fmt.record} "
             "bytes each")
     L = fmt.block
-
     width = 2 if fmt.half else 4
+    rows = strips * PACK_STRIP
 
-    def floats(i: int) -> torch.Tensor:  # scales (0) or offsets (1): per weight [S, nb, 1, 16]
+    def floats(i: int) -> torch.Tensor:  # scales (0) or offsets (1): [N, nb]
         at = i * PACK_STRIP * width
         raw = packed[..., at:at + PACK_STRIP * width].contiguous()
-        return raw.view(torch.float16 if fmt.half else torch.float32).to(torch.float32) \
-            .unsqueeze(2)
+        values = raw.view(torch.float16 if fmt.half else torch.float32).to(torch.float32)
+        return values.transpose(1, 2).reshape(rows, blocks)  # [S, nb, 16] -> [N, nb]
 
     quants = packed[..., fmt.scale_bytes:]
     if fmt.kind == NIBBLES:
+        if fmt.int8:  # back to [S, nb, 16 j, 16 c] from [S, nb, 4 g, 16 c, 4 i]
+            quants = quants.reshape(strips, blocks, 4, PACK_STRIP, 4).transpose(3, 4)
         lines = quants.reshape(strips, blocks, L // 2, PACK_STRIP)
         q = torch.cat((lines & 15, lines >> 4), dim=2).to(torch.float32)
-        w = floats(0) * q + floats(1)
     else:
         q = quants.contiguous().view(torch.int8).reshape(
             strips, blocks, L, PACK_STRIP).to(torch.float32)
-        w = floats(0) * q
     # [S, nb, L, 16] -> [S, 16, nb, L] -> [N, K]
-    return w.permute(0, 3, 1, 2).reshape(strips * PACK_STRIP, blocks * L)
+    q = q.permute(0, 3, 1, 2).reshape(rows, blocks * L)
+    return q, floats(0), floats(1) if fmt.kind == NIBBLES else None
+
+
+def dequantize(packed: torch.Tensor, name: str, int8: bool = False) -> torch.Tensor:
+    """Records (``pack``) -> the float32 weight [N, K]: d q + m per weight, in float32; of
+    the regrouped records (``INT8_FORMATS``) if ``int8``."""
+    q, scale, offset = unpack(packed, name, int8)
+    rows, inputs = q.shape
+    blocks = scale.shape[1]
+    w = scale.unsqueeze(-1) * q.view(rows, blocks, inputs // blocks)
+    if offset is not None:
+        w = w + offset.unsqueeze(-1)
+    return w.reshape(rows, inputs)
 
 
 def shape_of(packed: torch.Tensor, name: str) -> tuple[int, int]:

@@ -1,6 +1,6 @@
-"""Runs pytest with the native kernels replaced by a sanitizer build of ``_cpu.c``.
+"""Runs pytest with the native kernels replaced by a sanitizer build of the kernels.
 
-``make sanitize`` compiles kernels/native/_cpu.c with AddressSanitizer and UBSan into
+``make sanitize`` compiles the C files of kernels/native/ with AddressSanitizer and UBSan into
 build/sanitize/ and runs the native kernel tests through this script, under
 ``LD_PRELOAD`` of the ASan runtime (Python itself is not instrumented). The build is
 loaded as ``interlock.kernels.native._cpu`` before anything imports the real one, so the

@@ -1,17 +1,16 @@
 """Native CPU kernels, registered as backend ``native`` without loading them.
 
-A C extension (``_cpu.c``, built when interlock is installed): products over weights
-packed in strips (the reference ``pack_weight``; a runner packs them after loading), which
-stream each weight once at the machine's read bandwidth for a few rows and near the
-core's FMA rate for many; prefill attention over keys gathered into strips; and the small
-per-layer ops in one call each. ``tape`` records their calls for the native graph backend
-to replay. The CPU's counterpart of the Triton kernels. float32 only, on x86-64 with AVX2,
-FMA and F16C, checked when the module loads. The module builds on every CPU; off x86-64 it has no
-kernels, and ``unavailable`` says so ("not built for this CPU (aarch64)"), as it does on a
-CPU without AVX2/FMA/F16C or where no C compiler built it, and the registry picks torch, with
-that reason. torch.compile cannot trace a call through raw addresses,
-so a compiled forward gets the torch references instead, and the reason says that too.
-"""
+A C extension (``_cpu``, built from the .c files here when interlock is installed): products
+over weights packed in strips (the reference ``pack_weight``; a runner packs them after
+loading), which stream each weight once at the machine's read bandwidth for a few rows and
+near the core's FMA rate for many; prefill attention over keys gathered into strips; and the
+small per-layer ops in one call each. ``tape`` records their calls for the native graph
+backend to replay. The CPU's counterpart of the Triton kernels. float32 only, on x86-64 with
+AVX2, FMA and F16C, checked when the module loads. The module builds on every CPU; off
+x86-64 it has no kernels, and ``unavailable`` says so ("not built for this CPU (aarch64)"),
+as it does on a CPU without AVX2/FMA/F16C or where no C compiler built it, and the registry
+picks torch, with that reason. torch.compile cannot trace a call through raw addresses, so a
+compiled forward gets the torch references instead, and the reason says that too. """
 
 from __future__ import annotations
 
@@ -42,8 +41,16 @@ KERNELS = {
     "add": "interlock.kernels.native.ops:add",
     "quantized_linear": "interlock.kernels.native.ops:quantized_linear",
     "quantized_embedding": "interlock.kernels.native.ops:quantized_embedding",
+    "quantized_linear_int8": "interlock.kernels.native.ops:quantized_linear_int8",
 }
 """op -> lazy "module:function" target."""
+
+
+def int8_isa() -> str:
+    """The instruction set the int8-activation products run on here ("vnni", "avx2" or
+    "portable"): the module picks the widest this CPU has when it loads."""
+    isa: str = importlib.import_module("interlock.kernels.native._cpu").int8_isa()
+    return isa
 
 
 def quantized_isa() -> str:

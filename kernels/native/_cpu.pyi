@@ -1,4 +1,4 @@
-# The C extension (kernels/native/_cpu.c). Every op takes raw addresses and sizes, checked
+# The C extension (kernels/native/*.c). Every op takes raw addresses and sizes, checked
 # by interlock.kernels.native.ops; the OP_* codes name them, in calls and in tape records.
 # tests/kernels/test_native_build.py holds this stub to the module and each call site in
 # ops.py to SIGNATURES.
@@ -30,6 +30,7 @@ OP_STORE_LATENT: int
 OP_ADD: int
 OP_GROUPED_ROUTE: int
 OP_READ_WORDS: int
+OP_QUANTIZED_LINEAR_INT8: int
 
 def call(op: int, /, *args: int | float) -> None: ...
 def record(op: int, /, *args: int | float) -> bytes: ...
@@ -37,6 +38,9 @@ def run_tape(records: bytes, /) -> None: ...
 # The quantized products' instruction set, "avx512" or "avx2"; given one, switches to it
 # (ValueError where the CPU lacks it). Both give bitwise the same results.
 def quantized_isa(name: str | None = None, /) -> str: ...
+# The int8 products' instruction set, "vnni", "avx2" or "portable"; given one, switches to
+# it (ValueError where the CPU lacks it). All give bitwise the same results.
+def int8_isa(name: str | None = None, /) -> str: ...
 # How many threads the products share their output strips among (ops.py keeps it equal to
 # torch's thread count); given n (1..MAX_THREADS), from now on. The results are bitwise the same at
 # any count.

@@ -526,7 +526,7 @@ def quantized_linear(
     x: torch.Tensor, weight: torch.Tensor, ggml_type: str, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x times a weight kept quantized (``kernels.quant.pack``), dequantized in registers
-    inside the product (the accumulation order: the head of _cpu.c's quantized products)."""
+    inside the product (the accumulation order: the head of quantized.c)."""
     _check("x", x, 2)
     fmt, outputs, inputs = _quantized("quantized_linear weight", weight, ggml_type)
     rows, features = x.shape
@@ -542,6 +542,36 @@ def quantized_linear(
     _run(_cpu.OP_QUANTIZED_LINEAR, (x.data_ptr(), x.stride(0), weight.data_ptr(), fmt.code,
                                     fmt.block, 0 if bias is None else bias.data_ptr(),
                                     y.data_ptr(), rows, features, outputs),
+         x, weight, y, *(() if bias is None else (bias,)))
+    return y
+
+
+def quantized_linear_int8(
+    x: torch.Tensor, weight: torch.Tensor, ggml_type: str, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x times a weight in int8-activation records (``kernels.quant.INT8_FORMATS``): x
+    rounded to 8 bits per block, integer dot products (the head of int8.c)."""
+    _check("x", x, 2)
+    try:
+        fmt = quant.int8_format_of(ggml_type)
+        outputs, inputs = quant.shape_of(weight, ggml_type)
+    except quant.QuantFormatError as exc:
+        raise NativeArgumentError(f"quantized_linear_int8 weight: {exc}") from None
+    _check_whole("quantized_linear_int8 weight", weight, torch.uint8)
+    rows, features = x.shape
+    if features != inputs:
+        raise NativeArgumentError(
+            f"quantized_linear_int8: x has {features} features, the {ggml_type} weight {inputs}")
+    if bias is not None:
+        _check_whole("bias", bias)
+        if bias.shape != (outputs,):
+            raise NativeArgumentError(
+                f"quantized_linear_int8: bias {tuple(bias.shape)} for {outputs} outputs")
+    y = torch.empty(rows, outputs)
+    _run(_cpu.OP_QUANTIZED_LINEAR_INT8, (x.data_ptr(), x.stride(0), weight.data_ptr(),
+                                         fmt.code, fmt.block,
+                                         0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                                         rows, features, outputs),
          x, weight, y, *(() if bias is None else (bias,)))
     return y
 

@@ -70,6 +70,41 @@ def _prefill_launch(head_size: int, dtype: torch.dtype) -> _PrefillLaunch:
 
 
 @triton.jit
+def _key_scores(q, table, start, hi, kv_head, d, dim_valid, k_cache_ptr, cache_block_stride,
+                cache_slot_stride, cache_head_stride, scale, BLOCK_SIZE: tl.constexpr,
+                BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The step of a sequence's cache from ``start`` (block table ``table``): its positions,
+    which of them are below ``hi``, their rows in the cache, the rows' mask, and the scaled
+    scores of ``q`` against their keys (decode and prefill alike)."""
+    pos = start + tl.arange(0, BLOCK_N)
+    valid = pos < hi
+    block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    rows = (block * cache_block_stride + (pos % BLOCK_SIZE) * cache_slot_stride
+            + kv_head * cache_head_stride)
+    kv_mask = valid[:, None] & dim_valid[None, :]
+    k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
+    return pos, valid, rows, kv_mask, scores
+
+
+@triton.jit
+def _softmax_step(scores, m_i, l_i, acc, v_cache_ptr, rows, d, kv_mask,
+                  DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One step of the online softmax: ``scores`` (-inf where not allowed) folded into the
+    running maximum, sum and weighted values (those at ``rows``); the three, updated."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    # A row may see no allowed key yet (window, padding rows): keep it NaN-free.
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                        input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     q_seq_stride,
@@ -124,23 +159,13 @@ def _decode_kernel(
     table = block_tables_ptr + seq * block_table_stride
     # Every step holds at least one position in [lo, hi), so m_i is finite after the first.
     for start in range(lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        valid = pos < hi
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        rows = (block * cache_block_stride + (pos % BLOCK_SIZE) * cache_slot_stride
-                + kv_head * cache_head_stride)
-        kv_mask = valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
+        pos, valid, rows, kv_mask, scores = _key_scores(
+            q, table, start, hi, kv_head, d, dim_valid, k_cache_ptr, cache_block_stride,
+            cache_slot_stride, cache_head_stride, scale, BLOCK_SIZE, BLOCK_N, DOT_DTYPE,
+            DOT_PRECISION)
         scores = tl.where(valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp(scores - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                            input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(scores, m_i, l_i, acc, v_cache_ptr, rows, d, kv_mask,
+                                      DOT_DTYPE, DOT_PRECISION)
 
     if N_PARTITIONS == 1:
         # An empty context (padding sequence) has acc = 0 and gives zeros, as in the reference.
@@ -297,28 +322,16 @@ def _prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         table = block_tables_ptr + seq.to(tl.int64) * block_table_stride
         for start in range(lo, hi, BLOCK_N):
-            pos = start + tl.arange(0, BLOCK_N)
-            valid = pos < hi
-            block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-            cache_rows = (block * cache_block_stride + (pos % BLOCK_SIZE) * cache_slot_stride
-                          + kv_head * cache_head_stride)
-            kv_mask = valid[:, None] & dim_valid[None, :]
-            k = tl.load(k_cache_ptr + cache_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
+            pos, valid, cache_rows, kv_mask, scores = _key_scores(
+                q, table, start, hi, kv_head, d, dim_valid, k_cache_ptr, cache_block_stride,
+                cache_slot_stride, cache_head_stride, scale, BLOCK_SIZE, BLOCK_N, DOT_DTYPE,
+                DOT_PRECISION)
             allowed = valid[None, :] & (pos[None, :] <= q_pos[:, None])
             if sliding_window > 0:
                 allowed &= q_pos[:, None] - pos[None, :] < sliding_window
             scores = tl.where(allowed, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            # A row may see no allowed key yet (window, padding rows): keep it NaN-free.
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + cache_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                                input_precision=DOT_PRECISION)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(scores, m_i, l_i, acc, v_cache_ptr, cache_rows, d,
+                                          kv_mask, DOT_DTYPE, DOT_PRECISION)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + tokens[:, None] * out_token_stride + head * out_head_stride + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=q_mask)

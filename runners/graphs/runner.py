@@ -204,7 +204,7 @@ class GraphRunner(ABC):
     def _reason(self, choice: KernelChoice) -> str:
         """Why ``choice`` was made; for the quantized products, also how the loader held
         the weights (``runners.model.quantized``: "native q4_1: weights kept quantized")."""
-        if choice.op != "quantized_linear" or self.model is None:
+        if choice.op not in ("quantized_linear", "quantized_linear_int8") or self.model is None:
             return choice.reason
         held = "; ".join(f"{k}: {v}" for k, v in self.model.weight_decisions.items())
         return f"{held} ({choice.reason})" if held else choice.reason

@@ -125,7 +125,8 @@ def load_model(
     else:
         tensors = SafetensorsFiles(directory)
     native, why = weights_mode(spec.weights, directory, ops, spec.dtype)
-    kept = keep_quantized(model, directory) if native and directory is not None else None
+    kept = (keep_quantized(model, directory, int8=spec.weights == "int8")
+            if native and directory is not None else None)
     load_weights(model, tensors, kept.names if kept else frozenset())
     model.weight_decisions = kept.decisions if kept else {"dequantized": why}
     model.finish_loading()

@@ -173,8 +173,10 @@ class CausalLM(nn.Module):
         )
         shape = (config.hidden_size, plan.vocab_rows)
         self.embed_tokens = empty_weight(*(shape if self.head_transposed else shape[::-1]))
-        # The GGML type of a table kept quantized (``keep_quantized_embedding``), else None.
+        # The GGML type of a table kept quantized (``keep_quantized_embedding``), else None;
+        # whether a tied head takes it on int8 activations.
         self.embed_format: str | None = None
+        self.embed_int8 = False
         # How the weights are held, by format ("native q4_1", "dequantized") -> why: set by
         # the loader (``runners.model.quantized``), reported by the runner.
         self.weight_decisions: dict[str, str] = {}
@@ -206,11 +208,15 @@ class CausalLM(nn.Module):
         packed (``pack_weights``)."""
         return self.embed_tokens.t() if self.head_transposed else self.embed_tokens
 
-    def keep_quantized_embedding(self, packed: torch.Tensor, ggml_type: str) -> None:
+    def keep_quantized_embedding(self, packed: torch.Tensor, ggml_type: str,
+                                 int8: bool = False) -> None:
         """Hold the embedding table (a tied LM head too) as ``packed`` records of
-        ``ggml_type`` (``kernels.quant.pack``) instead of floats."""
+        ``ggml_type`` (``kernels.quant.pack``) instead of floats; a tied head's product on
+        int8 activations if ``int8`` (the records ``quant.INT8_FORMATS`` names: Q8_0's are
+        its own, which the embedding reads as they are)."""
         self.embed_tokens = frozen(packed)
         self.embed_format = ggml_type
+        self.embed_int8 = int8
 
     def finish_loading(self) -> None:
         """Once, after the checkpoint's tensors are in their slots: MLA layers reorder rows
@@ -317,7 +323,11 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, V]; under tensor parallelism every rank gets them whole."""
-        if self.lm_head is None and self.embed_format is not None:
+        if self.lm_head is None and self.embed_int8:
+            assert self.embed_format is not None
+            logits = self.ops.quantized_linear_int8(hidden, self.embed_tokens, self.embed_format,
+                                                    None)
+        elif self.lm_head is None and self.embed_format is not None:
             logits = self.ops.quantized_linear(hidden, self.embed_tokens, self.embed_format, None)
         elif self.lm_head is None:
             logits = self.ops.linear(hidden, self.embed_tokens, None, self.head_transposed)

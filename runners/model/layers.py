@@ -70,23 +70,30 @@ class Linear(nn.Module):
         shape = (in_features, out_features) if self.transposed else (out_features, in_features)
         self.weight = empty_weight(*shape)
         self.bias = empty_weight(out_features) if bias else None
-        # The GGML type of a weight kept quantized (``keep_quantized``), else None.
+        # The GGML type of a weight kept quantized (``keep_quantized``), else None; whether
+        # its records are those of the products on int8 activations.
         self.weight_format: str | None = None
+        self.int8_activations = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.bias)
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T + ``bias``, with W as it is held (floats, packed, or quantized)."""
+        if self.int8_activations:
+            assert self.weight_format is not None
+            return self.ops.quantized_linear_int8(x, self.weight, self.weight_format, bias)
         if self.weight_format is not None:
             return self.ops.quantized_linear(x, self.weight, self.weight_format, bias)
         return self.ops.linear(x, self.weight, bias, self.transposed)
 
-    def keep_quantized(self, packed: torch.Tensor, ggml_type: str) -> None:
-        """Hold the weight as ``packed`` records of ``ggml_type`` (``kernels.quant.pack``)
-        instead of floats; the float weight, never written, is freed."""
+    def keep_quantized(self, packed: torch.Tensor, ggml_type: str, int8: bool = False) -> None:
+        """Hold the weight as ``packed`` records of ``ggml_type`` (``kernels.quant.pack``;
+        those of ``quant.INT8_FORMATS`` if ``int8``) instead of floats; the float weight,
+        never written, is freed."""
         self.weight = frozen(packed)
         self.weight_format = ggml_type
+        self.int8_activations = int8
 
     def rows(self, rows: slice = slice(None)) -> torch.Tensor:
         """Output rows ``rows`` of W as an [out, in] view (what a checkpoint stores)."""

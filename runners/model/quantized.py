@@ -1,4 +1,4 @@
-"""A GGUF model's block-quantized weights kept quantized (``weights`` native), or not.
+"""A GGUF model's block-quantized weights kept quantized (``weights`` native or int8), or not.
 
 The conversion of a GGUF file (``runners.model.gguf``) holds the quantized matrices' own
 bytes in ``quantized.safetensors`` beside the float32 checkpoint. With ``weights``
@@ -7,7 +7,11 @@ checkpoint tensors are all quantized in one format the kernels take, in whole st
 rows, is repacked (``kernels.quant``) into the weight itself before the float checkpoint
 is read; the float tensor it replaces is never written, so its memory is never touched.
 The rest loads as floats, each with its reason. ``dequantize`` loads everything as floats
-(what every other backend takes). Under tensor parallelism each rank keeps its shard
+(what every other backend takes). ``int8`` keeps them as ``native`` does, but packs the
+Q4_1 weights in the records of the products on int8 activations (``quant.INT8_FORMATS``),
+which round each row to 8 bits per block, and the Q8_0 ones (a tied head's too) in their
+own records for the same products: the other formats keep their own products. Under
+tensor parallelism each rank keeps its shard
 quantized: its output rows, or, for a row-parallel product, its inputs in whole records.
 """
 
@@ -24,7 +28,7 @@ import torch
 
 from interlock.kernels import quant
 from interlock.kernels.native import BACKEND as NATIVE
-from interlock.kernels.native import quantized_isa
+from interlock.kernels.native import int8_isa, quantized_isa
 from interlock.runners.dispatch import KernelTable
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.layers import Linear
@@ -63,8 +67,9 @@ class KeptWeights:
 
 def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype: str
                  ) -> tuple[bool, str]:
-    """Whether to keep quantized weights (``requested``: auto, native or dequantize), and
-    why. A native request that cannot be honoured is a ``CheckpointError`` naming why."""
+    """Whether to keep quantized weights (``requested``: auto, native, int8 or dequantize),
+    and why. A native or int8 request that cannot be honoured is a ``CheckpointError``
+    naming why."""
     if requested == "dequantize":
         return False, "dequantized at load: weights dequantize was asked for"
     has_file = directory is not None and (directory / QUANTIZED).is_file()
@@ -77,15 +82,17 @@ def weights_mode(requested: str, directory: Path | None, ops: KernelTable, dtype
         why_not = f"no native quantized kernels here ({choice.reason})"
     if why_not is None:
         return True, f"kept quantized: {choice.label} quantized_linear ({choice.reason})"
-    if requested == "native":
-        raise CheckpointError(f"weights native cannot be honoured: {why_not}")
+    if requested in ("native", "int8"):
+        raise CheckpointError(f"weights {requested} cannot be honoured: {why_not}")
     return False, f"dequantized at load: {why_not}"
 
 
-def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
+def keep_quantized(model: CausalLM, directory: Path, int8: bool = False) -> KeptWeights:
     """Repack every linear weight (and the embedding table) the quantized products can
     take from ``directory``'s ``quantized.safetensors`` into the model, before the float
-    checkpoint is loaded; the tensors filled are in the result, for the loader to skip."""
+    checkpoint is loaded; the tensors filled are in the result, for the loader to skip.
+    With ``int8``, the linear weights of a format in ``quant.INT8_FORMATS`` are packed for
+    the products on int8 activations."""
     from safetensors import SafetensorError, safe_open
 
     path = directory / QUANTIZED
@@ -99,11 +106,13 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
     counts: Counter[str] = Counter()
     floats: list[str] = []
 
-    def packed(name: str, inputs: int, shard: Shard | None = None) -> torch.Tensor:
-        """The file's tensor ``name`` as records; of this rank's ``shard`` only (its output
-        rows, or its inputs: whole records, ``_why_float`` has checked)."""
+    def packed(name: str, inputs: int, shard: Shard | None = None,
+               regrouped: bool = False) -> torch.Tensor:
+        """The file's tensor ``name`` as records (``regrouped``: for int8 activations); of
+        this rank's ``shard`` only (its output rows, or its inputs: whole records,
+        ``_why_float`` has checked)."""
         try:
-            fmt = quant.format_of(types[name])
+            fmt = (quant.int8_format_of if regrouped else quant.format_of)(types[name])
             found = handle.get_slice(name)
             shape, dtype = tuple(found.get_shape()), found.get_dtype()
             if dtype != "U8" or len(shape) != 2:
@@ -140,27 +149,44 @@ def keep_quantized(model: CausalLM, directory: Path) -> KeptWeights:
         if why is not None:
             floats.extend(f"{name}: {why}" for _, name, _, _ in parts)
             continue
+        kind = types[parts[0][1]]
+        regrouped = int8 and kind in quant.INT8_FORMATS
         module.keep_quantized(
-            torch.cat([packed(name, module.in_features, shard) for _, name, _, shard in parts]),
-            types[parts[0][1]])
+            torch.cat([packed(name, module.in_features, shard, regrouped)
+                       for _, name, _, shard in parts]),
+            kind, regrouped)
         kept.names.update(name for _, name, _, _ in parts)
-        counts[types[parts[0][1]]] += len(parts)
+        counts[f"{kind} int8" if regrouped else kind] += len(parts)
     table = "model.embed_tokens.weight"
     vocab, hidden = model.embedding.shape
     why = _why_float([(0, table, vocab, None)], types, hidden, vocab)
     if why is None and model.tp.size == 1:
-        model.keep_quantized_embedding(packed(table, hidden), types[table])
+        # the head's product takes int8 activations only where the head is this table
+        regrouped = int8 and types[table] in quant.INT8_FORMATS and model.lm_head is None
+        model.keep_quantized_embedding(packed(table, hidden, regrouped=regrouped), types[table],
+                                       regrouped)
         kept.names.add(table)
-        counts[types[table]] += 1
+        counts[f"{types[table]} int8" if regrouped else types[table]] += 1
     elif table in types:
         floats.append(f"{table}: {why or 'sharded across ranks'}")
     # where the products are the native ones, which instruction set they run
     native = counts and model.ops.choice("quantized_linear").impl.backend == NATIVE
     where = f" ({quantized_isa()})" if native else ""
     for name, count in sorted(counts.items()):
+        if name.endswith(" int8"):
+            product = model.ops.choice("quantized_linear_int8")
+            isa = f", {int8_isa()}" if product.impl.backend == NATIVE else ""
+            kept.decisions[f"native {name.lower()}"] = (
+                f"weights kept quantized ({count} tensors), in records for int8 activations: "
+                f"each row rounded to 8 bits per block of 32, integer dot products "
+                f"({product.impl.backend}{isa})")
+            continue
+        more = (f"; weights int8: no int8-activation products for {name} (they take "
+                f"{', '.join(quant.INT8_FORMATS)})" if int8 and name not in quant.INT8_FORMATS
+                else "")
         kept.decisions[f"native {name.lower()}"] = (
             f"weights kept quantized ({count} tensors), dequantized in registers inside "
-            f"the products{where}")
+            f"the products{where}{more}")
     if floats:
         kept.decisions["dequantized"] = "; ".join(floats)
     return kept

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import tomllib
 import torch
 
 from interlock.kernels import REGISTRY
@@ -21,18 +22,32 @@ from interlock.kernels import native as native_package
 from interlock.kernels.native import unavailable
 
 NATIVE = Path(native_package.__file__).parent
-SOURCE = NATIVE / "_cpu.c"
+ROOT = NATIVE.parents[1]
 WHY_NOT = unavailable("cpu")
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 needs_native = pytest.mark.skipif(WHY_NOT is not None, reason=f"native kernels: {WHY_NOT}")
 
 
+def sources() -> list[Path]:
+    """The module's C files, as pyproject.toml lists them for the install."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [module] = [m for m in config["tool"]["setuptools"]["ext-modules"]
+                if m["name"] == "interlock.kernels.native._cpu"]
+    return [ROOT / s for s in module["sources"]]
+
+
+def test_the_install_compiles_every_c_file_of_the_kernels() -> None:
+    """A .c file left out of pyproject.toml's list would build in `make native-check` (which
+    takes every file) and be missing from the installed module."""
+    assert sorted(sources()) == sorted(NATIVE.glob("*.c"))
+
+
 def build(tmp_path: Path, *defines: str) -> Path:
-    """_cpu.c compiled as CI compiles it: every warning an error."""
+    """The module compiled as CI compiles it: every warning an error."""
     out = tmp_path / "_cpu.so"
     include = sysconfig.get_paths()["include"]
     cmd = ["cc", "-shared", "-fPIC", "-O1", "-ffp-contract=off", "-Wall", "-Wextra",
-           "-Werror", f"-I{include}", *defines, str(SOURCE), "-o", str(out)]
+           "-Werror", f"-I{include}", *defines, *map(str, sources()), "-o", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return out

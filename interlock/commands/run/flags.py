@@ -57,8 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument(
         "--weights", choices=WEIGHTS, default="auto",
-        help="a GGUF file's quantized weights: kept quantized (native), converted to floats at "
-        "load (dequantize), or auto: native where the quantized kernels run natively",
+        help="a GGUF file's quantized weights: kept quantized (native), kept quantized with the "
+        "Q4_1 and Q8_0 products on int8 activations (int8: faster, rounds activations to 8 "
+        "bits), "
+        "converted to floats at load (dequantize), or auto: native where the quantized kernels "
+        "run natively",
     )
     parser.add_argument(
         "--tensor-parallel-size", type=_positive, default=1, metavar="N",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from gguf_builders import train_vocab, write_foreign_gguf, write_tiny_gguf
 from hf_oracle import transformers_greedy
 
@@ -245,3 +246,58 @@ def test_a_damaged_quantized_file_is_named_not_a_traceback(tiny, tmp_path):
     with pytest.raises(CheckpointError, match=f"{QUANTIZED}: tensor {name}: Q4_1: .* is not "
                        r"\[rows, \d+\] bytes for \d+ inputs"):
         keep_quantized(model, damaged)
+
+
+def _greedy_with_logits(llm: LLM) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """Each prompt's greedy tokens, and the logits of each step (the runs are eager:
+    ``Decision()`` captures no graph, so every step's logits pass ``compute_logits``)."""
+    runner = llm.engine.runner
+    seen: list[torch.Tensor] = []
+    inner = runner.compute_logits
+
+    def recorded(inputs):
+        logits = inner(inputs)
+        seen.append(logits.clone())
+        return logits
+
+    runner.compute_logits = recorded
+    runs = []
+    for prompt in PROMPTS:
+        seen.clear()
+        [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW_TOKENS,
+                                                      ignore_eos=True))
+        runs.append((list(out.token_ids), list(seen)))
+    return runs
+
+
+def test_int8_weights_stay_within_a_bound_of_the_float_activations_logits(tiny):
+    """``weights int8``: the Q4_1 projections in the records of the products on int8
+    activations, named in the weight decisions; each step's logits, while both runs have
+    fed the same tokens, within 0.25 of the float activations' (measured 0.135 on logits
+    up to 2.8: the tiny model's rows are 2 blocks of 32, the roughest rounding a row gets)."""
+    path = tiny("llama", "Q4_1")
+    runs, decisions = {}, {}
+    for weights in ("native", "int8"):
+        llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
+                  num_blocks=32, block_size=4, weights=weights)
+        runs[weights] = _greedy_with_logits(llm)
+        decisions[weights] = llm.engine.runner.model.weight_decisions
+    assert decisions["int8"]["native q4_1 int8"].startswith(
+        "weights kept quantized (14 tensors), in records for int8 activations")
+    assert "native q4_1" not in decisions["int8"]
+    worst = 0.0
+    for (tokens, logits), (tokens8, logits8) in zip(runs["native"], runs["int8"], strict=True):
+        pairs = enumerate(zip(tokens, tokens8, strict=True))
+        same = next((i for i, (a, b) in pairs if a != b), len(tokens))
+        # the step whose token differs still had the same inputs
+        for step in range(min(same + 1, len(logits))):
+            worst = max(worst, float((logits[step] - logits8[step]).abs().max()))
+    assert 0 < worst <= 0.25, worst
+
+
+def test_int8_weights_keep_other_formats_on_their_products_naming_why(tiny):
+    llm = LLM(str(tiny("llama", "Q4_0")), dtype="float32", decision=Decision(),
+              max_model_len=64, num_blocks=32, block_size=4, weights="int8")
+    held = llm.engine.runner.model.weight_decisions["native q4_0"]
+    assert held.endswith(
+        "weights int8: no int8-activation products for Q4_0 (they take Q4_1, Q8_0)")

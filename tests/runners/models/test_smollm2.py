@@ -128,7 +128,7 @@ def test_greedy_tokens_alone_and_batched_are_the_pinned_ones(llm, prompts):
 
 def test_kept_quantized_the_greedy_tokens_are_the_float_ones(quantized, prompts):
     """The quantized products round differently from the float ones (a block's scale
-    multiplies its sum, not each weight: the head of _cpu.c's quantized products), by
+    multiplies its sum, not each weight: the head of quantized.c), by
     about 1e-6 of each output's magnitude; over these prompts and 32 tokens no greedy
     choice is that close, so the tokens are the float path's, alone and batched (measured;
     a divergence would be legitimate, and pinned here with its first differing step)."""
