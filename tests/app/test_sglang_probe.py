@@ -3,13 +3,15 @@
 leaves these out).
 
 The committed snapshot, conformance/sglang-0.5.23.jsonl, is what SGLang decides: the seed
-contexts, re-run in fresh probe processes, must give its rows exactly.
+contexts, re-run in fresh probe processes, must give its rows exactly. docs/sglang.md's
+``console`` blocks run as shown and print what it shows.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".sglang" / "bin" / "python"
 PROBE = ROOT / "tools" / "sglang_probe" / "probe.py"
 SNAPSHOT = ROOT / "conformance" / "sglang-0.5.23.jsonl"
+PAGE = ROOT / "docs" / "sglang.md"
 
 #: The seeds' families, each where its incident was (and DeepSeek-V3 on B200, where a step
 #: after the CUDA-graph step turns prefill graphs off).
@@ -72,3 +75,22 @@ def test_snapshot_is_what_sglang_decides(
         expected = {k: v for k, v in snapshot[key].items() if k != "sglang"}
         assert row == expected, key
         assert row["outcome"] == "decided", row
+
+
+def _console_blocks() -> list[tuple[str, list[str]]]:
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", PAGE.read_text(), flags=re.S):
+        command, *lines = block.rstrip("\n").split("\n")
+        out.append((command.removeprefix("$ "), lines))
+    return out
+
+
+@pytest.mark.parametrize(("command", "shown"), _console_blocks(), ids=lambda v: str(v)[:60])
+def test_the_page_prints_what_it_shows(command: str, shown: list[str]) -> None:
+    if not PYTHON.exists():
+        pytest.fail("no .sglang venv: run make sglang")
+    proc = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.rstrip("\n").split("\n") == shown

@@ -16,13 +16,14 @@ step that declared it last (``sources``): the decode and prefill CUDA-graph back
 and their ``max_bs``, ``enable_torch_compile`` and ``attention_backend``. A context
 whose resolution raises is recorded as ``outcome: refused`` with SGLang's message.
 
-Usage: probe.py --platform cuda --device-arch sm_90 --traits TRAITS.json --out OUT.jsonl ARCH...
+Usage: probe.py --platform cuda --device-arch sm_90 [--traits TRAITS.json] --out OUT.jsonl|- ARCH...
        probe.py --list-named    (the release's version and the architectures its overrides name)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.disable(logging.WARNING)
-    with args.out.open("a") as out:
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout if str(args.out) == "-" else stack.enter_context(args.out.open("a"))
         for architecture in args.architectures:
             row = probe_one(args.platform, architecture, attention.get(architecture))
             row.update(platform=args.platform, device_arch=args.device_arch)
