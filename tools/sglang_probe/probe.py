@@ -35,16 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import standins  # noqa: E402
 
-#: The decision fields read back, each as (snapshot field, ServerArgs field, how to read it).
-FIELDS = (
-    "decode_cuda_graph",
-    "decode_cuda_graph_max_bs",
-    "prefill_cuda_graph",
-    "prefill_cuda_graph_max_bs",
-    "torch_compile",
-    "attention_backend",
-)
-#: The ServerArgs field each decision field lives in.
+#: The decision fields read back, each with the ServerArgs field it lives in.
 SERVER_ARGS_FIELD = {
     "decode_cuda_graph": "cuda_graph_config",
     "decode_cuda_graph_max_bs": "cuda_graph_config",
@@ -53,6 +44,7 @@ SERVER_ARGS_FIELD = {
     "torch_compile": "enable_torch_compile",
     "attention_backend": "attention_backend",
 }
+FIELDS = tuple(SERVER_ARGS_FIELD)
 
 #: What SGLang raises when it refuses a context (its own checks).
 REFUSALS = (ValueError, NotImplementedError, RuntimeError, AssertionError)
