@@ -30,9 +30,9 @@ from compare_llama_tokens import PROMPTS  # noqa: E402
 def greedy_with_logits(llm: Any, prompts: list[list[int]], tokens: int
                        ) -> list[tuple[list[int], list[Any]]]:
     """Each prompt's greedy tokens, alone, and the logits [V] of each of its steps."""
-    from interlock.runners.engine.sampling import SamplingParams
+    from interlock.runners.batching.sampling import SamplingParams
 
-    runner = llm.engine.runner
+    runner = llm.step_loop.runner
     seen: list[Any] = []
     inner = runner.compute_logits
 
@@ -85,7 +85,7 @@ def main() -> None:
         llm = LLM(args.model, dtype="float32", device="cpu", weights=weights,
                   decision=Decision(), max_num_seqs=1, max_model_len=256)
         texts = {name: llm.tokenizer.encode(text).ids for name, text in PROMPTS.items()}
-        drawn = draw_prompts(llm.engine.model.config.vocab_size, 0)(REQUESTS[0], REQUESTS[2])
+        drawn = draw_prompts(llm.step_loop.model.config.vocab_size, 0)(REQUESTS[0], REQUESTS[2])
         prompts = {**texts, **{f"random {i}": p for i, p in enumerate(drawn)}}
         runs[weights] = dict(zip(prompts, greedy_with_logits(llm, list(prompts.values()),
                                                              args.new_tokens), strict=True))

@@ -251,7 +251,7 @@ def test_a_damaged_quantized_file_is_named_not_a_traceback(tiny, tmp_path):
 def _greedy_with_logits(llm: LLM) -> list[tuple[list[int], list[torch.Tensor]]]:
     """Each prompt's greedy tokens, and the logits of each step (the runs are eager:
     ``Decision()`` captures no graph, so every step's logits pass ``compute_logits``)."""
-    runner = llm.engine.runner
+    runner = llm.step_loop.runner
     seen: list[torch.Tensor] = []
     inner = runner.compute_logits
 
@@ -281,7 +281,7 @@ def test_int8_weights_stay_within_a_bound_of_the_float_activations_logits(tiny):
         llm = LLM(str(path), dtype="float32", decision=Decision(), max_model_len=64,
                   num_blocks=32, block_size=4, weights=weights)
         runs[weights] = _greedy_with_logits(llm)
-        decisions[weights] = llm.engine.runner.model.weight_decisions
+        decisions[weights] = llm.step_loop.runner.model.weight_decisions
     assert decisions["int8"]["native q4_1 int8"].startswith(
         "weights kept quantized (14 tensors), in records for int8 activations")
     assert "native q4_1" not in decisions["int8"]
@@ -298,6 +298,6 @@ def test_int8_weights_stay_within_a_bound_of_the_float_activations_logits(tiny):
 def test_int8_weights_keep_other_formats_on_their_products_naming_why(tiny):
     llm = LLM(str(tiny("llama", "Q4_0")), dtype="float32", decision=Decision(),
               max_model_len=64, num_blocks=32, block_size=4, weights="int8")
-    held = llm.engine.runner.model.weight_decisions["native q4_0"]
+    held = llm.step_loop.runner.model.weight_decisions["native q4_0"]
     assert held.endswith(
         "weights int8: no int8-activation products for Q4_0 (they take Q4_1, Q8_0)")
