@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-if __name__ == "kernels":  # the checkout root on sys.path: see interlock/core/bare_name.py
+if __name__ == "kernels":  # the checkout root on sys.path: see core/bare_name.py
     from interlock.core.bare_name import hand_over
 
     hand_over(__name__, __file__)

@@ -11,7 +11,7 @@ pluggy: ``hookimpl``/``hookspec`` load it on first use, so a cached
 
 from __future__ import annotations
 
-if __name__ == "plugins":  # the checkout root on sys.path: see interlock/core/bare_name.py
+if __name__ == "plugins":  # the checkout root on sys.path: see core/bare_name.py
     from interlock.core.bare_name import hand_over
 
     hand_over(__name__, __file__)

@@ -9,7 +9,7 @@ The public API is loaded lazily so that ``import policy`` stays cheap::
 
 from __future__ import annotations
 
-if __name__ == "policy":  # the checkout root on sys.path: see interlock/core/bare_name.py
+if __name__ == "policy":  # the checkout root on sys.path: see core/bare_name.py
     from interlock.core.bare_name import hand_over
 
     hand_over(__name__, __file__)

@@ -1,7 +1,8 @@
 """Where each module of the ``interlock`` package lives in this checkout.
 
-``pyproject.toml`` maps the packages ``interlock.policy``, ``interlock.runners``,
-``interlock.kernels`` and ``interlock.plugins`` onto the root folders of the same short names
+``pyproject.toml`` maps the packages ``interlock.core``, ``interlock.policy``,
+``interlock.runners``, ``interlock.kernels`` and ``interlock.plugins`` onto the root folders of
+the same short names
 (``[tool.setuptools.package-dir]``), so every file has one path. Python finds them through the
 editable install's import hook; the tools that read files instead of importing them (mypy,
 import-linter) and the tests that copy the package learn the same mapping here, from the same

@@ -20,7 +20,7 @@ import pytest
 import tomllib
 from checkout import REPO, copy_checkout, layout
 
-BARE = {"kernels", "policy", "plugins", "runners"}
+BARE = {"core", "kernels", "policy", "plugins", "runners"}
 
 
 def _git_files() -> set[Path]:

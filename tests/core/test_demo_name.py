@@ -11,7 +11,7 @@ from interlock.runners.model.checkpoint import resolve_model
 from interlock.runners.model.sources import DEMO, model_directory
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = ("interlock", "policy", "runners", "kernels", "plugins")
+SOURCES = ("interlock", "core", "policy", "runners", "kernels", "plugins")
 
 
 def test_the_demo_name_is_a_string_in_one_module() -> None:

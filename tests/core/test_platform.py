@@ -20,8 +20,8 @@ from interlock.core.platform import (
 
 REPO = Path(__file__).resolve().parents[2]
 #: The package's source folders.
-SOURCES = ("interlock", "policy", "runners", "kernels", "plugins")
-HOME = REPO / "interlock" / "core" / "platform.py"
+SOURCES = ("interlock", "core", "policy", "runners", "kernels", "plugins")
+HOME = REPO / "core" / "platform.py"
 
 
 def _source_files() -> list[Path]:

@@ -77,7 +77,7 @@ def test_the_conformance_kit_asks_the_judge(
 
 def test_nothing_else_judges() -> None:
     assert not hasattr(PlatformSupport, "serves") and not hasattr(PlatformSupport, "offers")
-    sources = [p for top in ("interlock", "policy", "runners", "kernels", "plugins")
+    sources = [p for top in ("interlock", "core", "policy", "runners", "kernels", "plugins")
                for p in (REPO / top).rglob("*.py")]
     callers = {p.name for p in sources if "_unserved_fields(" in p.read_text()}
     assert callers == {"spec.py"}

@@ -1,12 +1,13 @@
 """The root folders under their bare names: ``import kernels`` is never interlock's.
 
-``kernels/``, ``policy/``, ``plugins/`` and ``runners/`` are the packages ``interlock.kernels``,
-... (pyproject.toml's package-dir). Whenever the checkout's root is on ``sys.path`` (``python -c``
-or ``python -m pytest`` run there, a script beside it), Python finds those folders under their
-bare names first, ahead of site-packages, and Hugging Face's ``kernels`` (which transformers
-imports) would be shadowed by ours. So each root package's ``__init__`` calls :func:`hand_over`
-first when it runs under its bare name: the import then yields the installed distribution of
-that name, or fails as if the folder were not there.
+``core/``, ``kernels/``, ``policy/``, ``plugins/`` and ``runners/`` are the packages
+``interlock.core``, ``interlock.kernels``, ... (pyproject.toml's package-dir). Whenever the
+checkout's root is on ``sys.path`` (``python -c`` or ``python -m pytest`` run there, a script
+beside it), Python finds those folders under their bare names first, ahead of site-packages, and
+Hugging Face's ``kernels`` (which transformers imports) would be shadowed by ours. So each root
+package's ``__init__`` calls :func:`hand_over` first when it runs under its bare name: the
+import then yields the installed distribution of that name, or fails as if the folder were not
+there.
 """
 
 from __future__ import annotations
