@@ -227,9 +227,10 @@ def summarize(exc: BaseException) -> str:
     # The line to show is the plugin's own: skip the import system, pluggy and the host's
     # machinery, but not interlock's runners and kernels, where the built-in plugins and
     # the runner code a plugin's factory runs live.
-    # (interlock.plugins and interlock.policy live in their own root folders.)
+    # (interlock.core, interlock.plugins and interlock.policy live in their own root folders.)
     machinery = tuple(_package_dir(name) for name in (
-        "importlib", "pluggy", "interlock", "interlock.plugins", "interlock.policy"
+        "importlib", "pluggy", "interlock", "interlock.core", "interlock.plugins",
+        "interlock.policy",
     ))
     own = tuple(_package_dir(f"interlock.{name}") for name in ("runners", "kernels"))
     frames = [
