@@ -179,12 +179,17 @@ AVX2 static void q8_strips_avx2(const void *ctx, long lo, long hi) {
                 const int8_t *xb = xq + b * INT8_BLOCK;
                 for (long l = 0; l < Q8_RECORD; l += 64)
                     _mm_prefetch((const char *)rec + 2 * Q8_RECORD + l, _MM_HINT_T0);
+                /* x_q widened to 16 bits: word j is the pair (x_q[2 j], x_q[2 j + 1]) */
+                int32_t pairs[INT8_BLOCK / 2];
+                _mm256_storeu_si256((__m256i *)pairs, _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128((const __m128i *)xb)));
+                _mm256_storeu_si256((__m256i *)pairs + 1, _mm256_cvtepi8_epi16(
+                    _mm_loadu_si128((const __m128i *)xb + 1)));
                 __m256i a0 = _mm256_setzero_si256(), a1 = a0;
                 for (long k = 0; k < INT8_BLOCK; k += 2) {
                     __m128i l0 = _mm_loadu_si128((const __m128i *)(lines + 16 * k));
                     __m128i l1 = _mm_loadu_si128((const __m128i *)(lines + 16 * k + 16));
-                    int32_t pair = (int32_t)(uint16_t)xb[k] | (int32_t)((uint32_t)(uint16_t)xb[k + 1] << 16);
-                    __m256i xp = _mm256_set1_epi32(pair);
+                    __m256i xp = _mm256_set1_epi32(pairs[k / 2]);
                     a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(
                         _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(l0, l1)), xp));
                     a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(
