@@ -3,13 +3,21 @@
 A module reads a variable by its entry here (``os.environ.get(CACHE_DIR.name)``), so a
 name is spelled in one place; ``tests/core/test_env_registry.py`` checks that the source
 names no other ``INTERLOCK_*`` variable and that docs/operators.md's table is this one.
-How each value is parsed stays with the module that reads it: that module's error names
+How each value is parsed stays with the module that uses it: that module's error names
 the variable and the values it allows.
+
+What a run uses (the kernel backend forced, the graph captures made to fail, how
+tensor-parallel ranks exchange tensors, their bound and threads) is read once, where the run
+starts (``LLM(...)``, a torchrun worker), into :class:`Settings`, and handed down with the
+run: nothing reads the environment for it after the decision
+(``tests/app/test_environment_read_once.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,47 @@ TP_NAMESPACE = EnvVar(
     "under torchrun, the namespace of the run's rendezvous keys (default torchrun's run id)",
     "docs/scaling-out.md",
 )
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``INTERLOCK_*`` values a run uses, read once where it starts (:meth:`read`); each
+    is the variable's text (None: unset), parsed where it is used, in an error naming it."""
+
+    #: :data:`KERNELS`: the backend that must serve every op it implements.
+    kernels: str | None = None
+    #: :data:`DEBUG_GRAPHS`: set to anything but empty or 0.
+    debug_graphs: bool = False
+    #: :data:`GRAPHS_FAIL_CAPTURE`: the captures made to fail.
+    graphs_fail_capture: str | None = None
+    #: :data:`TP_COLLECTIVES`, :data:`TP_TIMEOUT`, :data:`TP_THREADS`, :data:`TP_NAMESPACE`.
+    tp_collectives: str | None = None
+    tp_timeout: str | None = None
+    tp_threads: str | None = None
+    tp_namespace: str | None = None
+    #: :data:`PLUGINS_STRICT`: 1 stops at a plugin failure instead of quarantining it.
+    plugins_strict: bool = False
+    #: :data:`DECISION_LOG`: where decision records are appended.
+    decision_log: str | None = None
+    #: The whole environment as it was read (the policy's env bindings, plugin discovery).
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The values of ``environ`` (this process's environment unless given)."""
+        environ = dict(os.environ if environ is None else environ)
+        return cls(
+            kernels=environ.get(KERNELS.name) or None,
+            debug_graphs=environ.get(DEBUG_GRAPHS.name, "") not in ("", "0"),
+            graphs_fail_capture=environ.get(GRAPHS_FAIL_CAPTURE.name),
+            tp_collectives=environ.get(TP_COLLECTIVES.name),
+            tp_timeout=environ.get(TP_TIMEOUT.name),
+            tp_threads=environ.get(TP_THREADS.name),
+            tp_namespace=environ.get(TP_NAMESPACE.name) or None,
+            plugins_strict=environ.get(PLUGINS_STRICT.name) == "1",
+            decision_log=environ.get(DECISION_LOG.name) or None,
+            environ=environ,
+        )
+
 
 #: The registry, in the order docs/operators.md lists it.
 VARIABLES: tuple[EnvVar, ...] = (

@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from interlock.core.env import Settings
 from interlock.core.errors import EXIT_CODES, InterlockError, LocatedError, error_kind
 from interlock.core.terminal import EscapingWriter, one_line
 
@@ -192,6 +193,9 @@ def _main(argv: list[str]) -> int:
             return exc.code if isinstance(exc.code, int) else 0
         except UsageError as exc:
             raise _unrecognized(exc, parser, argv) from None
+        # The command's boundary: the environment it uses is read here, once, and handed to
+        # it (a record's log, the run's settings), never read again after its decision.
+        args.settings = Settings.read()
         return int(args.run(args))
     except KeyboardInterrupt as exc:
         print("policy: interrupted", file=sys.stderr)

@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.env import DECISION_LOG
+from interlock.core.env import Settings
 from interlock.core.errors import InputError
 from interlock.core.terminal import one_line
 from interlock.policy.context import Context, make_context
 from interlock.policy.trace import OVERRIDES
 
 if TYPE_CHECKING:
+    from interlock.plugins.registry import PluginRegistry
     from interlock.policy.model import Policy
     from interlock.policy.resolution import EngineStage, Resolution
 
@@ -54,14 +55,15 @@ class DecisionLogError(InputError):
     """The decision log cannot be written or read (exit 1)."""
 
 
-def log_path(given: str | os.PathLike[str] | None) -> str | None:
-    """The log to append to: ``given``, else ``$INTERLOCK_DECISION_LOG``, else none."""
+def log_path(given: str | os.PathLike[str] | None, settings: Settings) -> str | None:
+    """The log to append to: ``given``, else ``$INTERLOCK_DECISION_LOG`` (in ``settings``,
+    read where the command, the ``LLM`` or the plugin started), else none."""
     if given is not None:
         path = os.fspath(given)
         if not path:
             raise DecisionLogError("--decision-log '': an empty path names no file")
         return path
-    return os.environ.get(DECISION_LOG.name) or None
+    return settings.decision_log
 
 
 def build_record(
@@ -142,14 +144,15 @@ def _config_values(context: Context) -> dict[str, Any]:
     }
 
 
-def plugin_of(runner: str) -> dict[str, Any]:
-    """The runner and the plugin (distribution, version) that provides it, as loaded here;
+def plugin_of(runner: str, plugins: PluginRegistry | None = None) -> dict[str, Any]:
+    """The runner and the plugin (distribution, version) that provides it, as loaded here
+    (``plugins``: the run's registry, discovered where it started; default: this process's);
     ``plugin`` is None when no loaded plugin provides it (``problem`` says why)."""
     from interlock.plugins import load_registry
     from interlock.plugins.settings import PluginError
 
     try:
-        plugin = load_registry().runner(runner).plugin
+        plugin = (plugins or load_registry()).runner(runner).plugin
     except PluginError as exc:
         return {"name": runner, "plugin": None, "distribution": None, "version": None,
                 "problem": str(exc)[:500]}

@@ -57,9 +57,10 @@ from interlock.app.query import Query, decide_query, detected_device
 from interlock.app.runner_creation import install_plugin_kernels, runner_factory, runner_from_plugin
 from interlock.app.timing import RequestTimes, tpot_s, ttft_s
 from interlock.app.tokenizer import load_chat_template, load_tokenizer
-from interlock.core.env import DEBUG_GRAPHS
+from interlock.core.env import Settings
 from interlock.core.errors import InputError
 from interlock.core.heap import give_back_free_memory
+from interlock.plugins import load_registry
 from interlock.runners.batching.kv_cache import plan_kv_cache
 from interlock.runners.batching.request import FinishReason, Request
 from interlock.runners.batching.sampling import SEED_LIMIT, SamplingParams
@@ -68,6 +69,7 @@ from interlock.runners.contract import Decision, ModelSpec, Runner, RunnerReport
 from interlock.runners.model.checkpoint import ModelSource, resolve_dtype, resolve_model
 from interlock.runners.model.sharding import plan_shards
 from interlock.runners.model.sources import DEMO
+from interlock.runners.parallel.distributed import ParallelSettings
 from interlock.runners.parallel.executor import TensorParallelRunner
 
 if TYPE_CHECKING:
@@ -93,7 +95,9 @@ class LLM:
     ``device`` is a torch device string (None: detected); naming one this torch cannot use
     is an ``InputError`` saying so. The step loop's limits (``max_num_seqs``,
     ``max_num_batched_tokens``, ``max_model_len``, ``block_size``, ``num_blocks`` or
-    ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration.
+    ``kv_cache_memory``) and ``tensor_parallel_size`` size one run configuration. The
+    ``INTERLOCK_*`` environment the run uses is read once, here (``settings``: read by the
+    caller, as ``policy run`` does), never after the decision.
 
     ``generate(prompts, sampling_params)`` takes token-id lists or, with a tokenizer,
     text, and returns one vLLM-shaped ``RequestOutput`` per prompt (``outputs``: its
@@ -134,6 +138,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         decision_log: str | os.PathLike[str] | None = None,
         debug_graphs: bool | None = None,
+        settings: Settings | None = None,
     ) -> None:
         check_llm_arguments(
             {"dtype": dtype, "load_format": load_format, "weights": weights, "device": device,
@@ -143,6 +148,11 @@ class LLM:
              "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
              "tensor_parallel_size": tensor_parallel_size}
         )
+        # The environment the run uses, read here, once (or where the caller started: policy
+        # run's): what runs after the decision is handed it (the runner and every
+        # tensor-parallel rank in the ModelSpec), and the plugins discovered under it.
+        settings = settings or Settings.read()
+        plugins = load_registry(settings.environ)
         # One generate/chat at a time: the step loop's batch is not shared between threads.
         self._lock = threading.Lock()
         self._owner: int | None = None
@@ -184,9 +194,10 @@ class LLM:
         if self.resolution is not None:
             from interlock import decision_log as records
 
-            records.write(records.log_path(decision_log), self.resolution, "LLM",
-                          model=named, overrides=dict(overrides or {}))
-        self.plugin_kernels = install_plugin_kernels()
+            records.write(records.log_path(decision_log, settings), self.resolution, "LLM",
+                          model=named, overrides=dict(overrides or {}),
+                          runner=records.plugin_of(decision.runner, plugins))
+        self.plugin_kernels = install_plugin_kernels(plugins, settings)
         config = source.config
         resolved_dtype = resolve_dtype(dtype, config)
         limit = config.max_position_embeddings
@@ -211,9 +222,9 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
-            # Read here, once: the runner (and every tensor-parallel rank) is handed it.
-            debug_graphs=(os.environ.get(DEBUG_GRAPHS.name, "") not in ("", "0")
-                          if debug_graphs is None else debug_graphs),
+            debug_graphs=settings.debug_graphs if debug_graphs is None else debug_graphs,
+            kernels=settings.kernels,
+            fail_capture=settings.graphs_fail_capture,
         )
         kv_cache = plan_kv_cache(
             spec, block_size, num_blocks=num_blocks, kv_cache_memory=kv_cache_memory
@@ -223,8 +234,10 @@ class LLM:
         self.chat_template = load_chat_template(source.directory)
         if runner is None:
             runner = (
-                runner_from_plugin(decision.runner) if tensor_parallel_size == 1
-                else TensorParallelRunner(runner_factory(decision.runner), tensor_parallel_size)
+                runner_from_plugin(decision.runner, plugins) if tensor_parallel_size == 1
+                else TensorParallelRunner(runner_factory(decision.runner, plugins),
+                                          tensor_parallel_size,
+                                          ParallelSettings.of(settings))
             )
         self.step_loop = StepLoop(spec, kv_cache, runner, decision)
         # The load's garbage (tokenizer.json's parse, the weights' repacking, the graphs'

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,13 +195,13 @@ class KernelRegistry:
     ) -> KernelChoice:
         """Pick an implementation of ``op`` (for code torch.compile traces if ``compiled``).
 
-        ``force`` (or ``$INTERLOCK_KERNELS``) names a backend that must serve every op it
-        implements: if it cannot, that is an error, never a silent fallback. An op it does
-        not implement (a plugin backend usually brings a few) is chosen as usual, and the
-        reason says so.
+        ``force`` (a run's ``ModelSpec.kernels``: ``$INTERLOCK_KERNELS``, read where the run
+        started) names a backend that must serve every op it implements: if it cannot, that
+        is an error, never a silent fallback. An op it does not implement (a plugin backend
+        usually brings a few) is chosen as usual, and the reason says so.
         """
         impls = self.implementations(op)
-        force = force or os.environ.get(KERNELS.name) or None
+        force = force or None
         rejected: list[str] = []
         if force is not None:
             backends = self.backends()

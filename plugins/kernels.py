@@ -8,7 +8,6 @@ neither the policy nor the plugin manager ever imports torch.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +29,14 @@ class KernelInstall:
 
 
 def install_plugin_kernels(
-    kernel_registry: Any, plugin_registry: PluginRegistry | None = None
+    kernel_registry: Any, plugin_registry: PluginRegistry | None = None, *, strict: bool = False
 ) -> KernelInstall:
     """Register every ok plugin's kernel specs into ``kernel_registry`` (a kernels.KernelRegistry).
 
     Idempotent: an implementation this plugin already registered is skipped. A
     plugin whose kernels cannot be installed is reported in ``failed`` and its
-    other kernels are still tried; with ``INTERLOCK_PLUGINS_STRICT=1`` it raises. A kernel
+    other kernels are still tried; with ``strict`` (``INTERLOCK_PLUGINS_STRICT=1``, read
+    where the run started) it raises. A kernel
     that does not take its op's parameters (the reference's) is such a failure.
     """
     from interlock.kernels.registry import KernelImpl, KernelSignatureError
@@ -72,7 +72,7 @@ def install_plugin_kernels(
                 # summarize would cite the registry's line that raised it.
                 why = (f"{type(exc).__name__}: {exc}" if isinstance(exc, KernelSignatureError)
                        else summarize(exc))
-                if os.environ.get(PLUGINS_STRICT.name) == "1":
+                if strict:
                     raise PluginError(
                         f"{PLUGINS_STRICT.name}=1: plugin {plugin.provider}: kernel {label}: {why}"
                     ) from exc

@@ -63,6 +63,12 @@ class ModelSpec:
     # Replay captured graphs eagerly (the debug graph backend) wherever the runner's backend
     # is automatic: tells a graph bug from a model bug, on any device.
     debug_graphs: bool = False
+    # Read from the environment where the run started (interlock.core.env.Settings) and
+    # handed to the runner and every rank with the model: the kernel backend that must serve
+    # every op it implements (INTERLOCK_KERNELS), the graph captures made to fail
+    # (INTERLOCK_GRAPHS_FAIL_CAPTURE: all, or sizes like 4,8; for tests of the fallback).
+    kernels: str | None = None
+    fail_capture: str | None = None
 
     def __post_init__(self) -> None:
         for key, value, allowed in (("dtype", self.dtype, DTYPES),

@@ -4,7 +4,9 @@ A :class:`Query` is built once, where a request enters: the command line
 (``interlock.commands.common.query_of``), ``LLM(...)`` (:meth:`Query.for_device`),
 ``policy serve`` and ``policy vllm`` (from their flags) and the vLLM plugin (from vLLM's
 own config). :func:`decide_query` turns it into a :class:`Resolution`; what runs afterwards is
-handed that resolution, never the command line or the process environment again.
+handed that resolution and the ``INTERLOCK_*`` settings read where the run started
+(:class:`interlock.core.env.Settings`), never the command line or the process environment
+again (``tests/app/test_environment_read_once.py``).
 
 torch is imported only where a platform is detected or a device named
 (``interlock.policy.context``, :meth:`Query.for_device`).

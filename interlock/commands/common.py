@@ -7,7 +7,6 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.env import DECISION_LOG
 from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
@@ -325,7 +324,7 @@ def resolve_args(args: argparse.Namespace) -> Resolution:
     query = query_of(args, policy)
     # A refused context is shown and recorded like any other; the command exits `refused`.
     resolution = decide_query(policy, query, refused=True)
-    if getattr(args, "decision_log", None) is not None or _logging_by_env():
+    if getattr(args, "decision_log", None) is not None or args.settings.decision_log:
         record_decision(args, resolution, f"policy {args.command}", model=args.model,
                         overrides=dict(query.overrides))
     return resolution
@@ -340,12 +339,6 @@ def refused_exit(resolution: Resolution) -> int:
         return 0
     print(f"policy: {resolution.refusal.describe()}", file=sys.stderr)
     return EXIT_CODES["refused"]
-
-
-def _logging_by_env() -> bool:
-    import os
-
-    return bool(os.environ.get(DECISION_LOG.name))
 
 
 def add_decision_command(
@@ -382,5 +375,10 @@ def record_decision(
     """Append the decision record of ``resolution`` when a log is named (--decision-log or
     $INTERLOCK_DECISION_LOG)."""
     from interlock import decision_log
+    from interlock.plugins import load_registry
 
-    decision_log.write(decision_log.log_path(args.decision_log), resolution, command, **details)
+    if "runner" not in details:  # the plugins discovered under the command's environment
+        details["runner"] = decision_log.plugin_of(
+            resolution.decision.runner, load_registry(args.settings.environ))
+    decision_log.write(decision_log.log_path(args.decision_log, args.settings), resolution,
+                       command, **details)

@@ -211,7 +211,7 @@ def _load(args: argparse.Namespace, model: str, resolution: Resolution) -> LLM:
         model, dtype=args.dtype, weights=args.weights,
         device=device_for(resolution.context.platform), seed=args.seed,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-        decision=resolution.decision,
+        decision=resolution.decision, settings=args.settings,  # read where serve started
     )
 
 

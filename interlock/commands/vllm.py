@@ -371,7 +371,7 @@ def _serve(
 
     check = EngineCheck(command.decision, args.vllm_version or version,
                         platform=resolution.context.platform)
-    path = decision_log.log_path(args.decision_log)
+    path = decision_log.log_path(args.decision_log, args.settings)
 
     def on_verdict(verdict: Verification) -> None:
         # One write with its line break: the engine's output is copied to stderr from another

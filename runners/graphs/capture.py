@@ -19,7 +19,6 @@ that cannot be captured would: tests use it to exercise the eager fallback.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,8 +65,10 @@ class ForcedFailures:
     every: bool = False
 
     @classmethod
-    def from_env(cls) -> ForcedFailures:
-        text = os.environ.get(GRAPHS_FAIL_CAPTURE.name, "").strip()
+    def parse(cls, given: str | None) -> ForcedFailures:
+        """``ModelSpec.fail_capture`` (``$INTERLOCK_GRAPHS_FAIL_CAPTURE``, read where the run
+        started); a value of another form is an error naming the variable."""
+        text = (given or "").strip()
         if not text:
             return cls()
         if text == "all":

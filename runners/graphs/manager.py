@@ -30,8 +30,11 @@ class GraphManager:
         compile: bool = False,
         tapeable: bool = False,
         debug: bool = False,
+        forced: ForcedFailures | None = None,
     ) -> None:
         self.plan = plan
+        #: The captures made to fail (``ModelSpec.fail_capture``), to test the fallback.
+        self.forced = forced or ForcedFailures()
         self.compile = compile
         self.order = plan.capture_order()
         self.backend: GraphBackend | None = None
@@ -55,7 +58,6 @@ class GraphManager:
         """Capture every key, largest first; a key whose capture fails runs eagerly."""
         if self.backend is None or self.static is None:
             return
-        forced = ForcedFailures.from_env()
         self.split_points = tuple(layer.break_label for layer in model.attention_layers)
         start = time.perf_counter()
         for key in self.order:
@@ -63,7 +65,7 @@ class GraphManager:
             inputs = self.inputs(key, key.capture_decode_only)
             try:
                 self.programs[key] = capture_program(
-                    self.backend, key, model, inputs, fail=forced.applies(key),
+                    self.backend, key, model, inputs, fail=self.forced.applies(key),
                     compile=self.compile,
                 )
             # CaptureError, ops CUDA cannot capture, out of memory, torch.compile failures.

@@ -34,7 +34,7 @@ from interlock.runners.contract import (
 )
 from interlock.runners.dispatch import KernelTable, build_kernel_table, platform_of
 from interlock.runners.graphs.buffers import ForwardInputs, SamplingInputs
-from interlock.runners.graphs.capture import forward_logits
+from interlock.runners.graphs.capture import ForcedFailures, forward_logits
 from interlock.runners.graphs.logits import (
     LOGITS_REPORT,
     needs_processing,
@@ -116,7 +116,7 @@ class GraphRunner(ABC):
         self.model_spec = model
         self.decision = decision
         self.ops = build_kernel_table(platform, model.dtype, self.kernel_preference,
-                                      compiled=decision.compile)
+                                      model.kernels, compiled=decision.compile)
         tp.record_with(self.ops.foreign)  # a tape replays the collectives too
         self.model = load_model(model, self.ops, self.device, tp)
         self.block_size = kv_cache.block_size
@@ -134,7 +134,7 @@ class GraphRunner(ABC):
         self.graphs = GraphManager(
             self.make_plan(model, decision), self.device, self.graph_backend, self.table_width,
             compile=decision.compile, tapeable=self.ops.all_native(),
-            debug=model.debug_graphs,
+            debug=model.debug_graphs, forced=ForcedFailures.parse(model.fail_capture),
         )
         with torch.inference_mode():
             self.graphs.capture(self.model)

@@ -50,7 +50,7 @@ class MRV2Runner(GraphRunner):
         preference = ["triton"] if TRITON_FACT in requires else ["torch"]
         try:
             self.prepare: KernelChoice = REGISTRY.select(
-                PREPARE_OP, platform, model.dtype, preference
+                PREPARE_OP, platform, model.dtype, preference, model.kernels
             )
         except KernelError as exc:
             raise RunnerError(f"mrv2 input preparation: {exc}") from None

@@ -11,6 +11,11 @@ random per-run namespace (:attr:`Rendezvous.namespace`): the spawned workers get
 rank 0; under torchrun every rank reads ``INTERLOCK_TP_NAMESPACE`` (else torchrun's run
 id), so another job's ranks on the same store cannot collide with this run's keys.
 
+What the environment says of the run (``TP_COLLECTIVES``, ``TP_TIMEOUT``, ``TP_THREADS``
+and ``TP_NAMESPACE`` of :mod:`interlock.core.env`) is read once where it starts
+(``LLM(...)``, a torchrun worker's entry) into :class:`ParallelSettings`, which every rank
+gets with its :class:`Rendezvous`: no rank reads the environment for it mid-run.
+
 Two process groups:
 
 * the **control** group (gloo, on the host): rank 0 broadcasts each message (the load
@@ -30,14 +35,14 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from interlock.core.env import TP_COLLECTIVES, TP_NAMESPACE, TP_THREADS, TP_TIMEOUT
+from interlock.core.env import TP_COLLECTIVES, TP_THREADS, TP_TIMEOUT, Settings
 from interlock.core.errors import InputError, InterlockError
 from interlock.core.platform import PLATFORMS, distributed_backend
 from interlock.runners.parallel import shm
@@ -62,8 +67,32 @@ class TensorParallelError(InterlockError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class ParallelSettings:
+    """A run's tensor-parallel settings from the environment, parsed (:meth:`of`) where the
+    run starts."""
+
+    #: How ranks on one host exchange tensors on CPU: auto, shm or gloo.
+    collectives: str = shm.AUTO
+    #: The bound on every collective and on the rendezvous, in seconds.
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    #: Torch threads of each rank on CPU (None: the host's cores shared among its ranks).
+    threads: int | None = None
+    #: Under torchrun, the namespace of the run's keys (None: torchrun's run id).
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> ParallelSettings:
+        """The values ``settings`` carries; one of another form is an ``InputError`` naming
+        its variable and the values it allows."""
+        return cls(shm.collectives_choice(settings.tp_collectives),
+                   _timeout_s(settings.tp_timeout), _threads(settings.tp_threads),
+                   settings.tp_namespace)
+
+
+@dataclass(frozen=True)
 class Rendezvous:
-    """Where and as whom a process joins the group."""
+    """Where and as whom a process joins the group, and the run's settings every rank
+    keeps to."""
 
     host: str
     port: int
@@ -75,6 +104,7 @@ class Rendezvous:
     launcher: str  # "torch.multiprocessing" or "torchrun"
     #: Every key of this run lives under it (see the module's docstring).
     namespace: str = ""
+    settings: ParallelSettings = field(default_factory=ParallelSettings)
 
     @property
     def single_host(self) -> bool:
@@ -85,8 +115,9 @@ class Rendezvous:
         return f"{KEY_PREFIX}/{self.namespace}/{name}" if self.namespace else f"{KEY_PREFIX}/{name}"
 
     @classmethod
-    def from_torchrun(cls) -> Rendezvous | None:
-        """The rendezvous torchrun set up for this process, or None outside torchrun."""
+    def from_torchrun(cls, settings: ParallelSettings) -> Rendezvous | None:
+        """The rendezvous torchrun set up for this process (from the environment torchrun
+        gives it: this process's start), or None outside torchrun."""
         env = os.environ
         if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env:
             return None
@@ -105,9 +136,9 @@ class Rendezvous:
                 f"LOCAL_RANK={local} of LOCAL_WORLD_SIZE={local_world}"
             )
         agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        namespace = env.get(TP_NAMESPACE.name) or env["TORCHELASTIC_RUN_ID"]
+        namespace = settings.namespace or env["TORCHELASTIC_RUN_ID"]
         return cls(env["MASTER_ADDR"], numbers["MASTER_PORT"], rank, world, local, local_world,
-                   rank == 0 and not agent_store, TORCHRUN, namespace)
+                   rank == 0 and not agent_store, TORCHRUN, namespace, settings)
 
 
 _TORCHRUN_INTS = {
@@ -119,7 +150,11 @@ _TORCHRUN_ENV = ("MASTER_ADDR", *_TORCHRUN_INTS)
 
 def _env_int(name: str, low: int, high: int) -> int:
     """The integer environment value ``name`` in ``low..high``; InputError naming it."""
-    text = os.environ[name]
+    return _int_named(name, os.environ[name], low, high)
+
+
+def _int_named(name: str, text: str, low: int, high: int) -> int:
+    """``text``, the value of variable ``name``, as an integer in ``low..high``."""
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise InputError(f"{name}={text!r} is invalid; allowed: an integer in {low}..{high}")
     return int(text)
@@ -152,9 +187,8 @@ def use_loopback(rdzv: Rendezvous) -> None:
         os.environ["NCCL_SOCKET_IFNAME"] = interface
 
 
-def timeout_s() -> float:
+def _timeout_s(text: str | None) -> float:
     """The bound on collectives and rendezvous, from ``INTERLOCK_TP_TIMEOUT``."""
-    text = os.environ.get(TP_TIMEOUT.name)
     if text is None:
         return DEFAULT_TIMEOUT_S
     try:
@@ -168,11 +202,9 @@ def timeout_s() -> float:
     return value
 
 
-def threads() -> int | None:
+def _threads(text: str | None) -> int | None:
     """``INTERLOCK_TP_THREADS`` (threads per rank on CPU), None when unset."""
-    if os.environ.get(TP_THREADS.name) is None:
-        return None
-    return _env_int(TP_THREADS.name, 1, MAX_THREADS)
+    return None if text is None else _int_named(TP_THREADS.name, text, 1, MAX_THREADS)
 
 
 def backend_for(device_type: str) -> str:
@@ -284,7 +316,7 @@ def join_tensor_parallel(
 def collectives_for(rdzv: Rendezvous, device: torch.device) -> tuple[bool, str]:
     """Whether the model's collectives go through shared memory, and what carries them
     (with why). ``INTERLOCK_TP_COLLECTIVES=shm`` that cannot be honoured is an error."""
-    wanted = shm.choice()
+    wanted = rdzv.settings.collectives
     backend = backend_for(device.type)
     if device.type != "cpu":
         why = f"{backend}: shared memory serves CPU ranks"
@@ -302,17 +334,17 @@ def collectives_for(rdzv: Rendezvous, device: torch.device) -> tuple[bool, str]:
     return False, why
 
 
-def set_threads(device: torch.device, ranks_here: int) -> None:
-    """On CPU each rank computes with its share of this machine's cores (``cores // ranks``,
-    or ``INTERLOCK_TP_THREADS`` threads each)."""
+def set_threads(device: torch.device, rdzv: Rendezvous) -> None:
+    """On CPU each rank computes with its share of this machine's cores (``cores // ranks``
+    on this host, or ``INTERLOCK_TP_THREADS`` threads each)."""
     if device.type != "cpu":
         return
-    count = threads()
+    count = rdzv.settings.threads
     if count is not None:
         torch.set_num_threads(count)
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cores or 1) // ranks_here))
+    torch.set_num_threads(max(1, (cores or 1) // rdzv.local_world_size))
 
 
 class Channel:

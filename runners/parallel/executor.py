@@ -46,6 +46,7 @@ from interlock.runners.parallel import messages
 from interlock.runners.parallel.distributed import (
     LOOPBACK,
     Channel,
+    ParallelSettings,
     Rendezvous,
     TensorParallelError,
     backend_for,
@@ -55,8 +56,6 @@ from interlock.runners.parallel.distributed import (
     new_namespace,
     reported_error,
     set_threads,
-    threads,
-    timeout_s,
 )
 from interlock.runners.parallel.group import SINGLE, TensorParallel, set_current
 from interlock.runners.parallel.worker import INTERRUPTED, rank_device, spawned
@@ -68,9 +67,11 @@ _GRACE_S = 5.0
 class TensorParallelRunner:
     """Implements ``runners.contract.Runner`` over ``size`` ranks of the runner ``factory``."""
 
-    def __init__(self, factory: str, size: int) -> None:
+    def __init__(self, factory: str, size: int, settings: ParallelSettings) -> None:
         self.factory = factory
         self.size = size
+        #: Read where the run started (``ParallelSettings.of``); every rank gets it.
+        self.settings = settings
         self.inner: Runner | None = None
         self.tp: TensorParallel = SINGLE
         self._rdzv: Rendezvous | None = None
@@ -95,7 +96,6 @@ class TensorParallelRunner:
         plan_shards(model.config, self.size)  # refused here, before any process starts
         device = torch.device(model.device)
         backend_for(device.type)
-        threads()  # a bad INTERLOCK_TP_THREADS, too
         self._model = model
         try:
             self._start()
@@ -104,8 +104,8 @@ class TensorParallelRunner:
             order = messages.load_message(model, kv_cache, decision, self.factory)
             channel.send(messages.encode(order))
             device = rank_device(model.device, rdzv.local_rank)
-            set_threads(device, rdzv.local_world_size)
-            self.tp = join_tensor_parallel(rdzv, device, timeout_s(), channel)
+            set_threads(device, rdzv)
+            self.tp = join_tensor_parallel(rdzv, device, self.settings.timeout_s, channel)
             set_current(self.tp)
             inner = load_import_path(self.factory)()
             inner.load(replace(model, device=str(device)), kv_cache, decision)
@@ -151,13 +151,13 @@ class TensorParallelRunner:
     # -- starting the group ----------------------------------------------------------
 
     def _start(self) -> None:
-        timeout = timeout_s()
+        timeout = self.settings.timeout_s
         if dist.is_initialized():
             raise TensorParallelError(
                 "this process already belongs to a torch.distributed group (another "
                 "tensor-parallel LLM not closed?); close it (LLM.close) before starting another"
             )
-        torchrun = Rendezvous.from_torchrun()
+        torchrun = Rendezvous.from_torchrun(self.settings)
         if torchrun is not None:
             if torchrun.world_size != self.size:
                 raise TensorParallelError(
@@ -172,7 +172,7 @@ class TensorParallelRunner:
             self._rdzv = torchrun
         else:  # port 0: the store picks a free port, the workers are told which
             self._rdzv = Rendezvous(LOOPBACK, 0, 0, self.size, 0, self.size, True,
-                                    "torch.multiprocessing", new_namespace())
+                                    "torch.multiprocessing", new_namespace(), self.settings)
         self._store = connect_store(self._rdzv, timeout)
         self._rdzv = replace(self._rdzv, port=self._store.port)
         if torchrun is None:

@@ -39,7 +39,9 @@ from interlock.core.env import TP_COLLECTIVES
 from interlock.core.errors import InputError
 from interlock.core.processes import alive, parse_pid
 
-CHOICES = ("auto", "shm", "gloo")
+#: Shared memory where it can serve, else gloo.
+AUTO = "auto"
+CHOICES = (AUTO, "shm", "gloo")
 SHM_DIR = Path("/dev/shm")
 PREFIX = "interlock-tp-"
 MIN_SLOT = 1 << 20
@@ -69,9 +71,10 @@ def unavailable() -> str | None:
     return None
 
 
-def choice() -> str:
-    """``INTERLOCK_TP_COLLECTIVES``: auto (the default), shm or gloo."""
-    text = os.environ.get(TP_COLLECTIVES.name, "auto")
+def collectives_choice(given: str | None) -> str:
+    """``INTERLOCK_TP_COLLECTIVES`` (read where the run started): auto (the default, for
+    None), shm or gloo."""
+    text = AUTO if given is None else given
     if text not in CHOICES:
         raise InputError(
             f"{TP_COLLECTIVES.name}={text!r} is invalid; allowed: {', '.join(CHOICES)}"

@@ -32,7 +32,6 @@ from interlock.runners.parallel.distributed import (
     report_error,
     set_threads,
     summary,
-    timeout_s,
 )
 from interlock.runners.parallel.group import set_current
 
@@ -53,7 +52,7 @@ def serve(rdzv: Rendezvous) -> int:
     """Run rank ``rdzv.rank`` until rank 0 stops the group; the process's exit status."""
     store = None
     try:
-        timeout = timeout_s()
+        timeout = rdzv.settings.timeout_s
         store = connect_store(rdzv, timeout)
         channel = join_control(rdzv, store, timeout)
         message = messages.decode(channel.receive())
@@ -61,7 +60,7 @@ def serve(rdzv: Rendezvous) -> int:
             return 0
         fields, kv_cache, decision, factory = messages.load_parts(message)
         device = rank_device(fields["device"], rdzv.local_rank)
-        set_threads(device, rdzv.local_world_size)
+        set_threads(device, rdzv)
         tp = join_tensor_parallel(rdzv, device, timeout, channel)
         if tp.size != fields["tensor_parallel_size"]:
             raise TensorParallelError(

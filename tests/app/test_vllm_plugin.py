@@ -170,6 +170,7 @@ def test_a_decision_log_the_plugin_cannot_write_stops_the_engine_as_documented(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Issue 51: the code was 1 (as for every command) where docs/vllm.md suggested 3.
+    from interlock.core.env import Settings
     from interlock.vllm.plugin import _record
 
     facts = _facts()
@@ -177,7 +178,7 @@ def test_a_decision_log_the_plugin_cannot_write_stops_the_engine_as_documented(
     monkeypatch.setenv("INTERLOCK_DECISION_LOG", str(tmp_path))  # a directory
     with pytest.raises(SystemExit) as caught:
         try:
-            _record(made, facts)
+            _record(made, facts, Settings.read())
         except BaseException as exc:  # noqa: BLE001 - as register() hands it over
             _stop(exc)
     assert caught.value.code == EXIT_CODES["input"] == 1

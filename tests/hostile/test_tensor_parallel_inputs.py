@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from interlock.core.env import Settings
 from interlock.core.errors import InputError
 from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.parallel.distributed import (
+    ParallelSettings,
     Rendezvous,
     TensorParallelError,
     connect_store,
@@ -103,10 +105,10 @@ def test_s3_under_torchrun_rank_0_binds_master_addr(monkeypatch: pytest.MonkeyPa
            "TORCHELASTIC_USE_AGENT_STORE": "false"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    rdzv = Rendezvous.from_torchrun()
+    rdzv = Rendezvous.from_torchrun(ParallelSettings())
     assert rdzv is not None and rdzv.host_store and rdzv.namespace == "job7"
     monkeypatch.setenv("INTERLOCK_TP_NAMESPACE", "mine")
-    rdzv = Rendezvous.from_torchrun()
+    rdzv = Rendezvous.from_torchrun(ParallelSettings.of(Settings.read()))
     assert rdzv is not None and rdzv.namespace == "mine" and not rdzv.single_host
     store = connect_store(rdzv, 2.0)
     assert f"127.0.0.1:{port}" in _listening(os.getpid())
@@ -126,7 +128,7 @@ def test_u5_torchrun_environment_values_are_named(
     for key, text in {**env, name: value}.items():
         monkeypatch.setenv(key, text)
     with pytest.raises(InputError) as caught:
-        Rendezvous.from_torchrun()
+        Rendezvous.from_torchrun(ParallelSettings())
     assert name in str(caught.value) and value in str(caught.value)
 
 

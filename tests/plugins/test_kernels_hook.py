@@ -96,6 +96,6 @@ def test_a_broken_kernel_is_reported_not_raised(
 
 def test_strict_mode_raises(register_plugin, kernel_registry, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     register_plugin(declaring(kernel("no_such_module_anywhere:fn")), "broken")
-    monkeypatch.setenv("INTERLOCK_PLUGINS_STRICT", "1")
+    # Strict as the run's settings say (INTERLOCK_PLUGINS_STRICT, read where it started).
     with pytest.raises(PluginError, match="plugin broken \\(in-process 0\\): kernel silu_and_mul"):
-        install_plugin_kernels(kernel_registry, load_registry())
+        install_plugin_kernels(kernel_registry, load_registry(), strict=True)

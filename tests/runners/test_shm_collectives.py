@@ -193,9 +193,16 @@ def test_a_stale_segment_of_a_dead_process_is_swept(tmp_path: Path) -> None:
         mine.unlink(missing_ok=True)
 
 
-def test_the_choice_is_read_and_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_choice_is_read_and_refused_clearly() -> None:
+    from dataclasses import replace
+
+    from interlock.core.env import Settings
     from interlock.core.errors import InputError
-    from interlock.runners.parallel.distributed import Rendezvous, collectives_for
+    from interlock.runners.parallel.distributed import (
+        ParallelSettings,
+        Rendezvous,
+        collectives_for,
+    )
 
     here = Rendezvous("127.0.0.1", 1, 0, 2, 0, 2, True, "torch.multiprocessing")
     spans = Rendezvous("10.0.0.1", 1, 0, 4, 0, 2, True, "torchrun")
@@ -204,11 +211,14 @@ def test_the_choice_is_read_and_refused_clearly(monkeypatch: pytest.MonkeyPatch)
         True, "shared memory (float32 on one host; gloo for other dtypes)")
     assert collectives_for(spans, cpu) == (
         False, "gloo: the group spans hosts (2 of 4 ranks here)")
-    monkeypatch.setenv(TP_COLLECTIVES.name, "gloo")
-    assert collectives_for(here, cpu) == (False, "gloo: INTERLOCK_TP_COLLECTIVES=gloo")
-    monkeypatch.setenv(TP_COLLECTIVES.name, "shm")
+    # The variable is read where the run starts; every rank has it in its rendezvous.
+    def told(rdzv: Rendezvous, value: str) -> Rendezvous:
+        settings = ParallelSettings.of(Settings.read({TP_COLLECTIVES.name: value}))
+        return replace(rdzv, settings=settings)
+
+    assert collectives_for(told(here, "gloo"), cpu) == (
+        False, "gloo: INTERLOCK_TP_COLLECTIVES=gloo")
     with pytest.raises(InputError, match="=shm cannot be honoured: the group spans hosts"):
-        collectives_for(spans, cpu)
-    monkeypatch.setenv(TP_COLLECTIVES.name, "fast")
+        collectives_for(told(spans, "shm"), cpu)
     with pytest.raises(InputError, match="INTERLOCK_TP_COLLECTIVES='fast' is invalid"):
-        collectives_for(here, cpu)
+        told(here, "fast")

@@ -219,13 +219,14 @@ def test_a_raising_worker_is_named_with_its_error(tiny_models):
     from interlock.runners.batching.kv_cache import plan_kv_cache
     from interlock.runners.batching.step_loop import StepLoop
     from interlock.runners.contract import ModelSpec
+    from interlock.runners.parallel.distributed import ParallelSettings
     from interlock.runners.parallel.executor import TensorParallelRunner
 
     config = resolve_model(tiny_models.path("llama")).config
     spec = ModelSpec(name=str(tiny_models.path("llama")), config=config, dtype="float32",
                      device="cpu", max_model_len=64, max_num_seqs=2, tensor_parallel_size=2)
     kv = plan_kv_cache(spec, 4, num_blocks=32)
-    runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2)
+    runner = TensorParallelRunner("tp_faulty:FaultyRunner", 2, ParallelSettings())
     engine = StepLoop(spec, kv, runner, Decision(runner="mrv1"))
     engine.add_request(engine.make_request(PROMPTS[0], SamplingParams(temperature=0,
         max_tokens=20)))

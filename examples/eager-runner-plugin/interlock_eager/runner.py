@@ -59,7 +59,8 @@ class EagerRunner:
                 f"eager runs without graphs or compile; got {', '.join(map(str, unserved))}"
             )
         preference = (OWN_BACKEND, *default_preference(platform))
-        self.ops = build_kernel_table(platform, model.dtype, preference)
+        # model.kernels: the backend INTERLOCK_KERNELS forces, read where the run started.
+        self.ops = build_kernel_table(platform, model.dtype, preference, model.kernels)
         self.model = load_model(model, self.ops, self.device)
         self.block_size = kv_cache.block_size
         self.model.bind_kv_cache(

@@ -118,7 +118,7 @@ def measure_on_engine(
             accuracy_prompts=setup.prompts, accuracy_answers=setup.answers,
             startup_timeout=args.startup_timeout, vllm_version=setup.version,
             launch=setup.install.launch, port=args.port,
-            decision_log=decision_log.log_path(args.decision_log),
+            decision_log=decision_log.log_path(args.decision_log, args.settings),
             progress=bar, command=command, pick=pick,
         )
     finally:

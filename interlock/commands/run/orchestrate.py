@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if args.chat and not args.prompt:
         raise InputError("--chat sends each --prompt TEXT as a user message; give at least one")
     policy = load(args)
+    # The plugins the decision asks (stage 5) and the run uses: discovered before deciding.
+    plugins = load_registry(args.settings.environ)
     # Everything the user gave is checked before the decision is logged: the model's form
     # (a config.json it cannot run is still explained, then refused), the sampling values.
     query = query_of(args, policy, runs_here=True,
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     )
     resolution = decide_query(policy, query)
     print(f"policy run: {decided_by(resolution)}", file=sys.stderr)
-    plugin = load_registry().runner(resolution.decision.runner).plugin
+    plugin = plugins.runner(resolution.decision.runner).plugin
     prompts: list[Prompt] = [*args.prompt_token_ids, *args.prompt] or [DEFAULT_PROMPT]
     # Text replies stream to a terminal as they are generated; the header comes first.
     stream = Stream(sys.stdout, resolution, plugin.provider, args) if (
@@ -171,6 +173,7 @@ def _execute(
             decision=decision,
             tensor_parallel_size=args.tensor_parallel_size,
             debug_graphs=args.debug_graphs or None,  # without the flag: the environment
+            settings=args.settings,  # read where the command started
         )
         loaded = time.perf_counter()
         if args.chat:
@@ -222,11 +225,17 @@ def _torchrun_worker() -> int | None:
     orders (interlock.runners.parallel.worker) and returns its exit status."""
     if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("RANK", "0") == "0":
         return None
-    from interlock.runners.parallel.distributed import Rendezvous, TensorParallelError
+    from interlock.core.env import Settings
+    from interlock.runners.parallel.distributed import (
+        ParallelSettings,
+        Rendezvous,
+        TensorParallelError,
+    )
     from interlock.runners.parallel.worker import serve
 
     try:
-        rdzv = Rendezvous.from_torchrun()
+        # This worker's start is its boundary: the environment is read here, once.
+        rdzv = Rendezvous.from_torchrun(ParallelSettings.of(Settings.read()))
     except TensorParallelError as exc:
         raise InputError(str(exc)) from None
     assert rdzv is not None

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlock.core.env import Settings
 from interlock.core.errors import EXIT_CODES, LocatedError, PolicyError, error_kind
 from interlock.core.platform import TRITON_FACT
 from interlock.vllm.releases import (
@@ -379,15 +380,17 @@ def _govern(config: Any) -> None:
         return  # vLLM has applied its hooks already: this view was governed before
     from interlock.policy.loader import load_policy
 
+    # What governs this config is read from the environment here, once, before deciding.
+    environ = {k: v for k, v in os.environ.items() if k not in _set_here}
+    settings = Settings.read(environ)
     facts = engine_facts(config)
     policy = load_policy(None)
-    environ = {k: v for k, v in os.environ.items() if k not in _set_here}
     made = plugin_decision(facts, policy, environ)
     apply(config, made)
     model_config._interlock_governed = True
     model_config._interlock_made = made
     APPLIED.append(made)
-    _record(made, facts)
+    _record(made, facts, settings)
 
 
 #: Env vars this process set (so a second config in it does not take them for the user's).
@@ -487,10 +490,10 @@ def engine_facts(config: Any) -> EngineFacts:
     )
 
 
-def _record(made: PluginDecision, facts: EngineFacts) -> None:
+def _record(made: PluginDecision, facts: EngineFacts, settings: Settings) -> None:
     from interlock import decision_log
 
-    path = decision_log.log_path(None)
+    path = decision_log.log_path(None, settings)
     if path is None:
         return
     engine = {"name": "vllm", "env": made.env, "compilation_config": made.compilation,

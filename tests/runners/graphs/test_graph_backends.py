@@ -88,10 +88,12 @@ def test_replay_that_meets_attention_out_of_capture_order_is_an_error(model):
 
 def test_forced_failures_and_backend_choice(monkeypatch):
     key = GraphKey(Strategy.FULL, 4, 4, "decode")
-    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "all")
-    assert ForcedFailures.from_env().applies(key)
-    monkeypatch.setenv(GRAPHS_FAIL_CAPTURE.name, "2,8")
-    assert not ForcedFailures.from_env().applies(key)
+    # ModelSpec.fail_capture: $INTERLOCK_GRAPHS_FAIL_CAPTURE as read where the run started.
+    assert ForcedFailures.parse("all").applies(key)
+    assert not ForcedFailures.parse("2,8").applies(key)
+    assert not ForcedFailures.parse(None).applies(key)
+    with pytest.raises(ValueError, match=f"{GRAPHS_FAIL_CAPTURE.name}='two' is invalid"):
+        ForcedFailures.parse("two")
     assert select_backend("auto", torch.device("cpu")).name == "debug"
     if native_unavailable("cpu") is None:
         assert select_backend("auto", torch.device("cpu"), tapeable=True).name == "native"
