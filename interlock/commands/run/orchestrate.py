@@ -83,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
     from interlock.runners.model.checkpoint import source_in
     from interlock.runners.model.sources import DEMO
 
-    # The model query_of resolved (the policy decided on it) is the one loaded: not again.
-    source = source_in(None if query.model == DEMO else Path(str(query.model)))
     try:
         # Plugin code (the runner) prints to stderr: stdout is this command's output.
         with redirect_stdout(sys.stderr):
+            # The model query_of resolved (the policy decided on it) is the one loaded, not
+            # resolved again; a config it cannot run fails the run, recorded as such.
+            source = source_in(None if query.model == DEMO else Path(str(query.model)))
             result = _execute(args, resolution, source, prompts, params, stream)
         outcome = run_outcome(result[2], result[1])
     except BaseException as exc:
