@@ -30,6 +30,7 @@ from interlock.policy.context import (
 from interlock.policy.model import Policy
 
 if TYPE_CHECKING:
+    from interlock.plugins.registry import PluginRegistry
     from interlock.policy.resolution import EngineStage, Resolution
 
 #: Who executes the decision: interlock's registered runner plugins (stage 5 asks them what
@@ -146,30 +147,37 @@ def _demo_context(architecture: str | None, common: dict[str, Any]) -> Context:
     )
 
 
-def decide_query(policy: Policy, query: Query, *, refused: bool = False) -> Resolution:
+def decide_query(
+    policy: Policy, query: Query, *, refused: bool = False,
+    plugins: PluginRegistry | None = None,
+) -> Resolution:
     """The decision for ``query`` under ``policy``, with the capabilities of the registered
-    runner plugins when interlock's runners run it. Raises ``PolicyError``
+    runner plugins (``plugins``; None: the process's) when interlock's runners run it. A
+    caller deciding after the run started passes the registry of the settings it read there.
+    Raises ``PolicyError``
     (``CapabilityError`` when something forced is unsupported, ``PolicyRefused`` where a
     rule refuses the context unless ``refused`` asks for the refused resolution back)."""
     if query.runs_here:
         check_runs_here(query.platform)
     return decide_context(policy, query.context(), query.overrides, executed_by=query.executed_by,
-                          stage=query.stage, refused=refused)
+                          stage=query.stage, refused=refused, plugins=plugins)
 
 
 def decide_context(
     policy: Policy, context: Context, overrides: Mapping[str, Any] | None = None, *,
     executed_by: Executor = "interlock", stage: EngineStage | None = None, refused: bool = False,
+    plugins: PluginRegistry | None = None,
 ) -> Resolution:
     """The one decision every reader makes of a context built by
     :func:`~interlock.policy.context.make_context` (a :class:`Query`'s, a table row's, a
     replayed record's, a policy test case's): stage 5 asks the registered runner plugins
     when interlock's runners run it (``executed_by``), ``stage`` is the engine stage of the
-    release the decision is handed to."""
+    release the decision is handed to, ``plugins`` the registry stage 5 asks (None: the
+    process's)."""
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
-    capabilities = capability_stage() if executed_by == "interlock" else None
+    capabilities = capability_stage(plugins) if executed_by == "interlock" else None
     return resolve(policy, context, overrides, capabilities=capabilities,
                    refused=refused, engine=stage)
 

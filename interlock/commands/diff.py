@@ -151,7 +151,7 @@ def _measure(args: argparse.Namespace, old: Policy, new: Policy, diff: PolicyDif
             before, after, record = compare(
                 args.model, old, new, workload=workload, dtype=args.dtype,
                 load_format=args.load_format, progress=bar,
-                command=command_line(words, args),
+                command=command_line(words, args), settings=args.settings,
             )
         finally:
             if bar is not None:

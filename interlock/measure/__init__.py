@@ -24,6 +24,7 @@ from interlock.runners.model.sources import DEMO
 
 if TYPE_CHECKING:
     from interlock.app.query import Query
+    from interlock.core.env import Settings
     from interlock.policy.model import Policy
 
 __all__ = ["OVERHEAD_LIMIT", "Workload", "compare", "measure", "run"]
@@ -54,12 +55,15 @@ def run(
     Returns the record. Raises ``PolicyError`` for policy errors, ``InputError`` (a
     ``ValueError``) for a bad workload, ``ModelError`` for a model that cannot run."""
     from interlock.app.query import Query, model_target, process_env
+    from interlock.core.env import Settings
     from interlock.core.errors import PolicyError
     from interlock.policy.loader import load_policy
 
+    # The environment, read once here: the decisions and every model loaded under them.
+    settings = Settings.read()
     factors = design_factors(vary, overrides)
     loaded_policy = load_policy(policy)
-    process, sources = process_env(loaded_policy)
+    process, sources = process_env(loaded_policy, settings.environ)
     for name, value in (env or {}).items():
         if name not in loaded_policy.env:
             raise PolicyError(
@@ -75,7 +79,7 @@ def run(
     )
     return measure_query(loaded_policy, query, os.fspath(model), factors,
                          workload=workload or Workload(), dtype=dtype, load_format=load_format,
-                         progress=progress, command=command)
+                         progress=progress, command=command, settings=settings)
 
 
 def design_factors(
@@ -106,17 +110,21 @@ def design_factors(
 def measure_query(
     policy: Policy, query: Query, model: str, factors: Mapping[str, list[Any]], *,
     workload: Workload, dtype: str, load_format: str, progress: Progress | None,
-    command: str | None,
+    command: str | None, settings: Settings,
 ) -> dict[str, Any]:
     """``run`` for a query already asked (``policy measure`` builds it from its flags):
-    ``model`` as the user named it, ``factors`` from :func:`design_factors`."""
+    ``model`` as the user named it, ``factors`` from :func:`design_factors`, ``settings``
+    the environment read where the command started."""
     from interlock.measure.harness import resolve_design
     from interlock.measure.pick import policy_pick
+    from interlock.plugins import load_registry
 
-    base, configs, skipped = resolve_design(policy, query, factors)
+    base, configs, skipped = resolve_design(policy, query, factors,
+                                            load_registry(settings.environ))
     return measure(
         model, base, configs, skipped, factors, workload, policy=policy.stamp(),
         dtype=dtype, load_format=load_format, progress=progress, command=command,
+        settings=settings,
         pick=policy_pick(base, [(c.id, c.resolution) for c in configs], list(factors)),
     )
 
@@ -131,24 +139,31 @@ def compare(
     load_format: str = "auto",
     progress: Progress | None = None,
     command: str | None = None,
+    settings: Settings | None = None,
 ) -> tuple[Any, Any, dict[str, Any] | None]:
     """``(old resolution, new resolution, record)``: the decisions two policies make for
     running ``model`` here (env bindings unset, the runners' capabilities applied), measured
     side by side as the levels ``old`` and ``new`` of a factor ``policy`` when they differ
-    (the record is None when they decide alike)."""
+    (the record is None when they decide alike); ``settings``: the environment as read where
+    the caller started (None: read here)."""
     from interlock.app.query import Query, decide_query, model_target
+    from interlock.core.env import Settings
     from interlock.measure.harness import Config
+    from interlock.plugins import load_registry
 
+    settings = settings or Settings.read()
+    plugins = load_registry(settings.environ)
     model = os.fspath(model)
     query = Query(model=model_target(model), runs_here=True)
-    before, after = decide_query(old, query), decide_query(new, query)
+    before = decide_query(old, query, plugins=plugins)
+    after = decide_query(new, query, plugins=plugins)
     if before.decision == after.decision:
         return before, after, None
     configs = [Config("old", {"policy": "old"}, before), Config("new", {"policy": "new"}, after)]
     record = measure(
         model, before, configs, [], {"policy": ["old", "new"]}, workload or Workload(),
         policy={"old": old.stamp(), "new": new.stamp()}, dtype=dtype,
-        load_format=load_format, progress=progress, command=command,
+        load_format=load_format, progress=progress, command=command, settings=settings,
     )
     return before, after, record
 
@@ -166,6 +181,7 @@ def measure(
     load_format: str,
     progress: Progress | None,
     command: str | None,
+    settings: Settings,
     pick: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Load ``configs`` (resolutions of ``model``), run the trials and build the record;
@@ -185,7 +201,7 @@ def measure(
     load_before = os.getloadavg()
     loaded = load_configs(
         target, configs, workload, len(prompt), dtype=dtype, load_format=load_format,
-        max_position=source.config.max_position_embeddings,
+        max_position=source.config.max_position_embeddings, settings=settings,
     )
     total = len(configs) * len(workload.batch_sizes) * (workload.warmup + workload.trials)
     done = 0

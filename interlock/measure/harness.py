@@ -13,9 +13,11 @@ from typing import Any
 
 from interlock.app.query import Query, decide_query
 from interlock.app.timing import RequestTimes, decode_ms_per_token, mean_ttft_ms
+from interlock.core.env import Settings
 from interlock.core.errors import InputError
 from interlock.core.fields import show_scalar
 from interlock.measure.design import block_order, combinations
+from interlock.plugins.registry import PluginRegistry
 
 #: The harness's own time (outside the engine's steps) must stay under this share.
 OVERHEAD_LIMIT = 0.01
@@ -78,20 +80,21 @@ class Loaded:
 
 
 def resolve_design(
-    policy: Any, query: Query, factors: Mapping[str, Sequence[Any]]
+    policy: Any, query: Query, factors: Mapping[str, Sequence[Any]],
+    plugins: PluginRegistry | None = None,
 ) -> tuple[Any, list[Config], list[dict[str, Any]]]:
     """``(base resolution, configurations, skipped)``: every combination resolved with its
     levels forced on top of the query's overrides; one that stage 5 refuses is skipped
     with why."""
     from interlock.plugins.capabilities import CapabilityError
 
-    base = decide_query(policy, query)
+    base = decide_query(policy, query, plugins=plugins)
     configs: list[Config] = []
     skipped: list[dict[str, Any]] = []
     for levels in combinations(factors):
         try:
             resolution = decide_query(
-                policy, replace(query, overrides={**query.overrides, **levels}))
+                policy, replace(query, overrides={**query.overrides, **levels}), plugins=plugins)
         except CapabilityError as exc:
             skipped.append({"levels": _jsonable(levels), "reason": str(exc)})
             continue
@@ -108,8 +111,10 @@ def load_configs(
     dtype: str,
     load_format: str,
     max_position: int,
+    settings: Settings,
 ) -> list[Loaded]:
-    """One engine per configuration, sized to the workload, loaded once and kept."""
+    """One ``LLM`` per configuration, sized to the workload, loaded once and kept, each
+    handed ``settings`` (the environment read where the measurement started)."""
     from interlock.core.platform import device_for
     from interlock.llm import LLM
 
@@ -136,6 +141,7 @@ def load_configs(
             max_num_batched_tokens=max(2048, seqs * prompt_len),
             max_model_len=seq_len,
             decision=config.resolution.decision,
+            settings=settings,
         )
         loaded.append(Loaded(config, llm, time.perf_counter() - start))
     return loaded

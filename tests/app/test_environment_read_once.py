@@ -79,7 +79,9 @@ def watched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Watched:
         return resolution
 
     monkeypatch.setattr(query, "decide_query", decided)
+    # the modules that hold the name of their own (imported before the test patched it)
     monkeypatch.setattr("interlock.llm.decide_query", decided)
+    monkeypatch.setattr("interlock.measure.harness.decide_query", decided)
     return env
 
 
@@ -95,7 +97,7 @@ def test_an_llm_reads_nothing_of_the_environment_after_its_decision(
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3))
     report = llm.report()
     llm.close()
-    assert watched.late == []
+    assert watched.late == [], watched.late
     # What was read before the decision reached the run: the forced kernels, the debug
     # graph backend, the capture made to fail, the decision log.
     assert {k.implementation for k in report.kernels} == {"torch (interlock)"}
@@ -111,4 +113,17 @@ def test_policy_run_reads_nothing_of_the_environment_after_its_decision(
     result = cli("run", "--model", tiny_models.path("llama"), "--max-tokens", "2", "--json")
     assert result.code == 0, result.err
     assert watched.decided
-    assert watched.late == []
+    assert watched.late == [], watched.late
+
+
+def test_policy_measure_reads_nothing_of_the_environment_after_its_decision(
+    watched: Watched, tiny_models: Any, cli: Any, tmp_path: Path,
+) -> None:
+    # Every configuration's LLM is handed the settings the command read where it started.
+    result = cli("measure", tiny_models.path("llama"), "--load-format", "dummy",
+                 "--vary", "runner=mrv1,mrv2", "--prompt-len", "4", "--max-tokens", "2",
+                 "--batch-sizes", "1", "--warmup", "0", "--trials", "2",
+                 "--record", tmp_path / "record.json")
+    assert result.code == 0, result.err
+    assert watched.decided
+    assert watched.late == [], watched.late

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         record = measure_query(
             policy, query, args.model, factors, workload=workload, dtype=args.dtype,
             load_format=args.load_format, progress=bar,
-            command=command_line(("measure", args.model), args),
+            command=command_line(("measure", args.model), args), settings=args.settings,
         )
     finally:
         if bar is not None:
