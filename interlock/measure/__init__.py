@@ -189,7 +189,13 @@ def measure(
     configurations are not the policy's alternatives (``policy diff --measure``)."""
     from interlock.app.query import model_target
     from interlock.measure.analysis import analyse
-    from interlock.measure.harness import config_hash, load_configs, prompt_token_ids, run_trials
+    from interlock.measure.harness import (
+        config_hash,
+        context_record,
+        load_configs,
+        prompt_token_ids,
+        run_trials,
+    )
     from interlock.runners.model.checkpoint import resolve_model
 
     # A named model or a GGUF file is read from its converted directory.
@@ -235,14 +241,7 @@ def measure(
             "dtype": loaded[0].llm.report().dtype if loaded else dtype,
             "load_format": load_format,
         },
-        "context": {
-            "architecture": base.context.architecture,
-            "platform": base.context.platform,
-            "device_arch": base.context.device_arch,
-            "traits": {name: fact.value for name, fact in base.traits.items()},
-            "features": dict(base.context.features),
-            "env": dict(base.context.env),
-        },
+        "context": context_record(base),
         "workload": {**workload.to_dict(), "prompt_token_ids": prompt},
         "factors": {name: _jsonable(levels) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),

@@ -237,7 +237,7 @@ def evidence_record(
     gives the argv each cell's process was started with."""
     from interlock.measure import _balance, _cpu_model
     from interlock.measure.analysis import analyse
-    from interlock.measure.harness import config_hash
+    from interlock.measure.harness import config_hash, context_record
 
     ids = [c.id for c in cells]
     order = trials.order
@@ -255,14 +255,7 @@ def evidence_record(
         "policy": policy,
         "model": {"name": model, "architecture": base.context.architecture,
                   "config_sha256": _config_sha(model, config_hash)},
-        "context": {
-            "architecture": base.context.architecture,
-            "platform": base.context.platform,
-            "device_arch": base.context.device_arch,
-            "traits": {name: fact.value for name, fact in base.traits.items()},
-            "features": dict(base.context.features),
-            "env": dict(base.context.env),
-        },
+        "context": context_record(base),
         "workload": workload.to_dict(),
         "factors": {name: jsonable(list(levels)) for name, levels in factors.items()},
         "base_decision": base.decision.to_dict(),

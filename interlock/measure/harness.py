@@ -239,6 +239,18 @@ def prompt_token_ids(workload: Workload, source: Any) -> list[int]:
     return list(ids)
 
 
+def context_record(base: Any) -> dict[str, Any]:
+    """The evidence record's ``context``: what the base resolution ``base`` was decided for."""
+    return {
+        "architecture": base.context.architecture,
+        "platform": base.context.platform,
+        "device_arch": base.context.device_arch,
+        "traits": {name: fact.value for name, fact in base.traits.items()},
+        "features": dict(base.context.features),
+        "env": dict(base.context.env),
+    }
+
+
 def config_hash(model: str) -> str:
     """The sha256 of the model's config.json (the demo's built-in config), keys sorted."""
     from interlock.policy.context import read_model_config
