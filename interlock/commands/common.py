@@ -227,9 +227,12 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     where MODEL is another engine's argument)."""
     from interlock.app.query import Query, model_target
 
+    # The flags this module parses first, then what the application layer reads (the
+    # process environment's bindings, the model): one trip there, not two.
     check_target(args.platform, args.device_arch)
-    env, sources = env_of(args, policy)
     engine, engine_sources = engine_of(args)
+    features, overrides = features_of(args, policy), overrides_of(args)
+    env, sources = env_of(args, policy)
     sources.update(engine_sources)
     model_id = getattr(args, "model_id", None)
     if model_id is not None:
@@ -237,8 +240,8 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     fields: dict[str, Any] = dict(
         architecture=getattr(args, "architecture", None),
         platform=args.platform, device_arch=args.device_arch,
-        features=features_of(args, policy), env=env, engine=engine, model_id=model_id,
-        overrides=overrides_of(args), sources=sources,
+        features=features, env=env, engine=engine, model_id=model_id,
+        overrides=overrides, sources=sources,
     )
     if "model" not in given and getattr(args, "model", None) is not None:
         fields["model"] = model_target(args.model)
