@@ -167,7 +167,9 @@ def decide_context(
     from interlock.plugins.capabilities import capability_stage
     from interlock.policy.resolution import resolve
 
-    capabilities = capability_stage() if executed_by == "interlock" else None
+    # Stage 5 asks interlock's runners; an engine without a runner axis (SGLang) has none.
+    runners = executed_by == "interlock" and policy.vocabulary.runners
+    capabilities = capability_stage() if runners else None
     return resolve(policy, context, overrides, capabilities=capabilities,
                    refused=refused, engine=stage)
 
