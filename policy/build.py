@@ -45,18 +45,18 @@ class _Layer:
 def build_policy(sources: list[tuple[str, bytes, str]], revision: str) -> Policy:
     """Parse, validate and layer ``(display name, content, sha256)`` sources, in order."""
     docs = [(parse_yaml(content, name), sha) for name, content, sha in sources]
-    engine = _engine(docs)
+    engine = engine_of_docs([doc for doc, _ in docs])
     vocabulary = VOCABULARIES[engine]
     layers = [_layer(doc, validate_file(doc, vocabulary), sha, vocabulary) for doc, sha in docs]
     return _merge(layers, revision, engine)
 
 
-def _engine(docs: list[tuple[SourceDoc, str]]) -> str:
+def engine_of_docs(docs: list[SourceDoc]) -> str:
     """The one engine the files' versions name (``vllm-…``, ``sglang-…``); a file naming
     none (a site layer) decides for the engine of the others, and a stack naming none is
     vLLM's."""
     named: dict[str, SourceDoc] = {}
-    for doc, _ in docs:
+    for doc in docs:
         version = doc.data.get("version") if isinstance(doc.data, dict) else None
         engine = engine_of(version) if isinstance(version, str) else None
         if engine is not None:

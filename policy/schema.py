@@ -31,6 +31,7 @@ from interlock.core.decision import (
     MAX_CAPTURE_SIZE,
     OUTCOME,
     VLLM,
+    VOCABULARIES,
     FieldSpec,
     Vocabulary,
 )
@@ -103,6 +104,16 @@ def _decision_fields(vocabulary: Vocabulary, name: str) -> type[_Model]:
 
 
 _DecisionFields = _decision_fields(VLLM, "DecisionFields")
+#: Every engine's decision fields (their names are distinct): what a tests file may name
+#: before the policy it tests, and with it the vocabulary, is known.
+_AnyDecisionFields = _model(
+    "AnyDecisionFields",
+    **{
+        name: (_decision_type(spec), Field(None, description=spec.doc))
+        for vocabulary in VOCABULARIES.values()
+        for name, spec in vocabulary.fields.items()
+    },
+)
 
 
 class FeatureOps(_Model):
@@ -163,10 +174,12 @@ _WhenModel = _model(
 if TYPE_CHECKING:
     # The checker sees their common base: their fields come from the vocabularies.
     DecisionFields = _Model
+    AnyDecisionFields = _Model
     TraitsModel = _Model
     WhenModel = _Model
 else:
     DecisionFields, TraitsModel, WhenModel = _DecisionFields, _TraitsModel, _WhenModel
+    AnyDecisionFields = _AnyDecisionFields
 
 
 class RuleModel(_Model):

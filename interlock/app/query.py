@@ -164,12 +164,10 @@ def decide_context(
     replayed record's, a policy test case's): stage 5 asks the registered runner plugins
     when interlock's runners run it (``executed_by``), ``stage`` is the engine stage of the
     release the decision is handed to."""
-    from interlock.plugins.capabilities import capability_stage
+    from interlock.plugins.capabilities import stage_for
     from interlock.policy.resolution import resolve
 
-    # Stage 5 asks interlock's runners; an engine without a runner axis (SGLang) has none.
-    runners = executed_by == "interlock" and policy.vocabulary.runners
-    capabilities = capability_stage() if runners else None
+    capabilities = stage_for(policy) if executed_by == "interlock" else None
     return resolve(policy, context, overrides, capabilities=capabilities,
                    refused=refused, engine=stage)
 

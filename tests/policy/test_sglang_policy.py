@@ -165,3 +165,87 @@ def test_sglang_values_are_checked() -> None:
                                              "decode_cuda_graph: piecewise"))
     with pytest.raises(ValueError, match="decode_cuda_graph_max_bs"):
         SglangDecision(decode_cuda_graph_max_bs=0)
+
+
+# -- the other tools on an SGLang policy ----------------------------------------------------
+
+SITE = """\
+schema_version: 1
+version: site-2026.12
+rules:
+  - id: site-glm-triton
+    when: {architecture: GlmMoeDsaForCausalLM, platform: rocm}
+    set: {attention_backend: triton}
+    reason: our GLM-5.2 fleet
+"""
+
+
+def test_check_finds_no_error_in_the_shipped_sglang_policy(cli) -> None:
+    code, out, err = cli("check", "--policy", "@sglang")
+    assert code == 0 and "0 error(s)" in out + err and ": error:" not in out
+
+
+def test_diff_names_the_sglang_field_a_site_layer_changes(cli, write) -> None:
+    site = write("site.yaml", SITE)
+    code, out, _ = cli("diff", "@sglang", f"@sglang:{site}")
+    assert code == 0
+    assert out.startswith("attention_backend: dsa → triton\n")
+    assert "new: rule site-glm-triton" in out and "rocm/gfx950" in out
+
+
+def test_diff_refuses_policies_of_two_engines(cli) -> None:
+    code, _, err = cli("diff", "@shipped", "@sglang")
+    assert code != 0 and "decides for vLLM and the new one for SGLang" in err
+
+
+def test_table_shows_sglangs_columns(cli) -> None:
+    code, out, _ = cli("table", "--policy", "@sglang", "--architecture", "GlmMoeDsaForCausalLM",
+                       "--platform", "rocm", "--device-arch", "gfx950")
+    header, row = out.splitlines()
+    assert code == 0
+    assert header.split() == ["architecture", "platform", *SGLANG.names]
+    assert row.split()[2:] == ["full", "disabled", "false", "dsa", "512", "8192"]
+
+
+def test_the_sglang_tests_file_passes(cli) -> None:
+    code, out, _ = cli("test", str(REPO / "examples" / "sglang.tests.yaml"))
+    assert code == 0 and "6 passed, 0 failed" in out
+
+
+def test_a_case_or_invariant_naming_a_vllm_field_fails_on_an_sglang_policy(cli, write) -> None:
+    write("p.yaml", SGLANG_BASE)
+    case = write("p.tests.yaml", """\
+schema_version: 1
+policy: [p.yaml]
+cases:
+  - name: c
+    given: {architecture: X, platform: cpu, outside_catalog: true}
+    expect: {runner: mrv1}
+""")
+    code, out, _ = cli("test", case)
+    assert code == 1 and "runner: not a decision field of a SGLang policy" in out
+    invariant = write("q.tests.yaml", """\
+schema_version: 1
+policy: [p.yaml]
+invariants:
+  - name: i
+    expect: {compile: false}
+""")
+    code, _, err = cli("test", invariant)
+    assert code != 0 and "compile is not a decision field of a SGLang policy" in err
+
+
+def test_a_decision_record_of_an_sglang_policy_is_written_read_and_replayed(
+    cli, write, tmp_path
+) -> None:
+    log = tmp_path / "decisions.jsonl"
+    code, _, _ = cli("explain", "--engine", "sglang", *GLM_ROCM, "--decision-log", log)
+    assert code == 0
+    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert record["policy"]["engine"] == "sglang" and record["runner"] is None
+    assert record["decision"]["attention_backend"] == "dsa"
+    code, out, _ = cli("log", log)
+    assert code == 0 and "attention_backend=dsa" in out
+    site = write("site.yaml", SITE)
+    code, out, _ = cli("impact", "--log", log, "@sglang", f"@sglang:{site}")
+    assert code == 0 and "attention_backend: dsa -> triton" in out
