@@ -208,9 +208,11 @@ $(SGLANG_VENV)/.installed: $(SGLANG_LOCK) pyproject.toml Makefile
 sglang-snapshot: install sglang
 	$(PY) tools/sglang_probe/snapshot.py --venv $(SGLANG_VENV)
 
-# The tests marked sglang: SGLang's own resolution in .sglang/ under the stand-ins.
+# The tests marked sglang: SGLang's own resolution in .sglang/ under the stand-ins, with and
+# without interlock's plugin (the make sglang install registers its entry point there).
 test-sglang: install sglang
-	$(PY) -m pytest -q -p no:cacheprovider -m sglang tests/app/test_sglang_probe.py
+	$(PY) -m pytest -q -p no:cacheprovider -m sglang tests/app/test_sglang_probe.py \
+		tests/app/test_sglang_plugin.py
 
 # `make vllm-plugin-check VLLM=0.34.0`: interlock's vLLM plugin inside that release's own
 # create_engine_config() under the probe's stand-in GPUs, for the seed contexts, under the

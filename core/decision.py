@@ -77,15 +77,23 @@ class Decision:
     ))
 
     def __post_init__(self) -> None:
-        for spec in FIELDS.values():
-            value = getattr(self, spec.name)
-            if value is not None or not spec.optional:
-                object.__setattr__(self, spec.name, spec.check(value))
+        _check_all(self, FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (tuples as lists)."""
-        values = {name: getattr(self, name) for name in FIELDS}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+        return _as_dict(self, FIELDS)
+
+
+def _check_all(decision: object, specs: "Mapping[str, FieldSpec]") -> None:
+    for spec in specs.values():
+        value = getattr(decision, spec.name)
+        if value is not None or not spec.optional:
+            object.__setattr__(decision, spec.name, spec.check(value))
+
+
+def _as_dict(decision: object, specs: "Mapping[str, FieldSpec]") -> dict[str, Any]:
+    values = {name: getattr(decision, name) for name in specs}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 class FieldSpec:
@@ -98,7 +106,7 @@ class FieldSpec:
     def __init__(
         self,
         name: str,
-        kind: str,  # choice | switch | name | sizes
+        kind: str,  # choice | switch | name | sizes | size
         optional: bool,  # may be left unset by the policy (its type admits None)
         doc: str,
         choices: tuple[str, ...] = (),
@@ -124,6 +132,8 @@ class FieldSpec:
             ok = isinstance(value, bool)
         elif self.kind == "name":
             ok = isinstance(value, str) and bool(self.pattern and self.pattern.match(value))
+        elif self.kind == "size":
+            ok = type(value) is int and 0 < value <= MAX_CAPTURE_SIZE
         elif isinstance(value, (list, tuple)) and value:
             ok = all(type(v) is int and 0 < v <= MAX_CAPTURE_SIZE for v in value)
             ok = ok and len(set(value)) == len(value)
@@ -143,6 +153,8 @@ class FieldSpec:
                 value = [int(part) for part in text.split(",")]
             except ValueError:
                 value = text
+        elif self.kind == "size":
+            value = int(text) if text.strip().isdigit() else text
         try:
             return self.check(value)
         except ValueError:  # echo what the user typed, not the parsed form
@@ -181,9 +193,12 @@ def _field_spec(f: Any) -> FieldSpec:
     if tp == _SIZES:
         allowed = f"a list of distinct integers from 1 to {MAX_CAPTURE_SIZE}, e.g. 1,2,4,8"
         return FieldSpec(kind="sizes", allowed=allowed, **common, **meta)
+    if tp is int:
+        allowed = f"an integer from 1 to {MAX_CAPTURE_SIZE}"
+        return FieldSpec(kind="size", allowed=allowed, **common, **meta)
     raise TypeError(
         f"Decision.{f.name}: {f.type} is not a decision field type; use a Literal of choices, "
-        "bool, str with a pattern, or tuple[int, ...] (each optionally | None)"
+        "bool, str with a pattern, int or tuple[int, ...] (each optionally | None)"
     )
 
 
@@ -239,12 +254,104 @@ def allowed_values(name: str) -> str:
 
 
 def _spec(name: str) -> FieldSpec:
-    spec = FIELDS.get(name)
-    if spec is None:
-        from interlock.core.suggest import hint
+    return VLLM.spec(name)
 
-        allowed = ", ".join(DECISION_FIELDS)
-        raise ValueError(
-            f"unknown decision field {name!r}; allowed: {allowed}{hint(name, DECISION_FIELDS)}"
-        )
-    return spec
+
+#: An attention backend as SGLang names them (``fa3``, ``trtllm_mla``, ``torch_native``).
+BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: SGLang's CUDA-graph backend of one phase (``model_executor/cuda_graph_config.py``).
+GraphBackend = Literal["full", "breakable", "disabled"]
+
+
+@dataclass(frozen=True)
+class SglangDecision:
+    """How SGLang is to run a model: the fields of its resolution the policy decides (SGLang
+    has one model runner, so no runner axis; CUDA graphs are chosen per phase). The names
+    are those of SGLang's snapshot rows (``tools/sglang_probe``)."""
+
+    decode_cuda_graph: GraphBackend = field(default="full", metadata=_about(
+        "the CUDA-graph backend of decode batches (cuda_graph_config.decode.backend)"
+    ))
+    prefill_cuda_graph: GraphBackend = field(default="disabled", metadata=_about(
+        "the CUDA-graph backend of prefill batches (cuda_graph_config.prefill.backend)"
+    ))
+    torch_compile: bool = field(default=False, metadata=_about(
+        "torch.compile of the model (enable_torch_compile)", label="torch.compile"
+    ))
+    attention_backend: str = field(default="triton", metadata=_about(
+        "the attention backend (attention_backend)",
+        pattern=BACKEND_NAME,
+        allowed="an SGLang attention backend name such as fa3, triton, aiter, torch_native",
+    ))
+    decode_cuda_graph_max_bs: int | None = field(default=None, metadata=_about(
+        "the largest decode batch (requests) captured; unset: SGLang's own size"
+    ))
+    prefill_cuda_graph_max_bs: int | None = field(default=None, metadata=_about(
+        "the largest prefill batch (tokens) captured; unset: SGLang's own size"
+    ))
+
+    def __post_init__(self) -> None:  # checked as Decision is, on its own fields
+        _check_all(self, SGLANG_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return _as_dict(self, SGLANG_FIELDS)
+
+
+SGLANG_FIELDS: dict[str, FieldSpec] = {f.name: _field_spec(f) for f in fields(SglangDecision)}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """One engine's decision vocabulary: its fields, the class a decision is made of, what
+    implies what, and whether interlock's runners execute it (stage 5 asks them what they
+    serve). A policy's ``version:`` prefix chooses it (``interlock.policy.release``)."""
+
+    engine: str
+    #: How messages name the engine: ``vLLM``, ``SGLang``.
+    title: str
+    #: The decision's class; called with every field's value.
+    decision: Any
+    fields: Mapping[str, FieldSpec]
+    implications: tuple[Implication, ...]
+    runners: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.fields)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The fields a policy's defaults must set."""
+        return tuple(n for n, s in self.fields.items() if not s.optional)
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The fields a policy may leave to the engine or runner (compared only where set)."""
+        return tuple(n for n, s in self.fields.items() if s.optional)
+
+    def spec(self, name: str) -> FieldSpec:
+        spec = self.fields.get(name)
+        if spec is None:
+            from interlock.core.suggest import hint
+
+            raise ValueError(
+                f"unknown decision field {name!r}; allowed: {', '.join(self.names)}"
+                f"{hint(name, self.names)}"
+            )
+        return spec
+
+    def check(self, name: str, value: object) -> FieldValue:
+        """:func:`check_field` in this vocabulary."""
+        return self.spec(name).check(value)
+
+    def parse(self, name: str, text: str) -> FieldValue:
+        """:func:`parse_field` in this vocabulary."""
+        return self.spec(name).parse(text)
+
+
+VLLM = Vocabulary("vllm", "vLLM", Decision, FIELDS, IMPLICATIONS, runners=True)
+#: SGLang's breakable backend is its own (no torch.compile switch beside it): nothing implied.
+SGLANG = Vocabulary("sglang", "SGLang", SglangDecision, SGLANG_FIELDS, (), runners=False)
+#: Engine name -> its vocabulary, the first the default (a policy naming no engine).
+VOCABULARIES: dict[str, Vocabulary] = {v.engine: v for v in (VLLM, SGLANG)}

@@ -108,6 +108,8 @@ def build_record(
             "schema_version": policy.schema_version,
             "revision": policy.revision,
             "files": [{"path": f.path, "sha256": f.sha256} for f in policy.files],
+            # The decision's vocabulary where it is not vLLM's (a record without it is).
+            **({} if policy.engine == "vllm" else {"engine": policy.engine}),
         },
         "context": {
             **context.to_dict(),
@@ -125,7 +127,10 @@ def build_record(
         "deviations": resolved["deviations"],
         "task": resolved["task"],
         "refusal": resolved["refusal"],
-        "runner": dict(runner) if runner is not None else plugin_of(resolution.decision.runner),
+        "runner": dict(runner) if runner is not None else (
+            # An engine without interlock's runners (SGLang) is handed no runner.
+            plugin_of(resolution.decision.runner) if policy.vocabulary.runners else None
+        ),
         "outcome": dict(outcome) if outcome is not None else None,
         "engine": dict(engine) if engine is not None else None,
     }
@@ -314,7 +319,7 @@ _SHAPE: dict[str, tuple[type, ...]] = {
 def _shape_problem(record: Mapping[str, Any]) -> str | None:
     """Why a parsed record cannot be shown or replayed (a field of the wrong type, a context
     that is not one, an override that is not a value of its field), or None."""
-    from interlock.core.decision import check_field
+    from interlock.core.decision import VOCABULARIES
     from interlock.core.errors import PolicyError
 
     for key, types in _SHAPE.items():
@@ -326,9 +331,14 @@ def _shape_problem(record: Mapping[str, Any]) -> str | None:
         isinstance(p, str) for p in _as_list(engine.get("problems", []))
     ) or not isinstance(engine.get("vllm_version", ""), (str, type(None))):
         return "engine: verified is not a bool, problems not strings or vllm_version not text"
+    engine_name = record.get("policy", {}).get("engine", "vllm")
+    if engine_name not in VOCABULARIES:
+        return f"policy.engine is not one of {', '.join(VOCABULARIES)}"
+    vocabulary = VOCABULARIES[engine_name]
+    check_field = vocabulary.check
     try:
         for name, value in record["decision"].items():
-            if name == "capture_sizes":  # a list, or null for none
+            if name in vocabulary.optional:  # null where the policy left it unset
                 if value is not None:
                     check_field(name, tuple(value) if isinstance(value, list) else value)
             else:

@@ -121,12 +121,11 @@ class PolicyInvariantItem(pytest.Item):
         self.policy = policy
 
     def runtest(self) -> None:
-        from interlock.plugins.capabilities import capability_stage
+        from interlock.plugins.capabilities import capabilities_for
         from interlock.policy.invariants import check_invariants
 
-        (result,) = check_invariants(
-            self.policy, [self.invariant], capabilities=capability_stage()
-        )
+        stage = capabilities_for(self.policy)
+        (result,) = check_invariants(self.policy, [self.invariant], capabilities=stage)
         if not result.passed:
             raise PolicyCaseFailed("\n".join(result.render()))
 

@@ -31,6 +31,7 @@ from interlock.policy.context import ASSUMED
 from interlock.policy.trace import CAPABILITIES, ENV, OVERRIDES, RULES, Provenance, Step
 
 if TYPE_CHECKING:
+    from interlock.policy.model import Policy
     from interlock.policy.resolution import Draft
 
 #: The context feature naming how many ranks the model is sharded across.
@@ -72,6 +73,15 @@ def capability_stage(registry: PluginRegistry | None = None) -> CapabilityStage:
     if stage is None or stage.registry is not registry:
         stage = _stages[id(registry)] = CapabilityStage(registry)
     return stage
+
+
+def capabilities_for(
+    policy: Policy, registry: PluginRegistry | None = None,
+) -> CapabilityStage | None:
+    """Stage 5 for ``registry`` (default: the process's) where ``policy``'s decisions are for
+    interlock's runners; None for an engine without a runner axis (SGLang), whose decisions
+    no runner plugin serves."""
+    return capability_stage(registry) if policy.vocabulary.runners else None
 
 
 def fact(draft: Draft, name: str) -> tuple[Any, str]:

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.decision import REQUIRED_FIELDS, check_field
+from interlock.core.decision import VOCABULARIES, Vocabulary
 from interlock.core.errors import PolicyError
 from interlock.policy.conditions import build_when
 from interlock.policy.index import RuleIndex
@@ -21,6 +21,7 @@ from interlock.policy.model import (
     Rule,
     Setting,
 )
+from interlock.policy.release import engine_of
 from interlock.policy.schema import SCHEMA_VERSION, PolicyFileModel, validate_file
 from interlock.policy.source import Path_, SourceDoc, parse_yaml
 
@@ -43,11 +44,31 @@ class _Layer:
 
 def build_policy(sources: list[tuple[str, bytes, str]], revision: str) -> Policy:
     """Parse, validate and layer ``(display name, content, sha256)`` sources, in order."""
-    layers = []
-    for name, content, sha in sources:
-        doc = parse_yaml(content, name)
-        layers.append(_layer(doc, validate_file(doc), sha))
-    return _merge(layers, revision)
+    docs = [(parse_yaml(content, name), sha) for name, content, sha in sources]
+    engine = engine_of_docs([doc for doc, _ in docs])
+    vocabulary = VOCABULARIES[engine]
+    layers = [_layer(doc, validate_file(doc, vocabulary), sha, vocabulary) for doc, sha in docs]
+    return _merge(layers, revision, engine)
+
+
+def engine_of_docs(docs: list[SourceDoc]) -> str:
+    """The one engine the files' versions name (``vllm-…``, ``sglang-…``); a file naming
+    none (a site layer) decides for the engine of the others, and a stack naming none is
+    vLLM's."""
+    named: dict[str, SourceDoc] = {}
+    for doc in docs:
+        version = doc.data.get("version") if isinstance(doc.data, dict) else None
+        engine = engine_of(version) if isinstance(version, str) else None
+        if engine is not None:
+            named.setdefault(engine, doc)
+    if len(named) > 1:
+        (first, a), (second, b) = list(named.items())[:2]
+        raise b.error(
+            ("version",),
+            f"this file decides for {second} but {a.name} for {first}: a policy decides for "
+            "one engine (its decision fields are that engine's)",
+        )
+    return next(iter(named), "vllm")
 
 
 def _loc(doc: SourceDoc, path: Path_, *, key: bool = False) -> Location:
@@ -55,21 +76,23 @@ def _loc(doc: SourceDoc, path: Path_, *, key: bool = False) -> Location:
     return Location(doc.name, m.line, m.col)
 
 
-def _settings(doc: SourceDoc, fields: Any, path: Path_) -> dict[str, Setting]:
+def _settings(
+    doc: SourceDoc, fields: Any, path: Path_, vocabulary: Vocabulary
+) -> dict[str, Setting]:
     return {
-        name: Setting(check_field(name, getattr(fields, name)), _loc(doc, (*path, name)))
+        name: Setting(vocabulary.check(name, getattr(fields, name)), _loc(doc, (*path, name)))
         for name in type(fields).model_fields
         if name in fields.model_fields_set
     }
 
 
-def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
+def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str, vocabulary: Vocabulary) -> _Layer:
     layer = _Layer(PolicyFile(doc.name, model.version, sha, _loc(doc, ("version",)).line))
     for arch, traits in model.catalog.items():
         layer.catalog[arch] = CatalogEntry(
             arch, traits.model_dump(exclude_none=True), _loc(doc, ("catalog", arch), key=True)
         )
-    layer.defaults = _settings(doc, model.defaults, ("defaults",))
+    layer.defaults = _settings(doc, model.defaults, ("defaults",), vocabulary)
     for name, binding in model.env.items():
         if binding is None:
             layer.dropped[name] = _loc(doc, ("env", name), key=True)
@@ -79,7 +102,7 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
         values = {}
         for text, value in binding.values.items():
             try:
-                values[text] = check_field(binding.field, value)
+                values[text] = vocabulary.check(binding.field, value)
             except ValueError as exc:
                 raise doc.error(("env", name, "values", text), str(exc)) from None
         layer.env[name] = EnvBinding(
@@ -91,14 +114,15 @@ def _layer(doc: SourceDoc, model: PolicyFileModel, sha: str) -> _Layer:
                 id=rule.id,
                 index=i,
                 when=build_when(rule.when.model_dump(by_alias=True, exclude_none=True)),
-                set=_settings(doc, rule.set, ("rules", i, "set")) if rule.set else {},
+                set=_settings(doc, rule.set, ("rules", i, "set"), vocabulary) if rule.set else {},
                 reason=rule.reason,
                 ref=rule.ref,
                 location=_loc(doc, ("rules", i)),
                 evidence=tuple(rule.evidence or ()),
                 refuse=rule.refuse,
                 decided=(
-                    _settings(doc, rule.decided, ("rules", i, "decided")) if rule.decided else {}
+                    _settings(doc, rule.decided, ("rules", i, "decided"), vocabulary)
+                    if rule.decided else {}
                 ),
             )
         )
@@ -144,7 +168,7 @@ def _layer_env(env: dict[str, EnvBinding], locked: dict[str, Location], layer: _
     locked.update({name: layer.env[name].location for name in layer.locked})
 
 
-def _merge(layers: list[_Layer], revision: str) -> Policy:
+def _merge(layers: list[_Layer], revision: str, engine: str) -> Policy:
     """Later files append rules and deviations and replace defaults fields, env bindings and
     catalog entries; they drop env bindings (``NAME: null``) unless locked."""
     catalog: dict[str, CatalogEntry] = {}
@@ -173,7 +197,7 @@ def _merge(layers: list[_Layer], revision: str) -> Policy:
             rule = dataclasses.replace(rule, index=len(rules))
             seen_ids[rule.id] = rule
             rules.append(rule)
-    missing = [f for f in REQUIRED_FIELDS if f not in defaults]
+    missing = [f for f in VOCABULARIES[engine].required if f not in defaults]
     if missing:
         last = layers[-1].file.path
         # Usually a site policy given alone: say how to layer it on the shipped one.
@@ -196,4 +220,5 @@ def _merge(layers: list[_Layer], revision: str) -> Policy:
         rules=rule_tuple,
         index=RuleIndex.build(rule_tuple),
         deviations=tuple(deviations),
+        engine=engine,
     )

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 NAME_KEYS = ("architecture", "platform", "device_arch")
 #: Engines whose version a rule can test (``when: {engine: {vllm: ">=0.32"}}``).
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sglang")
 #: A config path has at most this many dotted parts and characters (real ones have 1-3).
 MAX_CONFIG_DEPTH = 8
 MAX_CONFIG_PATH = 200

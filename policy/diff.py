@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.decision import DECISION_FIELDS, OUTCOME
+from interlock.core.decision import OUTCOME, VOCABULARIES
 from interlock.core.errors import PolicyError
 from interlock.policy.context import Context
 from interlock.policy.domain import UNNAMED_DEVICE_ARCH, Domain, EnvState, Extra
@@ -114,7 +114,8 @@ class PolicyDiff:
                 deciders = Deciders(change.old, change.new)
                 group.by_deciders.append(deciders)
             deciders.contexts.append(change.context)
-        order = {name: i for i, name in enumerate((OUTCOME, *DECISION_FIELDS))}
+        known = (OUTCOME, *(n for v in VOCABULARIES.values() for n in v.names))
+        order = {name: i for i, name in enumerate(known)}
         return sorted(groups.values(), key=lambda g: (order[g.field], -g.count, g.old, g.new))
 
 
@@ -137,14 +138,22 @@ def check_size(domain: Domain, bound: int, command: str) -> int:
     return size
 
 
-def diff_policies(old: Policy, new: Policy, fields: Sequence[str] = DECISION_FIELDS,
+def diff_policies(old: Policy, new: Policy, fields: Sequence[str] | None = None,
                   max_contexts: int = MAX_CONTEXTS) -> PolicyDiff:
-    """Every decision of ``fields`` that differs between ``old`` and ``new`` on their domain
-    (refused, naming its size, past ``max_contexts`` contexts)."""
-    unknown = [f for f in fields if f not in DECISION_FIELDS]
+    """Every decision of ``fields`` (default: every field of the policies' vocabulary) that
+    differs between ``old`` and ``new`` on their domain (refused, naming its size, past
+    ``max_contexts`` contexts). Policies for two engines decide different fields: an error."""
+    if old.engine != new.engine:
+        raise PolicyError(
+            f"the old policy decides for {old.vocabulary.title} and the new one for "
+            f"{new.vocabulary.title}: their decisions have different fields, so no diff"
+        )
+    names = old.vocabulary.names
+    fields = names if fields is None else fields
+    unknown = [f for f in fields if f not in names]
     if unknown:
         raise PolicyError(
-            f"unknown decision field {unknown[0]!r}; allowed: {', '.join(DECISION_FIELDS)}"
+            f"unknown decision field {unknown[0]!r}; allowed: {', '.join(names)}"
         )
     domain = Domain.of(old, new)
     check_size(domain, max_contexts, "policy diff")
@@ -414,7 +423,7 @@ def render_text(diff: PolicyDiff) -> str:
     contexts. When the domain enumerates config, model or engine states, the report says so
     first."""
     if diff.equal:
-        every = tuple(diff.fields) == tuple(DECISION_FIELDS)
+        every = any(tuple(diff.fields) == v.names for v in VOCABULARIES.values())
         fields = "" if every else f" (fields {', '.join(diff.fields)})"
         return f"no decision differs over {diff.domain.size()} contexts{fields}\n"
     lines: list[str] = []

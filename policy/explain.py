@@ -64,19 +64,24 @@ def render_text(res: Resolution, *, color: bool = False) -> str:
     else:
         lines.append(s("decision", "bold"))
     decision = res.decision.to_dict()
-    for name in DECISION_FIELDS:
+    names = res.policy.vocabulary.names
+    # The field column is as wide as vLLM's longest name, or the vocabulary's.
+    w = max(13, *map(len, names))
+    # What chooses an unset field: interlock's runner, or the engine itself.
+    chooser = "the runner" if res.policy.vocabulary.runners else res.policy.vocabulary.title
+    for name in names:
         prov = res.provenance.get(name)
         if prov is None:
-            lines.append(f"  {name:<13} {s('(not set: the runner chooses)', 'dim')}")
+            lines.append(f"  {name:<{w}} {s(f'(not set: {chooser} chooses)', 'dim')}")
             continue
         value = s(f"{_show(decision[name]):<20}", "cyan")
-        lines.append(f"  {name:<13} {value} {_setter(prov, s)}")
+        lines.append(f"  {name:<{w}} {value} {_setter(prov, s)}")
         if prov.stage != "defaults" and prov.reason:
-            lines.append(f"  {'':<13} {s(prov.reason, 'dim')}")
+            lines.append(f"  {'':<{w}} {s(prov.reason, 'dim')}")
         if prov.ref:
-            lines.append(f"  {'':<13} {s(prov.ref, 'dim')}")
+            lines.append(f"  {'':<{w}} {s(prov.ref, 'dim')}")
         for summary in _evidence(res, prov):
-            lines.append(f"  {'':<13} {s('evidence: ' + summary, 'dim')}")
+            lines.append(f"  {'':<{w}} {s('evidence: ' + summary, 'dim')}")
     if res.deviations:
         lines += ["", s("deviations (declared: this policy departs from the engine here)", "bold")]
         for dev in res.deviations:
@@ -207,9 +212,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-TABLE_COLUMNS = ("architecture", "platform", *DECISION_FIELDS)
-
-
 @dataclass(frozen=True)
 class TableError:
     """A context of the table that did not resolve: its cell shows the error."""
@@ -227,23 +229,27 @@ def config_label(config: Mapping[str, Any] | None) -> str:
     return ",".join(f"{k}={_show(v)}" for k, v in config.items()) or "(without those keys)"
 
 
-def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
+def render_table(
+    rows: list[Resolution | TableError], fmt: str, fields: tuple[str, ...] = DECISION_FIELDS
+) -> str:
     """The decision matrix as ``text``, ``csv`` or ``json``; a context that failed to resolve
     shows ``error: ...`` in its runner cell (``error`` in JSON), one a rule refuses ``refused
-    by RULE (file:line)`` (the decision and ``refusal`` in JSON). Rows with a model config
+    by RULE (file:line)`` (the decision and ``refusal`` in JSON); ``fields``: the policy's
+    decision fields, the first of which carries those cells. Rows with a model config
     (one per truth assignment of the policy's config predicates) add a ``config`` column."""
+    first_field = fields[0]
     configs = [r.config if isinstance(r, TableError) else r.context.config for r in rows]
     with_config = any(c is not None for c in configs)
-    columns = TABLE_COLUMNS
+    columns = ("architecture", "platform", *fields)
     if with_config:
-        columns = (*TABLE_COLUMNS[:2], "config", *TABLE_COLUMNS[2:])
+        columns = (*columns[:2], "config", *columns[2:])
     records = []
     for res, config in zip(rows, configs, strict=True):
         if isinstance(res, TableError):
             first = res.message.splitlines()[0]
             record: dict[str, Any] = {"architecture": res.architecture, "platform": res.platform}
-            record.update(dict.fromkeys(DECISION_FIELDS))
-            record["runner"] = f"error: {first}" if fmt != "json" else None
+            record.update(dict.fromkeys(fields))
+            record[first_field] = f"error: {first}" if fmt != "json" else None
             if fmt == "json":
                 record["error"] = res.message
         else:
@@ -257,8 +263,8 @@ def render_table(rows: list[Resolution | TableError], fmt: str) -> str:
                 if fmt == "json":
                     record["refusal"] = res.refusal.to_dict()
                 else:
-                    record.update(dict.fromkeys(DECISION_FIELDS))
-                    record["runner"] = (
+                    record.update(dict.fromkeys(fields))
+                    record[first_field] = (
                         f"refused by {res.refusal.by} ({res.refusal.location})"
                     )
         if with_config:

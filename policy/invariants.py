@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.errors import LocatedError
+from interlock.core.errors import LocatedError, PolicyError
 from interlock.policy.conditions import build_when
 from interlock.policy.context import Context
 from interlock.policy.diff import decider, show_value
@@ -159,6 +159,7 @@ def check_invariants(
     """Check every invariant on the policy's domain (resolved once per context)."""
     if not invariants:
         return []
+    _check_fields(policy, invariants)
     results = [InvariantResult(inv) for inv in invariants]
     scopes = [
         build_when(inv.invariant.forall.model_dump(by_alias=True, exclude_none=True))
@@ -234,6 +235,26 @@ def _violation(
         else:
             deciders[name] = decider(prov) + (f" ({prov.location})" if prov.location else "")
     return Counterexample(context, decision, deciders)
+
+
+def _check_fields(policy: Policy, invariants: Sequence[LoadedInvariant]) -> None:
+    """Every field an invariant names is one of the policy's (a tests file may name any
+    engine's): else a :class:`PolicyError` at the invariant, not a claim that never holds."""
+    vocabulary = policy.vocabulary
+    for loaded in invariants:
+        inv = loaded.invariant
+        parts = [inv.expect, inv.never]
+        if inv.implies is not None:
+            parts += [inv.implies.if_, inv.implies.then]
+        for part in parts:
+            unknown = [n for n in _set(part) if n not in vocabulary.fields] if part else []
+            if unknown:
+                where = loaded.at()
+                raise PolicyError(
+                    f"invariant {inv.name!r}: {unknown[0]} is not a decision field of a "
+                    f"{vocabulary.title} policy; its fields: {', '.join(vocabulary.names)}",
+                    file=where.file, line=where.line,
+                )
 
 
 def _set(fields: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interlock.core.decision import DECISION_FIELDS
+from interlock.core.decision import VOCABULARIES
 from interlock.core.errors import PolicyError
 from interlock.core.fields import TRAITS, show_scalar
 from interlock.core.suggest import hint
@@ -599,20 +599,28 @@ def lint_sources(
     that loads is linted. ``runners`` says which runner names exist (a check, or the names);
     ``checks`` run after :data:`CHECKS` (the plugin layer passes the registry's); ``files``
     maps display names to files where they differ (evidence paths are relative to them)."""
+    from interlock.policy.build import engine_of_docs
     from interlock.policy.loader import load_policy_sources
     from interlock.policy.schema import validate_file
     from interlock.policy.source import parse_yaml
 
     findings: list[Finding] = []
-    docs: dict[str, SourceDoc] = {}
+    parsed: list[SourceDoc] = []
     for name, content in sources:
         try:
-            doc = parse_yaml(content, name)
+            parsed.append(parse_yaml(content, name))
         except PolicyError as exc:
             findings.extend(_from_error(exc, by_path=False))
-            continue
+    try:
+        # Each file is validated in the vocabulary of the engine the stack decides for.
+        vocabulary = VOCABULARIES[engine_of_docs(parsed)]
+    except PolicyError as exc:
+        return [*findings, *_from_error(exc)]
+    docs: dict[str, SourceDoc] = {}
+    for doc in parsed:
+        name = doc.name
         try:
-            validate_file(doc)
+            validate_file(doc, vocabulary)
         except PolicyError as exc:
             findings.extend(_from_error(exc))
             continue
@@ -676,7 +684,8 @@ def _error_code(path: str | None) -> str:
     """``unknown-value`` for a bad decision value (in defaults, a rule's set or an env binding)."""
     if path:
         last = path.rsplit(".", 1)[-1]
-        if last in DECISION_FIELDS or re.match(r"^env\.[^.]+\.values\.", path):
+        field = any(last in v.fields for v in VOCABULARIES.values())
+        if field or re.match(r"^env\.[^.]+\.values\.", path):
             return "unknown-value"
     return "invalid"
 

@@ -52,10 +52,16 @@ SHIPPED_ALIAS = "@shipped"
 #: releases, for hosts on a release the shipped policy is not written for.
 ALL_RELEASES_ALIAS = "@all-releases"
 #: Each alias, the file it names beside this module, and what it is.
+#: Names the shipped SGLang policy (``examples/sglang.yaml`` in a checkout): SGLang's
+#: decision fields, for ``policy explain --engine sglang`` and the plugin inside SGLang.
+SGLANG_ALIAS = "@sglang"
 ALIASES = {
     SHIPPED_ALIAS: (SHIPPED_NAME, "the shipped policy"),
     ALL_RELEASES_ALIAS: ("vllm-all-releases.yaml", "every vLLM release interlock has read"),
+    SGLANG_ALIAS: ("sglang.yaml", "the shipped SGLang policy"),
 }
+#: The shipped policy of each engine: what ``--engine E`` decides with when no policy is named.
+ENGINE_POLICIES = {"vllm": SHIPPED_ALIAS, "sglang": SGLANG_ALIAS}
 
 
 def shipped_display(path: Path | None = None) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlock.core.decision import FieldValue
+from interlock.core.decision import VOCABULARIES, FieldValue, Vocabulary
 from interlock.policy.conditions import Facts, When
 
 
@@ -134,6 +134,13 @@ class Policy:
     deviations: tuple[Deviation, ...] = ()
     #: Resolutions memoized by (context, overrides, capabilities); never stored.
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+    #: The engine the policy decides for, named by its files' ``version:`` prefix
+    #: (``interlock.policy.release``); it chooses the decision vocabulary.
+    engine: str = "vllm"
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return VOCABULARIES[self.engine]
 
     def stamp(self) -> dict[str, Any]:
         """What every decision is stamped with."""

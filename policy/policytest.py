@@ -199,7 +199,15 @@ def _run_case(policy: Policy, loaded: LoadedCase, decide: Decide) -> CaseResult:
         return CaseResult(loaded, tuple(problems), resolution)
     check_rule = expect.rule in {r.id for r in policy.rules}
     failing: list[str] = []
+    vocabulary = policy.vocabulary
     for name, wanted in expect.fields().items():
+        if name not in vocabulary.fields:  # another engine's field: this policy has none
+            problems.append(
+                f"{name}: not a decision field of a {vocabulary.title} policy; its fields: "
+                f"{', '.join(vocabulary.names)}"
+            )
+            failing.append(name)
+            continue
         got = getattr(resolution.decision, name)
         wanted_value = tuple(wanted) if isinstance(wanted, list) else wanted
         prov = resolution.provenance.get(name)

@@ -1,8 +1,10 @@
-"""Which vLLM release a policy is written for, read from its files' ``version:``.
+"""Which engine release a policy is written for, read from its files' ``version:``.
 
 A file that mirrors vLLM says so in its version: ``vllm-0.33.0`` (one release) or
 ``vllm-0.27.1..0.33.0`` (every release of a range, its rules telling them apart with
-``engine:`` conditions). Any other version (``site-2026.12``, ``2026.09.01``) names no
+``engine:`` conditions); one that mirrors SGLang, ``sglang-0.5.23``. The prefix names the
+engine, and with it the decision vocabulary of the policy (:func:`engine_of`). Any other
+version (``site-2026.12``, ``2026.09.01``) names no
 release: a site layer inherits the release of the files below it. A host whose vLLM is
 outside a file's release gets a decision established for another one, which is what the
 commands warn about or refuse (:mod:`interlock.commands.release_check`).
@@ -16,10 +18,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from interlock.core.decision import VOCABULARIES
 from interlock.policy.model import Location, Policy
 
 #: What a version names a vLLM release with.
 PREFIX = "vllm-"
+#: The prefix of each engine's releases: ``vllm-``, ``sglang-``.
+PREFIXES = {engine: f"{engine}-" for engine in VOCABULARIES}
 #: A release number (``0.33.0``): the part of PEP 440 a policy names releases by.
 _RELEASE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9}){0,5}")
 
@@ -28,11 +33,12 @@ Numbers = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Release:
-    """The vLLM release (or range of releases, both ends included) one policy file names."""
+    """The engine release (or range of releases, both ends included) one policy file names."""
 
     first: Numbers
     last: Numbers
     location: Location
+    engine: str = "vllm"
 
     @property
     def text(self) -> str:
@@ -51,7 +57,7 @@ class Release:
         return _padded(self.first, width) <= _padded(numbers, width) <= _padded(self.last, width)
 
     def to_dict(self) -> dict[str, object]:
-        return {"engine": "vllm", "first": _dotted(self.first), "last": _dotted(self.last),
+        return {"engine": self.engine, "first": _dotted(self.first), "last": _dotted(self.last),
                 "location": self.location.to_dict()}
 
 
@@ -60,16 +66,23 @@ def releases(policy: Policy) -> tuple[Release, ...]:
     out)."""
     found = []
     for file in policy.files:
-        numbers = _numbers(file.version)
-        if numbers is not None:
-            found.append(Release(*numbers, Location(file.path, file.version_line)))
+        engine = engine_of(file.version)
+        numbers = None if engine is None else _numbers(file.version, PREFIXES[engine])
+        if engine is not None and numbers is not None:
+            found.append(Release(*numbers, Location(file.path, file.version_line), engine))
     return tuple(found)
 
 
-def outside(policy: Policy, version: str) -> tuple[Release, ...]:
-    """The releases named by the policy's files that vLLM ``version`` is not in: each such
-    file was written for another vLLM."""
-    return tuple(r for r in releases(policy) if not r.covers(version))
+def engine_of(version: str) -> str | None:
+    """The engine a file's ``version:`` names a release of (``sglang-0.5.23``: sglang), or
+    None for a version naming no engine (a site layer's)."""
+    return next((e for e, prefix in PREFIXES.items() if version.startswith(prefix)), None)
+
+
+def outside(policy: Policy, version: str, engine: str = "vllm") -> tuple[Release, ...]:
+    """The releases named by the policy's files that ``engine``'s ``version`` is not in
+    (those of another engine included): each such file was written for another release."""
+    return tuple(r for r in releases(policy) if r.engine != engine or not r.covers(version))
 
 
 def describe(policy: Policy) -> str:
@@ -82,27 +95,28 @@ def describe(policy: Policy) -> str:
     return f"for no vLLM release: no file's version is {PREFIX}X.Y.Z ({versions})"
 
 
-def mismatch(policy: Policy, version: str, source: str) -> str | None:
-    """Why vLLM ``version`` (learnt as ``source`` says) is not what the policy is written
-    for, or None when every release its files name covers it."""
-    out = outside(policy, version)
+def mismatch(policy: Policy, version: str, source: str, engine: str = "vllm") -> str | None:
+    """Why ``engine``'s ``version`` (learnt as ``source`` says) is not what the policy is
+    written for, or None when every release its files name covers it."""
+    out = outside(policy, version, engine)
     if not out:
         return None
-    return (f"vLLM {version} ({source}) is outside what the policy is written for: "
+    return (f"{VOCABULARIES[engine].title} {version} ({source}) is outside what the policy "
+            "is written for: "
             + " and ".join(cite(r) for r in out))
 
 
 def cite(release: Release) -> str:
     """``vLLM 0.33.0 (version: policies.yaml:11)``."""
-    return f"vLLM {release.text} (version: {release.location})"
+    return f"{VOCABULARIES[release.engine].title} {release.text} (version: {release.location})"
 
 
-def _numbers(version: str) -> tuple[Numbers, Numbers] | None:
+def _numbers(version: str, prefix: str = PREFIX) -> tuple[Numbers, Numbers] | None:
     """``(first, last)`` of a version that names a release (``vllm-0.33.0``,
-    ``vllm-0.27.1..0.33.0``), else None."""
-    if not version.startswith(PREFIX):
+    ``vllm-0.27.1..0.33.0``) of the engine ``prefix`` names, else None."""
+    if not version.startswith(prefix):
         return None
-    ends = version[len(PREFIX):].split("..")
+    ends = version[len(prefix):].split("..")
     if len(ends) > 2 or not all(_RELEASE.fullmatch(end) for end in ends):
         return None
     first, last = (tuple(int(n) for n in end.split(".")) for end in (ends[0], ends[-1]))

@@ -13,13 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from interlock.core.decision import (
-    DECISION_FIELDS,
-    IMPLICATIONS,
-    Decision,
-    Implication,
-    check_field,
-)
+from interlock.core.decision import Decision, Implication
 from interlock.core.errors import PolicyError
 from interlock.policy.conditions import Facts
 from interlock.policy.context import (
@@ -178,6 +172,8 @@ def check_refusal(resolution: Resolution) -> None:
 class Resolution:
     """A decision with its provenance, the facts it was made on, and its (lazily built) trace."""
 
+    #: The decision in the policy's vocabulary: a :class:`Decision` for a vLLM policy (what
+    #: interlock's runners and vLLM are handed), an ``SglangDecision`` for an SGLang one.
     decision: Decision
     provenance: dict[str, Provenance]
     context: Context
@@ -332,7 +328,7 @@ def _resolve(
     if engine is not None:
         engine(draft)
     _apply_refusals(draft)
-    decision = Decision(**draft.values)
+    decision = policy.vocabulary.decision(**draft.values)
     return Resolution(decision, dict(draft.provenance), context, traits, policy, draft)
 
 
@@ -443,10 +439,11 @@ def _apply_env(draft: Draft) -> None:
 
 
 def _apply_overrides(draft: Draft, overrides: tuple[tuple[str, Any], ...]) -> None:
-    order = {name: i for i, name in enumerate(DECISION_FIELDS)}
+    vocabulary = draft.policy.vocabulary
+    order = {name: i for i, name in enumerate(vocabulary.names)}
     for name, raw in sorted(overrides, key=lambda kv: order.get(kv[0], len(order))):
         try:
-            value = check_field(name, raw)
+            value = vocabulary.check(name, raw)
         except ValueError as exc:
             raise PolicyError(f"override {exc}") from None
         draft.assign(Provenance(name, value, OVERRIDES, "override", "explicit override"))
@@ -456,7 +453,7 @@ def _apply_overrides(draft: Draft, overrides: tuple[tuple[str, Any], ...]) -> No
 
 
 def _apply_implied(draft: Draft) -> None:
-    for implication in IMPLICATIONS:
+    for implication in draft.policy.vocabulary.implications:
         _apply_implication(draft, implication)
 
 

@@ -26,7 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from interlock.core.decision import DECISION_FIELDS, FIELDS, MAX_CAPTURE_SIZE, OUTCOME, FieldSpec
+from interlock.core.decision import (
+    DECISION_FIELDS,
+    MAX_CAPTURE_SIZE,
+    OUTCOME,
+    VLLM,
+    VOCABULARIES,
+    FieldSpec,
+    Vocabulary,
+)
 from interlock.core.errors import PolicyError, dotted
 from interlock.core.fields import TRAITS
 from interlock.core.suggest import hint
@@ -71,6 +79,8 @@ def _decision_type(spec: FieldSpec) -> Any:
     if spec.kind == "name":
         assert spec.pattern is not None
         return Annotated[StrictStr, Field(pattern=spec.pattern.pattern)]
+    if spec.kind == "size":
+        return Annotated[StrictInt, Field(gt=0, le=MAX_CAPTURE_SIZE)]
     positive = Annotated[StrictInt, Field(gt=0, le=MAX_CAPTURE_SIZE)]
     return Annotated[list[positive], Field(min_length=1), AfterValidator(_distinct)]
 
@@ -80,13 +90,28 @@ def _model(name: str, **fields: Any) -> type[_Model]:
     return create_model(name, __base__=_Model, **fields)
 
 
-# Fields default to None but do not accept an explicit `null`: pydantic does not validate
-# defaults, so `runner: null` in a file fails like any other bad value.
-_DecisionFields = _model(
-    "DecisionFields",
+def _decision_fields(vocabulary: Vocabulary, name: str) -> type[_Model]:
+    """The model of a vocabulary's decision fields (a ``set``, ``decided`` or ``defaults``)."""
+    # Fields default to None but do not accept an explicit `null`: pydantic does not
+    # validate defaults, so `runner: null` in a file fails like any other bad value.
+    return _model(
+        name,
+        **{
+            field: (_decision_type(spec), Field(None, description=spec.doc))
+            for field, spec in vocabulary.fields.items()
+        },
+    )
+
+
+_DecisionFields = _decision_fields(VLLM, "DecisionFields")
+#: Every engine's decision fields (their names are distinct): what a tests file may name
+#: before the policy it tests, and with it the vocabulary, is known.
+_AnyDecisionFields = _model(
+    "AnyDecisionFields",
     **{
         name: (_decision_type(spec), Field(None, description=spec.doc))
-        for name, spec in FIELDS.items()
+        for vocabulary in VOCABULARIES.values()
+        for name, spec in vocabulary.fields.items()
     },
 )
 
@@ -149,10 +174,12 @@ _WhenModel = _model(
 if TYPE_CHECKING:
     # The checker sees their common base: their fields come from the vocabularies.
     DecisionFields = _Model
+    AnyDecisionFields = _Model
     TraitsModel = _Model
     WhenModel = _Model
 else:
     DecisionFields, TraitsModel, WhenModel = _DecisionFields, _TraitsModel, _WhenModel
+    AnyDecisionFields = _AnyDecisionFields
 
 
 class RuleModel(_Model):
@@ -184,7 +211,7 @@ class RuleModel(_Model):
     @classmethod
     def _sets_something(cls, fields: BaseModel) -> BaseModel:
         if not fields.model_fields_set:
-            raise ValueError(f"name at least one of {', '.join(DECISION_FIELDS)}")
+            raise ValueError(f"name at least one of {', '.join(type(fields).model_fields)}")
         return fields
 
     @model_validator(mode="after")
@@ -238,8 +265,46 @@ class PolicyFileModel(_Model):
     deviations: list[DeviationModel] = []
 
 
-def validate_file(doc: SourceDoc) -> PolicyFileModel:
-    """Validate a parsed policy file; every error points at its file:line:col."""
+def _file_model(vocabulary: Vocabulary) -> type[PolicyFileModel]:
+    """The policy file model of ``vocabulary``: vLLM's above, another engine's the same with
+    its decision fields."""
+    if vocabulary is VLLM:
+        return PolicyFileModel
+    model = _FILE_MODELS.get(vocabulary.engine)
+    if model is None:
+        title = vocabulary.title
+        fields = _decision_fields(vocabulary, f"{title}DecisionFields")
+        fields_named = vocabulary.names
+        deviation_fields = (*fields_named, OUTCOME)
+        names: Any = Literal[fields_named]
+        deviations: Any = Literal[deviation_fields]
+        rule = create_model(
+            f"{title}Rule", __base__=RuleModel,
+            set=(fields, RuleModel.model_fields["set"]),
+            decided=(fields, RuleModel.model_fields["decided"]),
+        )
+        binding = create_model(f"{title}EnvBinding", __base__=EnvBindingModel, field=(names, ...))
+        deviation = create_model(
+            f"{title}Deviation", __base__=DeviationModel,
+            field=(deviations, ...),
+        )
+        model = create_model(
+            f"{title}PolicyFile", __base__=PolicyFileModel,
+            defaults=(fields, fields()),
+            env=(dict[EnvName, Optional[binding]], {}),  # type: ignore[valid-type]  # noqa: UP045
+            rules=(list[rule], []),  # type: ignore[valid-type]
+            deviations=(list[deviation], []),  # type: ignore[valid-type]
+        )
+        _FILE_MODELS[vocabulary.engine] = model
+    return model
+
+
+_FILE_MODELS: dict[str, type[PolicyFileModel]] = {}
+
+
+def validate_file(doc: SourceDoc, vocabulary: Vocabulary = VLLM) -> PolicyFileModel:
+    """Validate a parsed policy file, its decision fields ``vocabulary``'s; every error
+    points at its file:line:col."""
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error((), "a policy file is a mapping with the keys " + _keys(PolicyFileModel))
@@ -257,10 +322,11 @@ def validate_file(doc: SourceDoc) -> PolicyFileModel:
             ("schema_version",),
             f"unsupported schema_version {version!r}; supported: {SCHEMA_VERSION}",
         )
+    model = _file_model(vocabulary)
     try:
-        return PolicyFileModel.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise _located(exc, doc, PolicyFileModel) from None
+        raise _located(exc, doc, model) from None
 
 
 def validate_when(data: Any, name: str = "<when>") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interlock.core.decision import OUTCOME, REQUIRED_FIELDS
+from interlock.core.decision import OUTCOME, REQUIRED_FIELDS, VLLM, VOCABULARIES, Vocabulary
 from interlock.core.errors import PolicyError
 from interlock.core.fields import TASKS
 from interlock.core.files import FileProblem, decode_utf8, load_json, read_regular
@@ -72,6 +72,12 @@ class Snapshot:
     engine_version: str
     header: dict[str, Any]
     rows: tuple[SnapshotRow, ...]
+    #: The engine it records (the header's key: ``vllm``, ``sglang``).
+    engine: str = ENGINE
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return VOCABULARIES[self.engine]
 
 
 @dataclass(frozen=True)
@@ -206,17 +212,21 @@ def load_snapshot(path: str | Path) -> Snapshot:
         raise PolicyError("empty snapshot", file=name)
     header = _object(lines[0], name, 1)
     meta = header.get("snapshot")
-    if not isinstance(meta, dict) or not isinstance(meta.get("vllm"), str):
+    # The engine is the key its version is under: vLLM's, else another's (SGLang's).
+    engine = ENGINE if not isinstance(meta, dict) else next(
+        (e for e in VOCABULARIES if isinstance(meta.get(e), str)), ENGINE
+    )
+    if not isinstance(meta, dict) or not isinstance(meta.get(engine), str):
         raise PolicyError('line 1 must be {"snapshot": {"vllm": VERSION, ...}}', file=name, line=1)
     try:
-        check_version(meta["vllm"])
+        check_version(meta[engine])
     except ValueError as exc:
-        raise PolicyError(f"snapshot.vllm: {exc}", file=name, line=1) from None
+        raise PolicyError(f"snapshot.{engine}: {exc}", file=name, line=1) from None
     rows = []
     for number, text in enumerate(lines[1:], start=2):
         if text.strip():
-            rows.append(_row(_object(text, name, number), name, number, meta["vllm"]))
-    return Snapshot(name, meta["vllm"], meta, tuple(rows))
+            rows.append(_row(_object(text, name, number), name, number, meta[engine], engine))
+    return Snapshot(name, meta[engine], meta, tuple(rows), engine)
 
 
 def _object(text: bytes, name: str, line: int) -> dict[str, Any]:
@@ -230,8 +240,13 @@ def _object(text: bytes, name: str, line: int) -> dict[str, Any]:
     return data
 
 
-def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRow:
-    env = data.get("env")
+def _row(
+    data: dict[str, Any], name: str, line: int, version: str, engine: str = ENGINE
+) -> SnapshotRow:
+    vocabulary = VOCABULARIES[engine]
+    # A snapshot of an engine without interlock's runners (SGLang) records no task and no
+    # environment.
+    env = data.get("env", None if vocabulary.runners else {})
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise PolicyError("env must map names to strings", file=name, line=line, path="env")
     for key in ("architecture", "platform", "device_arch"):
@@ -256,18 +271,20 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
             path="refusal",
         )
     task = data.get(TASK)
-    if outcome == DECIDED and task not in TASKS:
+    if outcome == DECIDED and vocabulary.runners and task not in TASKS:
         raise PolicyError(
             f"task must be one of {', '.join(TASKS)}, not {_brief(task)}", file=name,
             line=line, path=TASK,
         )
     decision = {}
     if outcome == DECIDED and probe_error is None:
-        missing = [f for f in REQUIRED_FIELDS if f not in data]
+        missing = [f for f in vocabulary.required if f not in data]
         if missing:
             raise PolicyError(
                 f"a decided row needs {', '.join(missing)}", file=name, line=line
             )
+        if vocabulary is not VLLM:
+            return _engine_row(data, name, line, version, engine)
         decision = {f: data.get(f) for f in COMPARED}
         for key, types in _DECISION_TYPES.items():
             if key in decision and not isinstance(decision[key], types):
@@ -302,9 +319,9 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
             sources={
                 **{f"env.{k}": SNAPSHOT_SOURCE for k in env},
                 **{f"features.{k}": SNAPSHOT_SOURCE for k in features},
-                f"engine.{ENGINE}": f"{SNAPSHOT_SOURCE} ({name})",
+                f"engine.{engine}": f"{SNAPSHOT_SOURCE} ({name})",
             },
-            engine={ENGINE: version},
+            engine={engine: version},
         )
     except PolicyError as exc:
         raise PolicyError(exc.message, file=name, line=line) from None
@@ -314,19 +331,55 @@ def _row(data: dict[str, Any], name: str, line: int, version: str) -> SnapshotRo
     )
 
 
+def _engine_row(
+    data: dict[str, Any], name: str, line: int, version: str, engine: str
+) -> SnapshotRow:
+    """A decided row of an engine other than vLLM: every field of its vocabulary checked as
+    a policy's value is (an optional one may be null: the engine did not say)."""
+    vocabulary = VOCABULARIES[engine]
+    decision: dict[str, Any] = {}
+    for key in vocabulary.names:
+        value = data.get(key)
+        if value is None and key in vocabulary.optional:
+            decision[key] = None
+            continue
+        try:
+            decision[key] = vocabulary.check(key, value)
+        except ValueError as exc:
+            raise PolicyError(str(exc), file=name, line=line, path=key) from None
+    try:
+        context = Context(
+            data["architecture"], platform=data["platform"], device_arch=data["device_arch"],
+            sources={f"engine.{engine}": f"{SNAPSHOT_SOURCE} ({name})"},
+            engine={engine: version},
+        )
+    except PolicyError as exc:
+        raise PolicyError(exc.message, file=name, line=line) from None
+    return SnapshotRow(context, decision, None, False, line)
+
+
 def conformance(
     policy: Policy, snapshot: Snapshot, engine: EngineStage | None = None
 ) -> Conformance:
     """Compare ``policy`` with ``snapshot`` on every context of the snapshot; ``engine``: the
     engine stage of the snapshot's release (what it makes of the decision handed to it), so
-    that what is compared is what interlock hands that release."""
+    that what is compared is what interlock hands that release. A policy for another engine
+    than the snapshot's is an error: their fields are not the same."""
+    if policy.engine != snapshot.engine:
+        raise PolicyError(
+            f"{snapshot.path} records {snapshot.vocabulary.title}, but the policy "
+            f"({', '.join(f.path for f in policy.files)}) decides for "
+            f"{policy.vocabulary.title}: give a policy whose version is "
+            f"{snapshot.engine}-X.Y.Z"
+        )
     report = Conformance(snapshot, policy)
     for row in snapshot.rows:
         if row.probe_error is not None:
             report.not_probed += 1
             continue
         found = _compare(policy, row, engine)
-        if "capture_sizes" not in {d.field for d in found} and row.refusal is None:
+        optional = set(policy.vocabulary.optional)
+        if not optional & {d.field for d in found} and row.refusal is None:
             report.sizes_not_compared += _sizes_left_to_runner(policy, row, engine)
         if found:
             report.disagreements.extend(found)
@@ -336,10 +389,13 @@ def conformance(
 
 
 def _sizes_left_to_runner(policy: Policy, row: SnapshotRow, engine: EngineStage | None) -> int:
+    """1 where the policy leaves an optional field (vLLM's capture sizes, SGLang's max_bs) to
+    the runner or engine in ``row``'s context: not compared there."""
     try:
-        return int("capture_sizes" not in resolve(policy, row.context, engine=engine).provenance)
+        provenance = resolve(policy, row.context, engine=engine).provenance
     except PolicyError:
         return 0
+    return int(any(name not in provenance for name in policy.vocabulary.optional))
 
 
 def _compare(policy: Policy, row: SnapshotRow, engine: EngineStage | None) -> list[Disagreement]:
@@ -367,9 +423,10 @@ def _compare(policy: Policy, row: SnapshotRow, engine: EngineStage | None) -> li
         ]
     ours = res.decision.to_dict()
     found = _compare_task(policy, row, res)
-    for name in COMPARED:
+    vocabulary = policy.vocabulary
+    for name in COMPARED if vocabulary is VLLM else vocabulary.names:
         prov = res.provenance.get(name)
-        if prov is None:  # capture sizes left to the runner
+        if prov is None:  # capture sizes left to the runner, max_bs to SGLang
             continue
         theirs = row.decision[name]
         mine = tuple(ours[name]) if name == "capture_sizes" else ours[name]
@@ -408,8 +465,9 @@ def _facts(policy: Policy, context: Context) -> Facts:
 def render_text(report: Conformance) -> str:
     snap = report.snapshot
     stamp = report.policy.stamp()
+    title = snap.vocabulary.title
     lines = [
-        f"{snap.path}: vLLM {snap.engine_version}, {len(snap.rows)} contexts "
+        f"{snap.path}: {title} {snap.engine_version}, {len(snap.rows)} contexts "
         f"({sum(r.surrogate for r in snap.rows)} with a surrogate model config)",
         f"policy {stamp['version']} from {', '.join(stamp['files'])}",
         "",
@@ -423,17 +481,19 @@ def render_text(report: Conformance) -> str:
     ]
     if report.not_probed:
         lines.append(
-            f"  not probed       {report.not_probed} contexts (vLLM's config path could not "
+            f"  not probed       {report.not_probed} contexts ({title}'s config path could not "
             "run on the probe's stand-in config: not compared)"
         )
     if report.sizes_not_compared:
+        which, whom = ("capture_sizes", "the runner") if snap.vocabulary.runners else (
+            "max_bs", title)
         lines.append(
-            f"  capture_sizes    not compared in {report.sizes_not_compared} contexts "
-            "(the policy leaves them to the runner)"
+            f"  {which:<16} not compared in {report.sizes_not_compared} contexts "
+            f"(the policy leaves them to {whom})"
         )
     if report.undeclared:
-        lines += ["", "disagreements (policy vs vLLM; decided by)"]
-        lines += [_line(d) for d in report.undeclared]
+        lines += ["", f"disagreements (policy vs {title}; decided by)"]
+        lines += [_line(d, title) for d in report.undeclared]
     if report.declared:
         lines += ["", "declared deviations (every context: --json)"]
         groups: dict[tuple[str, str, str, str], list[Disagreement]] = {}
@@ -445,7 +505,7 @@ def render_text(report: Conformance) -> str:
             archs = sorted({m.row.context.architecture for m in members})
             lines.append(
                 f"  {dev_id} ({where}): {len(members)} contexts of {', '.join(archs)}: "
-                f"{name} policy {ours} vs vLLM {theirs}"
+                f"{name} policy {ours} vs {title} {theirs}"
             )
     for dev in report.stale_deviations:
         lines += ["", f"stale deviation {dev.id} ({dev.location}): no disagreement left to cover"]
@@ -453,13 +513,13 @@ def render_text(report: Conformance) -> str:
     return "\n".join(map(one_line, lines)) + "\n"
 
 
-def _line(d: Disagreement) -> str:
+def _line(d: Disagreement, title: str) -> str:
     ctx = d.row.context
     env = " ".join(f"{k}={v}" for k, v in sorted(ctx.env.items())) or "env unset"
     mark = " (surrogate)" if d.row.surrogate else ""
     return (
         f"  {ctx.architecture} on {ctx.platform}/{ctx.device_arch}, {env}{mark}: "
-        f"{d.field} policy {_show(d.ours)} vs vLLM {_show(d.theirs)}; {d.decider}"
+        f"{d.field} policy {_show(d.ours)} vs {title} {_show(d.theirs)}; {d.decider}"
     )
 
 

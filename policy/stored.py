@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from interlock.core.decision import DECISION_FIELDS, OUTCOME, check_field
+from interlock.core.decision import OUTCOME, VOCABULARIES, Vocabulary
 from interlock.core.fields import TRAITS
 from interlock.policy.conditions import (
     ENGINES,
@@ -43,6 +43,7 @@ def policy_to_data(policy: Policy) -> dict[str, Any]:
         "schema_version": policy.schema_version,
         "version": policy.version,
         "revision": policy.revision,
+        "engine": policy.engine,
         "files": [[f.path, f.version, f.sha256, f.version_line] for f in policy.files],
         "catalog": [[e.architecture, e.traits, _loc(e.location)] for e in policy.catalog.values()],
         "defaults": _settings(policy.defaults),
@@ -132,11 +133,11 @@ def _location(data: Any) -> Location:
     return Location(_str(file, "location"), _int(line, "location"), _int(col, "location"))
 
 
-def _setting_map(data: Any) -> dict[str, Setting]:
+def _setting_map(data: Any, vocabulary: Vocabulary) -> dict[str, Setting]:
     out = {}
     for name, value, loc in data:
         try:
-            out[_str(name, "field")] = Setting(check_field(name, value), _location(loc))
+            out[_str(name, "field")] = Setting(vocabulary.check(name, value), _location(loc))
         except ValueError as exc:
             raise ValueError(f"not a stored policy: {exc}") from None
     return out
@@ -177,6 +178,9 @@ def _build_condition(data: Any) -> Condition:
 
 
 def _policy(data: Any) -> Policy:
+    engine = data["engine"]
+    _need(engine in VOCABULARIES, "engine")
+    vocabulary = VOCABULARIES[engine]
     catalog = {}
     for arch, traits, loc in data["catalog"]:
         _need(isinstance(traits, dict), "traits")
@@ -187,7 +191,7 @@ def _policy(data: Any) -> Policy:
     env = {}
     for name, field, values, loc in data["env"]:
         try:
-            mapped = {_str(k, "env value"): check_field(field, v) for k, v in values}
+            mapped = {_str(k, "env value"): vocabulary.check(field, v) for k, v in values}
         except ValueError as exc:
             raise ValueError(f"not a stored policy: {exc}") from None
         env[_str(name, "env")] = EnvBinding(name, field, mapped, _location(loc))
@@ -202,20 +206,20 @@ def _policy(data: Any) -> Policy:
                 id=_str(r["id"], "rule id"),
                 index=index,
                 when=When(tuple(_build_condition(c) for c in r["when"])),
-                set=_setting_map(r["set"]),
+                set=_setting_map(r["set"], vocabulary),
                 reason=_str(r["reason"], "reason"),
                 ref=ref,
                 location=_location(r["location"]),
                 evidence=tuple(_str(path, "evidence") for path in evidence),
                 refuse=None if r["refuse"] is None else _str(r["refuse"], "refuse"),
-                decided=_setting_map(r["decided"]),
+                decided=_setting_map(r["decided"], vocabulary),
             )
         )
     deviations = []
     for d in data["deviations"]:
         ref = d["ref"]
         _need(ref is None or isinstance(ref, str), "ref")
-        _need(d["field"] in (*DECISION_FIELDS, OUTCOME), "deviation field")
+        _need(d["field"] in (*vocabulary.names, OUTCOME), "deviation field")
         deviations.append(
             Deviation(
                 id=_str(d["id"], "deviation id"),
@@ -237,9 +241,10 @@ def _policy(data: Any) -> Policy:
             for p, v, s, n in data["files"]
         ),
         catalog=catalog,
-        defaults=_setting_map(data["defaults"]),
+        defaults=_setting_map(data["defaults"], vocabulary),
         env=env,
         rules=rule_tuple,
         index=RuleIndex.build(rule_tuple),
         deviations=tuple(deviations),
+        engine=engine,
     )

@@ -63,7 +63,7 @@ from interlock.policy.context import Context, make_context
 from interlock.policy.loader import read_source
 from interlock.policy.model import Location
 from interlock.policy.schema import (
-    DecisionFields,
+    AnyDecisionFields,
     EnvName,
     Name,
     RuleId,
@@ -94,7 +94,7 @@ class Given(_Model):
     features: dict[Name, Scalar] = {}
     env: dict[EnvName, StrictStr] = {}
     #: Explicit overrides (stage 4), like ``--set``.
-    set: DecisionFields = DecisionFields()
+    set: AnyDecisionFields = AnyDecisionFields()
     #: The architecture is meant to be outside the policy's catalog (no typo warning).
     outside_catalog: bool = False
     #: The model's config.json, as a mapping (``config`` conditions see it flattened).
@@ -107,7 +107,7 @@ class Given(_Model):
     engine: dict[Literal[ENGINES], Version] = {}  # type: ignore[valid-type]
 
 
-class Expect(DecisionFields):
+class Expect(AnyDecisionFields):
     """Decision fields the case checks, and optionally who set them, or an expected error."""
 
     rule: RuleId = Field(
@@ -133,7 +133,7 @@ class Expect(DecisionFields):
         """The expected decision fields, by name."""
         return {
             name: getattr(self, name)
-            for name in DecisionFields.model_fields
+            for name in AnyDecisionFields.model_fields
             if name in self.model_fields_set
         }
 
@@ -145,8 +145,8 @@ class Case(_Model):
 
 
 class Implication(_Model):
-    if_: DecisionFields = Field(alias="if")
-    then: DecisionFields
+    if_: AnyDecisionFields = Field(alias="if")
+    then: AnyDecisionFields
 
 
 class Invariant(_Model):
@@ -161,10 +161,10 @@ class Invariant(_Model):
         description="environment the contexts must carry: a value, or null for unset "
         "(default: every env state of the domain)",
     )
-    expect: DecisionFields = Field(
+    expect: AnyDecisionFields = Field(
         default=None, description="decision fields every context must have"
     )  # type: ignore[assignment]
-    never: DecisionFields = Field(
+    never: AnyDecisionFields = Field(
         default=None, description="decision fields no context may have all together"
     )  # type: ignore[assignment]
     implies: Implication = Field(

@@ -98,5 +98,6 @@ def changed_files(a: Path, b: Path) -> list[str]:
 #: What the wheel is built from: the package's folders, and the files beside them it needs.
 WHEEL_SOURCES = (
     "pyproject.toml", "README.md", "policies.yaml", "examples/vllm-all-releases.yaml",
+    "examples/sglang.yaml",
     *PACKAGE_FOLDERS,
 )

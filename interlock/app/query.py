@@ -174,10 +174,10 @@ def decide_context(
     when interlock's runners run it (``executed_by``), ``stage`` is the engine stage of the
     release the decision is handed to, ``plugins`` the registry stage 5 asks (None: the
     process's)."""
-    from interlock.plugins.capabilities import capability_stage
+    from interlock.plugins.capabilities import capabilities_for
     from interlock.policy.resolution import resolve
 
-    capabilities = capability_stage(plugins) if executed_by == "interlock" else None
+    capabilities = capabilities_for(policy, plugins) if executed_by == "interlock" else None
     return resolve(policy, context, overrides, capabilities=capabilities,
                    refused=refused, engine=stage)
 

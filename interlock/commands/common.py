@@ -7,6 +7,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from interlock.core.decision import VOCABULARIES
+from interlock.core.env import POLICY
 from interlock.core.fields import parse_scalar
 from interlock.policy.model import Policy
 
@@ -145,10 +147,27 @@ def write_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
 
 
-def load(args: argparse.Namespace) -> Policy:
-    from interlock.policy.loader import load_policy
+def load(args: argparse.Namespace, engine: str | None = None) -> Policy:
+    """The policy the command names; ``engine`` (a snapshot's, ``--engine``'s): with no
+    --policy nor $INTERLOCK_POLICY, that engine's shipped policy, and any other policy must
+    decide for it."""
+    import os
 
-    return load_policy(args.policy)
+    from interlock.core.errors import InputError
+    from interlock.policy.loader import ENGINE_POLICIES, load_policy
+
+    engine = engine or getattr(args, "engine", None)
+    paths = args.policy
+    if engine is not None and not paths and not os.environ.get(POLICY.name):
+        paths = [ENGINE_POLICIES[engine]]
+    policy = load_policy(paths)
+    if engine is not None and policy.engine != engine:
+        files = ", ".join(f.path for f in policy.files)
+        raise InputError(
+            f"the policy ({files}) decides for {policy.vocabulary.title}, not {engine}: give "
+            f"--policy {ENGINE_POLICIES[engine]} (or a policy whose version is {engine}-X.Y.Z)"
+        )
+    return policy
 
 
 def env_of(
@@ -231,7 +250,7 @@ def query_of(args: argparse.Namespace, policy: Policy, **given: Any) -> Query:
     # process environment's bindings, the model): one trip there, not two.
     check_target(args.platform, args.device_arch)
     engine, engine_sources = engine_of(args)
-    features, overrides = features_of(args, policy), overrides_of(args)
+    features, overrides = features_of(args, policy), overrides_of(args, policy)
     env, sources = env_of(args, policy)
     sources.update(engine_sources)
     model_id = getattr(args, "model_id", None)
@@ -305,14 +324,16 @@ def features_of(args: argparse.Namespace, policy: Policy) -> dict[str, Any]:
     return features
 
 
-def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
-    from interlock.core.decision import parse_field
+def overrides_of(args: argparse.Namespace, policy: Policy | None = None) -> dict[str, Any]:
+    """``--set`` values, typed in ``policy``'s decision vocabulary (vLLM's without one)."""
+    from interlock.core.decision import VLLM
     from interlock.core.errors import PolicyError
 
+    vocabulary = VLLM if policy is None else policy.vocabulary
     overrides = {}
     for name, text in args.set:
         try:
-            overrides[name] = parse_field(name, text)
+            overrides[name] = vocabulary.parse(name, text)
         except ValueError as exc:
             raise PolicyError(f"--set {exc}") from None
     return overrides
@@ -352,6 +373,11 @@ def add_decision_command(
     and --decision-log (``policy explain``, ``policy resolve``)."""
     parser = subparsers.add_parser(name, help=help, description=description)
     add_context_args(parser)
+    parser.add_argument(
+        "--engine", choices=tuple(VOCABULARIES),
+        help="the engine the decision is for: without --policy, its shipped policy "
+        "(@shipped, @sglang); a given policy must decide for it",
+    )
     add_decision_log_args(parser)
     return parser
 

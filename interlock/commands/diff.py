@@ -85,11 +85,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _fields(text: str) -> list[str]:
-    from interlock.core.decision import DECISION_FIELDS
+    """Field names of some engine's vocabulary (the policies' is checked once they are
+    read)."""
+    from interlock.core.decision import DECISION_FIELDS, VOCABULARIES
 
     names = [part.strip() for part in text.split(",") if part.strip()]
+    known = {n for v in VOCABULARIES.values() for n in v.names}
     for name in names:
-        if name not in DECISION_FIELDS:
+        if name not in known:
             raise argparse.ArgumentTypeError(
                 f"unknown decision field {name!r}; allowed: {', '.join(DECISION_FIELDS)}"
             )
@@ -99,12 +102,14 @@ def _fields(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from interlock.core.decision import DECISION_FIELDS
     from interlock.policy.diff import diff_policies, render_text, to_json
     from interlock.policy.loader import load_policy_sources
 
     old = load_policy_sources(read_policy_arg(args.old))
     new = load_policy_sources(read_policy_arg(args.new))
+    if args.measure and old.engine != "vllm":
+        raise PolicyError(f"--measure runs interlock's runners or vLLM; these policies decide "
+                          f"for {old.vocabulary.title}")
     if args.measure and args.model is None:
         raise PolicyError("--measure needs --model PATH|demo: the model to run the decisions on")
     if not args.measure and (args.model is not None or args.max_regression is not None):
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine != "vllm" and (args.platform or args.device_arch):
         raise PolicyError("--platform and --device-arch apply to --engine vllm: interlock's "
                           "runners measure on this machine")
-    diff = diff_policies(old, new, args.fields or DECISION_FIELDS, args.max_contexts)
+    diff = diff_policies(old, new, args.fields or None, args.max_contexts)
     measured = _measure(args, old, new, diff) if args.measure else None
     if args.json:
         document = to_json(diff, old, new)

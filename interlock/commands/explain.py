@@ -25,8 +25,9 @@ def run(args: argparse.Namespace) -> int:
 
     resolution = resolve_args(args)
     context = resolution.context
-    warn_outside("policy explain", resolution.policy, context.engine.get("vllm"),
-                 context.source("engine.vllm"))
+    if resolution.policy.engine == "vllm":  # the releases interlock has read are vLLM's
+        warn_outside("policy explain", resolution.policy, context.engine.get("vllm"),
+                     context.source("engine.vllm"))
     if args.json:
         sys.stdout.write(explain.render_json(resolution))
     else:

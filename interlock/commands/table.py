@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
                     rows.append(decide_with_release(policy, context, refused=True))
                 except LocatedError as exc:  # one context's error is its cell, not the table's end
                     rows.append(TableError(arch, platform, str(exc), state))
-    sys.stdout.write(render_table(rows, fmt))
+    sys.stdout.write(render_table(rows, fmt, policy.vocabulary.names))
     warn_outside("policy table", policy, engine.get("vllm"), sources.get("engine.vllm", ""))
     if fmt == "text":
         for line in domain.describe_enumeration()[len(domain.bounded):][:1] if (

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from interlock.commands.common import load, write_json
     from interlock.core.errors import PolicyError
     from interlock.core.terminal import use_color
-    from interlock.plugins.capabilities import capability_stage
+    from interlock.plugins.capabilities import capabilities_for
     from interlock.policy.invariants import SHOWN, check_invariants
     from interlock.policy.loader import load_policy_sources, policy_paths, read_source
     from interlock.policy.policytest import (
@@ -92,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
         cases, invariants = groups.setdefault(key, ([], []))
         cases.extend(tests.cases)
         invariants.extend(tests.invariants)
-    stage = capability_stage()
     runs: list[TestRun] = []
     checked: list[list[Any]] = []
     for key, (cases, invariants) in groups.items():
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             policy = load_policy_sources([(name, read_source(p, name)) for name, p in key])
         runs.append(run_cases(policy, cases, decide=decide_with_release))
-        checked.append(check_invariants(policy, invariants, capabilities=stage))
+        checked.append(check_invariants(policy, invariants, capabilities=capabilities_for(policy)))
     failed = sum(run.failed for run in runs) + sum(
         not r.passed for results in checked for r in results
     )

@@ -41,9 +41,11 @@ def test_every_module_is_one_tracked_file_without_a_link() -> None:
         assert path in tracked, f"{name}: {path} is not tracked by git"
     links = [p for p in tracked if p.is_symlink()]
     # The links are data, not modules: the shipped policy inside its package is the
-    # repository's top-level policies.yaml, and @all-releases, which links to
-    # examples/vllm-all-releases.yaml (the wheel carries both as regular files).
+    # repository's top-level policies.yaml, @all-releases links to
+    # examples/vllm-all-releases.yaml and @sglang to examples/sglang.yaml (the wheel
+    # carries them as regular files).
     assert sorted(links) == [REPO / "policy" / "policies.yaml",
+                             REPO / "policy" / "sglang.yaml",
                              REPO / "policy" / "vllm-all-releases.yaml"]
 
 

@@ -122,9 +122,9 @@ def _tabled(cli: Any, q: dict[str, Any]) -> tuple[str, Any]:
     rows: list[Any] = []
     real = explain.render_table
 
-    def kept(found: list[Any], fmt: str) -> str:
+    def kept(found: list[Any], fmt: str, *fields: Any) -> str:
         rows.extend(found)
-        return real(found, fmt)
+        return real(found, fmt, *fields)
 
     with mock.patch.object(explain, "render_table", kept):
         cli("table", "-a", q["architecture"], *_flags(q), "--format", "json")

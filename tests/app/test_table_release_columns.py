@@ -91,7 +91,7 @@ def test_a_034_column_runs_through_its_release(cli: Any) -> None:
         ("rocm:gfx942@vllm=banana", "rocm:gfx942@vllm=banana: 'banana' is not a PEP 440 version"),
         ("rocm@vllm", "rocm@vllm: expected @ENGINE=VERSION, e.g. @vllm=0.31.0, got '@vllm'"),
         ("rocm@", "rocm@: expected @ENGINE=VERSION"),
-        ("rocm@sglang=0.4.0", "rocm@sglang=0.4.0: unknown engine 'sglang'; known: vllm"),
+        ("rocm@trtllm=0.4.0", "rocm@trtllm=0.4.0: unknown engine 'trtllm'; known: vllm, sglang"),
         ("rocm@vllm=0.31.0@vllm=0.32.0", "engine 'vllm' is given twice"),
         ("@vllm=0.31.0", "expected PLATFORM[:ARCH][@ENGINE=VERSION]"),
     ],

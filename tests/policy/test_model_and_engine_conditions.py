@@ -103,7 +103,7 @@ def test_a_non_scalar_config_value_never_matches_and_says_what_it_is() -> None:
         ({"config": {"a": None}}, "config.a"),
         ({"config": {}}, "at least 1 item"),
         ({"engine": {"vllm": "newest"}}, "not a PEP 440 version specifier set"),
-        ({"engine": {"sglang": ">=1"}}, "engine.sglang"),
+        ({"engine": {"trtllm": ">=1"}}, "engine.trtllm"),
         ({"model": []}, "model"),
     ],
 )
@@ -142,7 +142,7 @@ def test_a_context_refuses_an_engine_version_that_is_not_pep_440() -> None:
     with pytest.raises(PolicyError, match="is not a PEP 440 version"):
         Context("A", engine={"vllm": "latest"})
     with pytest.raises(PolicyError, match="unknown engine"):
-        Context("A", engine={"sglang": "1.0"})
+        Context("A", engine={"trtllm": "1.0"})
 
 
 POLICY = """\

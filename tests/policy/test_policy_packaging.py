@@ -17,6 +17,8 @@ def test_package_link_points_at_the_top_level_file() -> None:
     assert link.is_symlink() and os.readlink(link) == "../policies.yaml"
     every = REPO / "policy" / "vllm-all-releases.yaml"
     assert every.is_symlink() and os.readlink(every) == "../examples/vllm-all-releases.yaml"
+    sglang = REPO / "policy" / "sglang.yaml"
+    assert sglang.is_symlink() and os.readlink(sglang) == "../examples/sglang.yaml"
 
 
 def test_wheel_carries_the_policy_as_a_regular_file(tmp_path, interlock_wheel) -> None:
@@ -26,6 +28,9 @@ def test_wheel_carries_the_policy_as_a_regular_file(tmp_path, interlock_wheel) -
         # @all-releases, the policy of every vLLM release read, ships beside it.
         assert zf.read("interlock/policy/vllm-all-releases.yaml") == (
             REPO / "examples" / "vllm-all-releases.yaml").read_bytes()
+        # @sglang, the shipped SGLang policy, too.
+        assert zf.read("interlock/policy/sglang.yaml") == (
+            REPO / "examples" / "sglang.yaml").read_bytes()
         # Everything installs under the interlock namespace: no bare policy/, kernels/, ...
         assert {name.split("/")[0] for name in zf.namelist()} == {
             "interlock",
