@@ -32,12 +32,12 @@ refusal (the policy's, or a release not read), 1 for a policy error, 3 for anyth
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from interlock.core.env import Settings
 from interlock.core.errors import EXIT_CODES, LocatedError, error_kind
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
@@ -83,6 +83,8 @@ class Declared:
     resolution: Resolution
     fields: dict[str, tuple[Any, str]]
     version: str
+    #: The ``INTERLOCK_*`` settings read once, where the plugin installed its hooks.
+    settings: Settings
 
 
 def register() -> None:
@@ -129,22 +131,24 @@ def _install() -> None:
             f"SGLang {version} was not read by interlock (the plugin governs SGLang "
             f"{', '.join(READ)}): its resolution steps may treat the decision otherwise"
         )
-    policy = governing_policy(version)
+    settings = Settings.read()
+    policy = governing_policy(version, settings)
     from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
 
-    register_resolution_hook(DECLARE_AFTER)(_guarded(_declaring(policy, version)))
+    register_resolution_hook(DECLARE_AFTER)(_guarded(_declaring(policy, version, settings)))
     register_resolution_hook(BACKEND_AFTER)(_guarded(declare_backend))
     register_resolution_hook(READ_BACK_AFTER)(_guarded(read_back))
 
 
-def governing_policy(version: str) -> Policy:
-    """The policy the plugin decides with: ``$INTERLOCK_POLICY``, else the shipped SGLang
-    policy; it must be written for SGLang ``version``."""
+def governing_policy(version: str, settings: Settings) -> Policy:
+    """The policy the plugin decides with: ``$INTERLOCK_POLICY`` (in ``settings``), else the
+    shipped SGLang policy; it must be written for SGLang ``version``."""
     from interlock.core.env import POLICY
     from interlock.policy.loader import SGLANG_ALIAS, load_policy
     from interlock.policy.release import mismatch
 
-    policy = load_policy(None if os.environ.get(POLICY.name) else [SGLANG_ALIAS])
+    given = settings.environ.get(POLICY.name)
+    policy = load_policy([given] if given else [SGLANG_ALIAS])
     files = ", ".join(f.path for f in policy.files)
     if policy.engine != "sglang":
         raise PluginRefusal(
@@ -157,15 +161,19 @@ def governing_policy(version: str) -> Policy:
     return policy
 
 
-def _declaring(policy: Policy, version: str) -> Callable[[Any, Callable[[Any], None]], None]:
+def _declaring(
+    policy: Policy, version: str, settings: Settings,
+) -> Callable[[Any, Callable[[Any], None]], None]:
     def declare(server_args: Any, previous: Callable[[Any], None]) -> None:
         previous(server_args)
-        declare_decision(server_args, policy, version)
+        declare_decision(server_args, policy, version, settings)
 
     return declare
 
 
-def declare_decision(server_args: Any, policy: Policy, version: str) -> Declared:
+def declare_decision(
+    server_args: Any, policy: Policy, version: str, settings: Settings,
+) -> Declared:
     """Resolve the policy for ``server_args``'s model and declare each decided field the
     user left unset; log one line per field; check the declarations with SGLang's own
     checks."""
@@ -173,9 +181,10 @@ def declare_decision(server_args: Any, policy: Policy, version: str) -> Declared
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.model_executor.cuda_graph_config import with_phase
 
-    from interlock.policy.resolution import resolve
+    from interlock.app.query import decide_context
 
-    resolution = resolve(policy, _context(server_args, version))  # a refusal stops (exit 5)
+    # The one decision every reader makes; a refusal stops (exit 5).
+    resolution = decide_context(policy, _context(server_args, version))
     locked: set[tuple[str, str]] = getattr(server_args, "_cuda_graph_config_locked", set())
     raw = getattr(server_args, "_raw_input", {})
     fields: dict[str, tuple[Any, str]] = {}
@@ -199,7 +208,7 @@ def declare_decision(server_args: Any, policy: Policy, version: str) -> Declared
         fields[name] = (value, source)
         _line(f"decided {name}={_shown(value)} by {prov.source} ({prov.stage}) {prov.location}")
     _validate(server_args, fields)
-    declared = Declared(resolution, fields, version)
+    declared = Declared(resolution, fields, version, settings)
     setattr(server_args, STATE, declared)
     return declared
 
@@ -288,7 +297,7 @@ def read_back(server_args: Any, previous: Callable[[Any], None]) -> None:
     from interlock import decision_log
 
     decision_log.write(
-        decision_log.log_path(None), declared.resolution, RECORD_COMMAND,
+        decision_log.log_path(None, declared.settings), declared.resolution, RECORD_COMMAND,
         model=str(getattr(server_args, "model_path", "")) or None,
         engine={"sglang_version": declared.version, "verified": True, "problems": []},
     )
