@@ -406,7 +406,9 @@ def record_decision(
     from interlock import decision_log
     from interlock.plugins import load_registry
 
-    if "runner" not in details:  # the plugins discovered under the command's environment
+    # The plugins discovered under the command's environment; an engine without
+    # interlock's runners (SGLang) is handed no runner.
+    if "runner" not in details and resolution.policy.vocabulary.runners:
         details["runner"] = decision_log.plugin_of(
             resolution.decision.runner, load_registry(args.settings.environ))
     decision_log.write(decision_log.log_path(args.decision_log, args.settings), resolution,
