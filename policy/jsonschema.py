@@ -28,10 +28,8 @@ def json_schema(kind: str) -> dict[str, Any]:
     """The JSON Schema of ``kind`` (``policy``, ``tests`` or ``evidence``)."""
     model: type[BaseModel]
     if kind == "policy":
-        from interlock.policy.schema import PolicyFileModel
-
-        model = PolicyFileModel
-    elif kind == "tests":
+        return {"$schema": DIALECT, **_policy_schema(), "title": SCHEMA_FILES[kind][1]}
+    if kind == "tests":
         from interlock.policy.testfile import TestsFileModel
 
         model = TestsFileModel
@@ -43,6 +41,37 @@ def json_schema(kind: str) -> dict[str, Any]:
         raise ValueError(f"unknown schema {kind!r}; known: {', '.join(SCHEMA_FILES)}")
     schema = model.model_json_schema()
     return {"$schema": DIALECT, **schema, "title": SCHEMA_FILES[kind][1]}
+
+
+def _policy_schema() -> dict[str, Any]:
+    """Each engine's policy file, chosen as the loader chooses it: by the ``version:`` prefix
+    (``sglang-``), and vLLM's where no other engine's prefix matches."""
+    from pydantic.json_schema import models_json_schema
+
+    from interlock.core.decision import VLLM, VOCABULARIES
+    from interlock.policy.release import PREFIXES
+    from interlock.policy.schema import file_model
+
+    others = [v for v in VOCABULARIES.values() if v is not VLLM]
+    models = {v.engine: file_model(v) for v in (VLLM, *others)}
+    refs, schema = models_json_schema([(m, "validation") for m in models.values()])
+
+    def ref(engine: str) -> dict[str, Any]:
+        return refs[(models[engine], "validation")]
+
+    def version(pattern: dict[str, Any]) -> dict[str, Any]:
+        return {"properties": {"version": pattern}, "required": ["version"]}
+
+    prefixes = "|".join(PREFIXES[v.engine] for v in others)
+    return {
+        "type": "object",
+        "allOf": [
+            *({"if": version({"pattern": f"^{PREFIXES[v.engine]}"}), "then": ref(v.engine)}
+              for v in others),
+            {"if": version({"not": {"pattern": f"^({prefixes})"}}), "then": ref(VLLM.engine)},
+        ],
+        **schema,
+    }
 
 
 def render(kind: str) -> str:

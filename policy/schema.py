@@ -265,7 +265,7 @@ class PolicyFileModel(_Model):
     deviations: list[DeviationModel] = []
 
 
-def _file_model(vocabulary: Vocabulary) -> type[PolicyFileModel]:
+def file_model(vocabulary: Vocabulary) -> type[PolicyFileModel]:
     """The policy file model of ``vocabulary``: vLLM's above, another engine's the same with
     its decision fields."""
     if vocabulary is VLLM:
@@ -322,7 +322,7 @@ def validate_file(doc: SourceDoc, vocabulary: Vocabulary = VLLM) -> PolicyFileMo
             ("schema_version",),
             f"unsupported schema_version {version!r}; supported: {SCHEMA_VERSION}",
         )
-    model = _file_model(vocabulary)
+    model = file_model(vocabulary)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

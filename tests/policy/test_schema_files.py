@@ -19,6 +19,7 @@ SHIPPED_YAML = {
         path: "tests" if path.name.endswith(".tests.yaml") else "policy"
         for path in sorted(HISTORY.glob("*.yaml"))
     },
+    REPO / "examples" / "sglang.yaml": "policy",
 }
 MODELINE = "# yaml-language-server: $schema="
 
@@ -52,6 +53,20 @@ def test_the_policy_schema_refuses_what_the_loader_refuses() -> None:
     policy["rules"][0]["whenn"] = {}
     with pytest.raises(jsonschema.ValidationError, match="'whenn' was unexpected"):
         jsonschema.validate(policy, schema)
+
+
+def test_the_policy_schema_takes_each_engines_fields_by_the_version_prefix() -> None:
+    # As the loader: an sglang-X version is SGLang's vocabulary, any other vLLM's.
+    schema = json_schema("policy")
+    sglang = yaml.safe_load((REPO / "examples" / "sglang.yaml").read_text())
+    jsonschema.validate(sglang, schema)
+    sglang["defaults"]["runner"] = "mrv2"
+    with pytest.raises(jsonschema.ValidationError, match="'runner' was unexpected"):
+        jsonschema.validate(sglang, schema)
+    vllm = yaml.safe_load((REPO / "policies.yaml").read_text())
+    vllm["defaults"]["decode_cuda_graph"] = "full"
+    with pytest.raises(jsonschema.ValidationError, match="'decode_cuda_graph' was unexpected"):
+        jsonschema.validate(vllm, schema)
 
 
 def test_shipped_evidence_validates_against_its_schema() -> None:
