@@ -10,7 +10,10 @@ retokenize to llama.cpp's tokens wherever the texts agree, so the first differin
 is where the decoders first chose differently).
 
     LLAMA_SIMPLE=PATH OMP_NUM_THREADS=1 .venv/bin/python bench/compare_llama_tokens.py
-        [--model smollm2] [--new-tokens 32] [--json]
+        [--model smollm2] [--new-tokens 32] [--weights native|int8] [--json]
+
+``--weights int8`` runs interlock's products on int8 activations, which round each row to
+8 bits per block of 32 as llama.cpp's own Q4_1 and Q8_0 products do.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--weights", choices=("native", "int8"), default="native")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     binary = os.environ.get("LLAMA_SIMPLE")
@@ -58,7 +62,7 @@ def main() -> None:
     from interlock.runners.model.sources import NAMED_MODELS, named_file
 
     gguf = named_file(args.model) if args.model in NAMED_MODELS else Path(args.model)
-    llm = LLM(args.model, dtype="float32", device="cpu", weights="native")
+    llm = LLM(args.model, dtype="float32", device="cpu", weights=args.weights)
     tok = llm.tokenizer
     rows: list[dict[str, Any]] = []
     for name, prompt in PROMPTS.items():
@@ -88,7 +92,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{gguf.name}: greedy, {args.new_tokens} new tokens")
+    print(f"{gguf.name}: greedy, {args.new_tokens} new tokens, interlock's weights "
+          f"{args.weights}")
     for row in rows:
         line = (f"{row['prompt']:<6} first {row['equal_tokens']} tokens equal "
                 f"(interlock {row['interlock']}, llama.cpp {row['llama.cpp']})")
