@@ -156,7 +156,7 @@ def load(args: argparse.Namespace, engine: str | None = None) -> Policy:
     from interlock.core.errors import InputError
     from interlock.policy.loader import ENGINE_POLICIES, load_policy
 
-    engine = engine or getattr(args, "engine", None)
+    engine = engine or getattr(args, "decision_engine", None)
     paths = args.policy
     if engine is not None and not paths and not os.environ.get(POLICY.name):
         paths = [ENGINE_POLICIES[engine]]
@@ -374,7 +374,9 @@ def add_decision_command(
     parser = subparsers.add_parser(name, help=help, description=description)
     add_context_args(parser)
     parser.add_argument(
-        "--engine", choices=tuple(VOCABULARIES),
+        # Its own dest: `policy measure --engine` and `policy diff --engine` name the engine
+        # a measurement runs on (interlock's `policy serve` or vLLM), not a vocabulary.
+        "--engine", choices=tuple(VOCABULARIES), dest="decision_engine",
         help="the engine the decision is for: without --policy, its shipped policy "
         "(@shipped, @sglang); a given policy must decide for it",
     )
