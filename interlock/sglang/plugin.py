@@ -35,10 +35,11 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+from interlock.app.engine_stop import stop_engine
 from interlock.core.env import Settings
-from interlock.core.errors import EXIT_CODES, LocatedError, error_kind
+from interlock.core.errors import LocatedError
 from interlock.policy.model import Policy
 from interlock.policy.resolution import Resolution
 from interlock.sglang import READ
@@ -96,15 +97,8 @@ def register() -> None:
         _stop(exc)
 
 
-def _stop(exc: BaseException) -> None:
-    """Log the one line, write it to stderr, and exit with interlock's code for it."""
-    if isinstance(exc, SystemExit):
-        raise exc
-    text = str(exc) if error_kind(exc) else f"{type(exc).__name__}: {exc}"
-    message = f"{PREFIX}the SGLang plugin stops the engine: {text}"
-    _logger.error("%s", message)
-    print(message, file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_CODES[error_kind(exc) or "plugin"])
+def _stop(exc: BaseException) -> NoReturn:
+    stop_engine(exc, "SGLang", _logger)
 
 
 def _guarded(hook: Callable[[Any, Callable[[Any], None]], None]) -> Callable[..., None]:

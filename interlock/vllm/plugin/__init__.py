@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
+from interlock.app.engine_stop import stop_engine
 from interlock.core.env import Settings
-from interlock.core.errors import EXIT_CODES, LocatedError, PolicyError, error_kind
+from interlock.core.errors import LocatedError, PolicyError
 from interlock.core.platform import TRITON_FACT
 from interlock.vllm.releases import (
     BREAKABLE_KNOB,
@@ -253,18 +253,8 @@ def register() -> None:
         _stop(exc)
 
 
-def _stop(exc: BaseException) -> None:
-    """Log the one line, write it to stderr, and exit with interlock's documented code: 5
-    for a rule's refusal, 1 for a policy error, a decision log it cannot write or a decision
-    the engine cannot run (interlock's errors for the user, named by their message alone), 3
-    for any other failure of the plugin."""
-    if isinstance(exc, SystemExit):
-        raise exc
-    text = str(exc) if error_kind(exc) else f"{type(exc).__name__}: {exc}"
-    message = f"interlock: the vLLM plugin stops the engine: {text}"
-    _logger.error("%s", message)
-    print(message, file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_CODES[error_kind(exc) or "plugin"])
+def _stop(exc: BaseException) -> NoReturn:
+    stop_engine(exc, "vLLM", _logger)
 
 
 def governed_release(version: str) -> Release:
