@@ -11,7 +11,7 @@ from interlock.runners.graphs.backends import GraphBackend, NativeGraphBackend, 
 from interlock.runners.graphs.buffers import ForwardInputs, StaticInputs
 from interlock.runners.graphs.capture import ForcedFailures, capture_program
 from interlock.runners.graphs.plan import CapturePlan, GraphKey
-from interlock.runners.graphs.pool import share_buffers
+from interlock.runners.graphs.pool import SharedBuffers
 from interlock.runners.graphs.report import CapturedGraph, GraphReport
 from interlock.runners.graphs.segments import Program
 from interlock.runners.model.decoder import CausalLM
@@ -60,6 +60,8 @@ class GraphManager:
             return
         self.split_points = tuple(layer.break_label for layer in model.attention_layers)
         start = time.perf_counter()
+        # the native programs' activations move into one buffer as each is captured
+        pool = SharedBuffers() if isinstance(self.backend, NativeGraphBackend) else None
         for key in self.order:
             self.static.fill_padding(key.tokens, key.seqs)
             inputs = self.inputs(key, key.capture_decode_only)
@@ -71,8 +73,11 @@ class GraphManager:
             # CaptureError, ops CUDA cannot capture, out of memory, torch.compile failures.
             except RuntimeError as exc:
                 self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-        if isinstance(self.backend, NativeGraphBackend):
-            self.buffers = share_buffers(self.programs).line()
+                continue
+            if pool is not None:
+                pool.add(key, self.programs[key])
+        if pool is not None:
+            self.buffers = pool.report().line()
         self.capture_s = time.perf_counter() - start
 
     def inputs(self, key: GraphKey, decode_only: bool) -> ForwardInputs:
