@@ -36,6 +36,8 @@ INTERNAL int int8_path = INT8_PORTABLE;
 #define INT8_RECORD 320    /* the scales, the offsets and 4 lines of 64 bytes */
 #define Q8_QUANTS 32       /* bytes of a Q8_0 record before its quants: 16 scales */
 #define Q8_RECORD 544      /* the scales and 32 lines of 16 bytes */
+/* Records ahead of the one read that the x86 paths prefetch (a decode streams them once). */
+#define AHEAD 2
 
 /* The row quantized: x_q [K] (int8), and per block d_x and s. Shared by every strip. */
 typedef struct {
@@ -113,104 +115,171 @@ static inline int32_t word_at(const int8_t *xb, long g) {
     return v;
 }
 
-/* Strips lo .. hi - 1 with AVX2: each strip's 16 outputs as two halves of 8 lanes (bytes
- * 0..31 of a line are outputs 0..7, bytes 32..63 outputs 8..15). */
-AVX2 static void int8_strips_avx2(const void *ctx, long lo, long hi) {
-    const Int8Product *c = ctx;
+/* Rows of x the x86 paths take through a block at once: its quants are loaded and
+ * unpacked once for all of them (a prefill's or a batch's rows), the rest one at a time.
+ * Each row's arithmetic is the one-row path's, in the same order, so tiling changes no bit. */
+#define ROWS_AVX2 2
+#define ROWS_VNNI 4
+
+/* Rows t .. t + rows - 1 of strip s with AVX2: each strip's 16 outputs as two halves of 8
+ * lanes (bytes 0..31 of a line are outputs 0..7, bytes 32..63 outputs 8..15). */
+AVX2 static inline __attribute__((always_inline)) void int8_rows_avx2(
+        const Int8Product *c, long s, long t, const int rows) {
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    for (long s = lo; s < hi; s++) {
-        const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
-        for (long t = 0; t < c->T; t++) {
-            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
-            __m256 y0 = _mm256_setzero_ps(), y1 = y0;
-            for (long b = 0; b < c->nb; b++) {
-                const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
-                const int8_t *xb = xq + b * INT8_BLOCK;
-                _mm_prefetch((const char *)rec + 2 * INT8_RECORD, _MM_HINT_T0);
-                _mm_prefetch((const char *)rec + 2 * INT8_RECORD + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)rec + 2 * INT8_RECORD + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)rec + 2 * INT8_RECORD + 192, _MM_HINT_T0);
-                _mm_prefetch((const char *)rec + 2 * INT8_RECORD + 256, _MM_HINT_T0);
-                __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-                for (long g = 0; g < 4; g++) {
-                    __m256i xl = _mm256_set1_epi32(word_at(xb, g));
-                    __m256i xh = _mm256_set1_epi32(word_at(xb, 4 + g));
-                    __m256i v0 = _mm256_loadu_si256((const __m256i *)(lines + 64 * g));
-                    __m256i v1 = _mm256_loadu_si256((const __m256i *)(lines + 64 * g + 32));
-                    a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(_mm256_and_si256(v0, low4), xl));
-                    a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(_mm256_and_si256(v1, low4), xl));
-                    a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(
-                        _mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), xh));
-                    a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(
-                        _mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), xh));
-                }
-                __m256 dx = _mm256_set1_ps(c->dx[t * c->nb + b]);
-                __m256 sum = _mm256_set1_ps(c->xsum[t * c->nb + b]);
-                __m256 i0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a0, ones));
-                __m256 i1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a1, ones));
-                __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
-                __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 1));
-                __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 2));
-                __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 3));
-                y0 = _mm256_add_ps(y0, _mm256_fmadd_ps(d0, _mm256_mul_ps(dx, i0),
-                                                       _mm256_mul_ps(m0, sum)));
-                y1 = _mm256_add_ps(y1, _mm256_fmadd_ps(d1, _mm256_mul_ps(dx, i1),
-                                                       _mm256_mul_ps(m1, sum)));
+    const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
+    __m256 y0[ROWS_AVX2], y1[ROWS_AVX2];
+    for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
+    for (long b = 0; b < c->nb; b++) {
+        const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
+        for (long l = 0; l < INT8_RECORD; l += 64)
+            _mm_prefetch((const char *)rec + AHEAD * INT8_RECORD + l, _MM_HINT_T0);
+        __m256i a0[ROWS_AVX2], a1[ROWS_AVX2];
+        for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+        for (long g = 0; g < 4; g++) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(lines + 64 * g));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(lines + 64 * g + 32));
+            __m256i l0 = _mm256_and_si256(v0, low4), l1 = _mm256_and_si256(v1, low4);
+            __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low4);
+            __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low4);
+            for (int r = 0; r < rows; r++) {
+                const int8_t *xb = c->xq + ((t + r) * c->nb + b) * INT8_BLOCK;
+                __m256i xl = _mm256_set1_epi32(word_at(xb, g));
+                __m256i xh = _mm256_set1_epi32(word_at(xb, 4 + g));
+                a0[r] = _mm256_add_epi16(a0[r], _mm256_maddubs_epi16(l0, xl));
+                a1[r] = _mm256_add_epi16(a1[r], _mm256_maddubs_epi16(l1, xl));
+                a0[r] = _mm256_add_epi16(a0[r], _mm256_maddubs_epi16(h0, xh));
+                a1[r] = _mm256_add_epi16(a1[r], _mm256_maddubs_epi16(h1, xh));
             }
-            float *yo = c->y + t * c->N + s * STRIP;
-            _mm256_storeu_ps(yo, y0);
-            _mm256_storeu_ps(yo + 8, y1);
         }
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 1));
+        __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 2));
+        __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 3));
+        for (int r = 0; r < rows; r++) {
+            __m256 dx = _mm256_set1_ps(c->dx[(t + r) * c->nb + b]);
+            __m256 sum = _mm256_set1_ps(c->xsum[(t + r) * c->nb + b]);
+            __m256 i0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a0[r], ones));
+            __m256 i1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(a1[r], ones));
+            y0[r] = _mm256_add_ps(y0[r], _mm256_fmadd_ps(d0, _mm256_mul_ps(dx, i0),
+                                                         _mm256_mul_ps(m0, sum)));
+            y1[r] = _mm256_add_ps(y1[r], _mm256_fmadd_ps(d1, _mm256_mul_ps(dx, i1),
+                                                         _mm256_mul_ps(m1, sum)));
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *yo = c->y + (t + r) * c->N + s * STRIP;
+        _mm256_storeu_ps(yo, y0[r]);
+        _mm256_storeu_ps(yo + 8, y1[r]);
     }
 }
 
-/* Q8_0: strips lo .. hi - 1 with AVX2: lines k and k + 1 interleaved into 16-bit pairs
- * (q[c][k], q[c][k + 1]), multiplied with the pair (x_q[k], x_q[k + 1]) and added in pairs
- * into 32 bits (vpmaddwd): outputs 0..7 and 8..15 in two registers. */
+AVX2 static void int8_strips_avx2(const void *ctx, long lo, long hi) {
+    const Int8Product *c = ctx;
+    for (long s = lo; s < hi; s++) {
+        long t = 0;
+        for (; t + ROWS_AVX2 <= c->T; t += ROWS_AVX2) int8_rows_avx2(c, s, t, ROWS_AVX2);
+        for (; t < c->T; t++) int8_rows_avx2(c, s, t, 1);
+    }
+}
+
+/* Q8_0: rows t .. t + rows - 1 of strip s with AVX2: lines k and k + 1 interleaved into
+ * 16-bit pairs (q[c][k], q[c][k + 1]), multiplied with the pair (x_q[k], x_q[k + 1]) and
+ * added in pairs into 32 bits (vpmaddwd): outputs 0..7 and 8..15 in two registers. */
+AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(
+        const Int8Product *c, long s, long t, const int rows) {
+    const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
+    __m256 y0[ROWS_AVX2], y1[ROWS_AVX2];
+    for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
+    for (long b = 0; b < c->nb; b++) {
+        const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
+        for (long l = 0; l < Q8_RECORD; l += 64)
+            _mm_prefetch((const char *)rec + AHEAD * Q8_RECORD + l, _MM_HINT_T0);
+        /* each row's x_q widened to 16 bits: word j is the pair (x_q[2 j], x_q[2 j + 1]) */
+        int32_t pairs[ROWS_AVX2][INT8_BLOCK / 2];
+        for (int r = 0; r < rows; r++) {
+            const int8_t *xb = c->xq + ((t + r) * c->nb + b) * INT8_BLOCK;
+            _mm256_storeu_si256((__m256i *)pairs[r], _mm256_cvtepi8_epi16(
+                _mm_loadu_si128((const __m128i *)xb)));
+            _mm256_storeu_si256((__m256i *)pairs[r] + 1, _mm256_cvtepi8_epi16(
+                _mm_loadu_si128((const __m128i *)xb + 1)));
+        }
+        __m256i a0[ROWS_AVX2], a1[ROWS_AVX2];
+        for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+        for (long k = 0; k < INT8_BLOCK; k += 2) {
+            __m128i l0 = _mm_loadu_si128((const __m128i *)(lines + 16 * k));
+            __m128i l1 = _mm_loadu_si128((const __m128i *)(lines + 16 * k + 16));
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(l0, l1));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(l0, l1));
+            for (int r = 0; r < rows; r++) {
+                __m256i xp = _mm256_set1_epi32(pairs[r][k / 2]);
+                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(w0, xp));
+                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(w1, xp));
+            }
+        }
+        __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
+        __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 1));
+        for (int r = 0; r < rows; r++) {
+            __m256 dx = _mm256_set1_ps(c->dx[(t + r) * c->nb + b]);
+            y0[r] = _mm256_add_ps(y0[r], _mm256_mul_ps(d0, _mm256_mul_ps(
+                dx, _mm256_cvtepi32_ps(a0[r]))));
+            y1[r] = _mm256_add_ps(y1[r], _mm256_mul_ps(d1, _mm256_mul_ps(
+                dx, _mm256_cvtepi32_ps(a1[r]))));
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        float *yo = c->y + (t + r) * c->N + s * STRIP;
+        _mm256_storeu_ps(yo, y0[r]);
+        _mm256_storeu_ps(yo + 8, y1[r]);
+    }
+}
+
 AVX2 static void q8_strips_avx2(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
     for (long s = lo; s < hi; s++) {
-        const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
-        for (long t = 0; t < c->T; t++) {
-            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
-            __m256 y0 = _mm256_setzero_ps(), y1 = y0;
-            for (long b = 0; b < c->nb; b++) {
-                const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
-                const int8_t *xb = xq + b * INT8_BLOCK;
-                for (long l = 0; l < Q8_RECORD; l += 64)
-                    _mm_prefetch((const char *)rec + 2 * Q8_RECORD + l, _MM_HINT_T0);
-                /* x_q widened to 16 bits: word j is the pair (x_q[2 j], x_q[2 j + 1]) */
-                int32_t pairs[INT8_BLOCK / 2];
-                _mm256_storeu_si256((__m256i *)pairs, _mm256_cvtepi8_epi16(
-                    _mm_loadu_si128((const __m128i *)xb)));
-                _mm256_storeu_si256((__m256i *)pairs + 1, _mm256_cvtepi8_epi16(
-                    _mm_loadu_si128((const __m128i *)xb + 1)));
-                __m256i a0 = _mm256_setzero_si256(), a1 = a0;
-                for (long k = 0; k < INT8_BLOCK; k += 2) {
-                    __m128i l0 = _mm_loadu_si128((const __m128i *)(lines + 16 * k));
-                    __m128i l1 = _mm_loadu_si128((const __m128i *)(lines + 16 * k + 16));
-                    __m256i xp = _mm256_set1_epi32(pairs[k / 2]);
-                    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(
-                        _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(l0, l1)), xp));
-                    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(
-                        _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(l0, l1)), xp));
-                }
-                __m256 dx = _mm256_set1_ps(c->dx[t * c->nb + b]);
-                __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec));
-                __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)rec + 1));
-                y0 = _mm256_add_ps(y0, _mm256_mul_ps(d0, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(a0))));
-                y1 = _mm256_add_ps(y1, _mm256_mul_ps(d1, _mm256_mul_ps(dx, _mm256_cvtepi32_ps(a1))));
-            }
-            float *yo = c->y + t * c->N + s * STRIP;
-            _mm256_storeu_ps(yo, y0);
-            _mm256_storeu_ps(yo + 8, y1);
-        }
+        long t = 0;
+        for (; t + ROWS_AVX2 <= c->T; t += ROWS_AVX2) q8_rows_avx2(c, s, t, ROWS_AVX2);
+        for (; t < c->T; t++) q8_rows_avx2(c, s, t, 1);
     }
 }
 
 #define VNNI __attribute__((target("avx512f,avx512vnni,avx512vbmi,avx2,fma,f16c")))
 
-/* Q8_0: strips lo .. hi - 1 with AVX-512 VNNI and VBMI. */
+/* Q8_0: rows t .. t + rows - 1 of strip s with AVX-512 VNNI and VBMI: each group of four
+ * lines gathered once (and its quants' sum taken once) for all the rows. */
+VNNI static inline __attribute__((always_inline)) void q8_rows_vnni(
+        const Int8Product *c, long s, long t, const int rows, __m512i gather) {
+    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi32((int)0x80808080u);
+    const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
+    __m512 y[ROWS_VNNI];
+    for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
+    for (long b = 0; b < c->nb; b++) {
+        const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
+        for (long l = 0; l < Q8_RECORD; l += 64)
+            _mm_prefetch((const char *)rec + AHEAD * Q8_RECORD + l, _MM_HINT_T0);
+        __m512i v[8], q = _mm512_setzero_si512();
+        for (long g = 0; g < 8; g++) {
+            v[g] = _mm512_permutexvar_epi8(
+                gather, _mm512_loadu_si512((const void *)(lines + 64 * g)));
+            q = _mm512_dpbusd_epi32(q, ones, v[g]);
+        }
+        __m512i offset = _mm512_slli_epi32(q, 7);
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        for (int r = 0; r < rows; r++) {
+            const int8_t *xb = c->xq + ((t + r) * c->nb + b) * INT8_BLOCK;
+            __m512i a = _mm512_setzero_si512();
+            for (long g = 0; g < 8; g++) {
+                /* x_q + 128 as unsigned bytes: the sign bit of each byte flipped */
+                __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(word_at(xb, g)), flip);
+                a = _mm512_dpbusd_epi32(a, xu, v[g]);
+            }
+            __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, offset));
+            y[r] = _mm512_add_ps(y[r], _mm512_mul_ps(
+                dw, _mm512_mul_ps(_mm512_set1_ps(c->dx[(t + r) * c->nb + b]), isum)));
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(c->y + (t + r) * c->N + s * STRIP, y[r]);
+}
+
 VNNI static void q8_strips_vnni(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
     /* byte 4 c + i of a group <- byte 16 i + c of its four lines: q[c][4 g + i] */
@@ -218,69 +287,57 @@ VNNI static void q8_strips_vnni(const void *ctx, long lo, long hi) {
     for (int o = 0; o < 16; o++)
         for (int i = 0; i < 4; i++) order[4 * o + i] = (uint8_t)(16 * i + o);
     const __m512i gather = _mm512_loadu_si512((const void *)order);
-    const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi32((int)0x80808080u);
     for (long s = lo; s < hi; s++) {
-        const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
-        for (long t = 0; t < c->T; t++) {
-            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
-            __m512 y = _mm512_setzero_ps();
-            for (long b = 0; b < c->nb; b++) {
-                const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
-                const int8_t *xb = xq + b * INT8_BLOCK;
-                for (long l = 0; l < Q8_RECORD; l += 64)
-                    _mm_prefetch((const char *)rec + 2 * Q8_RECORD + l, _MM_HINT_T0);
-                __m512i a = _mm512_setzero_si512(), q = a;
-                for (long g = 0; g < 8; g++) {
-                    __m512i v = _mm512_permutexvar_epi8(
-                        gather, _mm512_loadu_si512((const void *)(lines + 64 * g)));
-                    /* x_q + 128 as unsigned bytes: the sign bit of each byte flipped */
-                    __m512i xu = _mm512_xor_si512(_mm512_set1_epi32(word_at(xb, g)), flip);
-                    a = _mm512_dpbusd_epi32(a, xu, v);
-                    q = _mm512_dpbusd_epi32(q, ones, v);
-                }
-                __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, _mm512_slli_epi32(q, 7)));
-                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
-                y = _mm512_add_ps(y, _mm512_mul_ps(
-                    dw, _mm512_mul_ps(_mm512_set1_ps(c->dx[t * c->nb + b]), isum)));
-            }
-            _mm512_storeu_ps(c->y + t * c->N + s * STRIP, y);
-        }
+        long t = 0;
+        for (; t + ROWS_VNNI <= c->T; t += ROWS_VNNI) q8_rows_vnni(c, s, t, ROWS_VNNI, gather);
+        for (; t < c->T; t++) q8_rows_vnni(c, s, t, 1, gather);
     }
 }
 
+/* Rows t .. t + rows - 1 of strip s with AVX-512 VNNI: a strip's 16 outputs in one
+ * register; a block's quants unpacked once for all the rows; the low and high nibbles'
+ * dot products in two chains. */
+VNNI static inline __attribute__((always_inline)) void int8_rows_vnni(
+        const Int8Product *c, long s, long t, const int rows) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
+    __m512 y[ROWS_VNNI];
+    for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
+    for (long b = 0; b < c->nb; b++) {
+        const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
+        for (long l = 0; l < INT8_RECORD; l += 64)
+            _mm_prefetch((const char *)rec + AHEAD * INT8_RECORD + l, _MM_HINT_T0);
+        __m512i lo4[4], hi4[4];
+        for (long g = 0; g < 4; g++) {
+            __m512i v = _mm512_loadu_si512((const void *)(lines + 64 * g));
+            lo4[g] = _mm512_and_si512(v, low4);
+            hi4[g] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+        }
+        __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
+        for (int r = 0; r < rows; r++) {
+            const int8_t *xb = c->xq + ((t + r) * c->nb + b) * INT8_BLOCK;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+            for (long g = 0; g < 4; g++) {
+                a0 = _mm512_dpbusd_epi32(a0, lo4[g], _mm512_set1_epi32(word_at(xb, g)));
+                a1 = _mm512_dpbusd_epi32(a1, hi4[g], _mm512_set1_epi32(word_at(xb, 4 + g)));
+            }
+            __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
+            long at = (t + r) * c->nb + b;
+            y[r] = _mm512_add_ps(y[r], _mm512_fmadd_ps(
+                dw, _mm512_mul_ps(_mm512_set1_ps(c->dx[at]), isum),
+                _mm512_mul_ps(m, _mm512_set1_ps(c->xsum[at]))));
+        }
+    }
+    for (int r = 0; r < rows; r++) _mm512_storeu_ps(c->y + (t + r) * c->N + s * STRIP, y[r]);
+}
 
-/* Strips lo .. hi - 1 with AVX-512 VNNI: a strip's 16 outputs in one register; the low and
- * high nibbles' dot products in two chains. */
 VNNI static void int8_strips_vnni(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     for (long s = lo; s < hi; s++) {
-        const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
-        for (long t = 0; t < c->T; t++) {
-            const int8_t *xq = c->xq + t * c->nb * INT8_BLOCK;
-            __m512 y = _mm512_setzero_ps();
-            for (long b = 0; b < c->nb; b++) {
-                const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
-                const int8_t *xb = xq + b * INT8_BLOCK;
-                for (long l = 0; l < INT8_RECORD; l += 64)
-                    _mm_prefetch((const char *)rec + 2 * INT8_RECORD + l, _MM_HINT_T0);
-                __m512i a0 = _mm512_setzero_si512(), a1 = a0;
-                for (long g = 0; g < 4; g++) {
-                    __m512i v = _mm512_loadu_si512((const void *)(lines + 64 * g));
-                    a0 = _mm512_dpbusd_epi32(a0, _mm512_and_si512(v, low4),
-                                             _mm512_set1_epi32(word_at(xb, g)));
-                    a1 = _mm512_dpbusd_epi32(a1, _mm512_and_si512(_mm512_srli_epi32(v, 4), low4),
-                                             _mm512_set1_epi32(word_at(xb, 4 + g)));
-                }
-                __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
-                __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
-                __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
-                y = _mm512_add_ps(y, _mm512_fmadd_ps(
-                    dw, _mm512_mul_ps(_mm512_set1_ps(c->dx[t * c->nb + b]), isum),
-                    _mm512_mul_ps(m, _mm512_set1_ps(c->xsum[t * c->nb + b]))));
-            }
-            _mm512_storeu_ps(c->y + t * c->N + s * STRIP, y);
-        }
+        long t = 0;
+        for (; t + ROWS_VNNI <= c->T; t += ROWS_VNNI) int8_rows_vnni(c, s, t, ROWS_VNNI);
+        for (; t < c->T; t++) int8_rows_vnni(c, s, t, 1);
     }
 }
 

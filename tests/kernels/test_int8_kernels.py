@@ -77,7 +77,7 @@ def test_rows_round_to_eight_bits_per_block() -> None:
 
 @native_only
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(sorted(quant.INT8_FORMATS)), rows=st.integers(1, 7),
+@given(name=st.sampled_from(sorted(quant.INT8_FORMATS)), rows=st.integers(1, 11),
        strips=st.integers(1, 4), blocks=st.integers(1, 5), bias=st.booleans(),
        seed=st.integers(0, 2**31 - 1))
 def test_every_path_is_bitwise_the_same_and_its_reference(
