@@ -25,6 +25,7 @@ from interlock.runners.model.config import ModelConfig
 from interlock.runners.model.config_json import load_config
 from interlock.runners.model.decoder import CausalLM
 from interlock.runners.model.dummy import DummyTensors
+from interlock.runners.model.heap import placeholders_mapped
 from interlock.runners.model.memory import check_fits_in_memory
 from interlock.runners.model.quantized import keep_quantized, weights_mode
 from interlock.runners.model.safetensors_format import TensorEntry, write_safetensors
@@ -117,6 +118,23 @@ def load_model(
         )
     meta = build_model(spec.config, ops, spec.dtype, "meta", spec.max_model_len, tp)
     check_fits_in_memory(spec, meta, device)
+    native, why = weights_mode(spec.weights, directory, ops, spec.dtype)
+    if not native or directory is None:
+        model = _build_and_fill(spec, ops, device, tp, directory, None)
+        model.weight_decisions = {"dequantized": why}
+        return model
+    # the float placeholders the quantized records replace are mapped, so freeing returns them
+    with placeholders_mapped() as heap:
+        model = _build_and_fill(spec, ops, device, tp, directory, directory)
+    model.weight_decisions["memory"] = heap.line()
+    return model
+
+
+def _build_and_fill(spec: ModelSpec, ops: KernelTable, device: str | torch.device,
+                    tp: TensorParallel, directory: Path | None, quantized: Path | None
+                    ) -> CausalLM:
+    """The model built and its weights filled, those of ``quantized``'s file kept quantized
+    (their decisions in ``weight_decisions``)."""
     model = build_model(spec.config, ops, spec.dtype, device, spec.max_model_len, tp)
     if directory is None or spec.load_format == "dummy":
         seed = spec.seed if spec.load_format == "dummy" else demo.DEMO_SEED
@@ -124,11 +142,11 @@ def load_model(
         tensors: TensorSource = DummyTensors(shapes, seed, spec.config.initializer_range)
     else:
         tensors = SafetensorsFiles(directory)
-    native, why = weights_mode(spec.weights, directory, ops, spec.dtype)
-    kept = (keep_quantized(model, directory, int8=spec.weights == "int8")
-            if native and directory is not None else None)
+    kept = (keep_quantized(model, quantized, int8=spec.weights == "int8")
+            if quantized is not None else None)
     load_weights(model, tensors, kept.names if kept else frozenset())
-    model.weight_decisions = kept.decisions if kept else {"dequantized": why}
+    if kept is not None:
+        model.weight_decisions = dict(kept.decisions)
     model.finish_loading()
     return model.eval()
 
