@@ -32,7 +32,7 @@ VLLM ?= 0.34.0
 
 .PHONY: install demo test test-fast test-latest lock lint clean vllm-snapshot vllm-release \
 	native-check sanitize \
-	vllm-cpu test-vllm vllm-cpu-snapshot sglang sglang-snapshot test-sglang
+	vllm-cpu test-vllm vllm-cpu-snapshot sglang sglang-snapshot sglang-annotate test-sglang
 
 install: $(VENV)/.installed
 
@@ -207,6 +207,12 @@ $(SGLANG_VENV)/.installed: $(SGLANG_LOCK) pyproject.toml Makefile
 # (tools/sglang_probe/README.md).
 sglang-snapshot: install sglang
 	$(PY) tools/sglang_probe/snapshot.py --venv $(SGLANG_VENV)
+
+# examples/sglang.yaml's refs (the SGLang source line of the step each rule's reason names) and
+# its catalog (the architectures SGLang's model registry registers), from the installed package;
+# the rest of the file is left as it is (tools/sglang_probe/annotate.py).
+sglang-annotate: sglang
+	$(SGLANG_VENV)/bin/python tools/sglang_probe/annotate.py
 
 # The tests marked sglang: SGLang's own resolution in .sglang/ under the stand-ins, with and
 # without interlock's plugin (the make sglang install registers its entry point there).

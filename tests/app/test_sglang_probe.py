@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -94,3 +95,27 @@ def test_the_page_prints_what_it_shows(command: str, shown: list[str]) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.rstrip("\n").split("\n") == shown
+
+
+def test_the_shipped_policy_has_the_refs_and_catalog_sglang_gives(tmp_path: Path) -> None:
+    """examples/sglang.yaml is what tools/sglang_probe/annotate.py writes from the installed
+    SGLang (make sglang-annotate), and the page counts its catalog right."""
+    if not PYTHON.exists():
+        pytest.fail("no .sglang venv: run make sglang")
+    policy = ROOT / "examples" / "sglang.yaml"
+    proc = subprocess.run(
+        [str(PYTHON), str(PROBE.parent / "annotate.py"), "--check"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # --check compares what a run writes: a run on a copy leaves it byte for byte.
+    copy = tmp_path / "sglang.yaml"
+    copy.write_bytes(policy.read_bytes())
+    proc = subprocess.run(
+        [str(PYTHON), str(PROBE.parent / "annotate.py"), "--policy", str(copy)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert copy.read_bytes() == policy.read_bytes()
+    catalog = yaml.safe_load(policy.read_text())["catalog"]
+    assert f"{len(catalog)} architectures SGLang 0.5.23's model registry" in PAGE.read_text()

@@ -185,6 +185,20 @@ def test_check_finds_no_error_in_the_shipped_sglang_policy(cli) -> None:
     assert code == 0 and "0 error(s)" in out + err and ": error:" not in out
 
 
+def test_every_sglang_rule_cites_sglangs_source_and_names_a_registered_architecture(
+    cli, write
+) -> None:
+    code, out, _ = cli("check", "--policy", "@sglang", "--json")
+    codes = [finding["code"] for finding in json.loads(out)["findings"]]
+    assert code == 0
+    assert codes.count("missing-ref") == codes.count("unknown-architecture") == 0
+    # The catalog is SGLang's list of names, so a typo in a site layer is caught and named.
+    site = write("site.yaml", SITE.replace("GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLm"))
+    code, out, _ = cli("check", "--policy", f"@sglang:{site}", "--json")
+    (finding,) = [f for f in json.loads(out)["findings"] if f["code"] == "unknown-architecture"]
+    assert "did you mean 'GlmMoeDsaForCausalLM'?" in finding["message"]
+
+
 def test_diff_names_the_sglang_field_a_site_layer_changes(cli, write) -> None:
     site = write("site.yaml", SITE)
     code, out, _ = cli("diff", "@sglang", f"@sglang:{site}")
