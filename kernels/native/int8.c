@@ -4,9 +4,9 @@
  * At one row the float path (quantized.c) spends its instructions widening every 4-bit
  * quant to a float and multiplying it in: on AVX2 more than the weight's bytes take to
  * stream. Here the row is rounded to 8 bits per block of 32 inputs instead (d_x = max|x| /
- * 127, x_q = rint(x / d_x) as x times 1 / d_x, the block's exact float sum s kept for the
- * offset term), and each block of an output is one integer dot product of its quants with
- * x_q, exact in int32:
+ * 127, x_q = rint(x / d_x) as x times 1 / d_x, the block's float sum s, in a fixed order,
+ * kept for the offset term), and each block of an output is one integer dot product of its
+ * quants with x_q, exact in int32:
  *   y[n] = sum over blocks b, in order, of  d_w[n][b] (d_x[b] isum[n][b]) + m[n][b] s[b]
  * (the product d_x isum first, then the FMA with d_w onto m s), y from 0, the bias last.
  * The paths differ only in how isum is computed, which is exact, so all three give bitwise
@@ -38,6 +38,8 @@ INTERNAL int int8_path = INT8_PORTABLE;
 #define Q8_RECORD 544      /* the scales and 32 lines of 16 bytes */
 /* Records ahead of the one read that the x86 paths prefetch (a decode streams them once). */
 #define AHEAD 2
+/* Rows of x a thread rounds at a time: fewer are not worth a second thread. */
+#define ROUND_ROWS 16
 
 /* The row quantized: x_q [K] (int8), and per block d_x and s. Shared by every strip. */
 typedef struct {
@@ -118,7 +120,7 @@ static inline int32_t word_at(const int8_t *xb, long g) {
 /* Rows of x the x86 paths take through a block at once: its quants are loaded and
  * unpacked once for all of them (a prefill's or a batch's rows), the rest one at a time.
  * Each row's arithmetic is the one-row path's, in the same order, so tiling changes no bit. */
-#define ROWS_AVX2 2
+#define ROWS_AVX2 4
 #define ROWS_VNNI 4
 
 /* Rows t .. t + rows - 1 of strip s with AVX2: each strip's 16 outputs as two halves of 8
@@ -343,27 +345,93 @@ VNNI static void int8_strips_vnni(const void *ctx, long lo, long hi) {
 
 #endif /* NATIVE_X86 */
 
-/* Row t of x rounded to int8 per block: x_q, d_x and the block's float sum (left to right). */
-static void quantize_row(const float *x, long nb, int8_t *xq, float *dx, float *xsum) {
-    for (long b = 0; b < nb; b++) {
-        const float *xb = x + b * INT8_BLOCK;
-        float top = 0.0f, sum = 0.0f;
-        for (long k = 0; k < INT8_BLOCK; k++) {
-            float a = fabsf(xb[k]);
-            top = a > top || a != a ? a : top;  /* a NaN wins, and reaches d_x */
-            sum += xb[k];
-        }
-        float d = top / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        for (long k = 0; k < INT8_BLOCK; k++) {
-            float v = xb[k] * inv;
-            /* |v| rounds to 127 at most (the largest is 127 within a rounding), unless x
-             * holds a NaN or an infinity: those give 0, and d_x carries them to y */
-            xq[b * INT8_BLOCK + k] = (int8_t)(fabsf(v) < 128.0f ? lrintf(v) : 0);
-        }
-        dx[b] = d;
-        xsum[b] = sum;
-    }
+/* Rows of x rounded to int8 per block, x_q, d_x and each block's float sum, for every path
+ * alike: the sum in a fixed order (eight lanes, lane j adding x[j], x[8 + j], x[16 + j],
+ * x[24 + j] in turn; then lanes j and j + 4, j and j + 2, 0 and 1: hsum8's order), so that
+ * the AVX2 rounding below gives the portable one's bits. */
+typedef struct {
+    const float *x;
+    long xs, nb, K;
+    int8_t *xq;
+    float *dx, *xsum;
+} Rounding;
+
+static float block_sum(const float *xb) {
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = ((xb[j] + xb[8 + j]) + xb[16 + j]) + xb[24 + j];
+    for (int j = 0; j < 4; j++) l[j] = l[j] + l[j + 4];
+    for (int j = 0; j < 2; j++) l[j] = l[j] + l[j + 2];
+    return l[0] + l[1];
 }
+
+/* Block b of a row, portable C. */
+static void round_block(const float *xb, int8_t *q, float *dx, float *xsum) {
+    float top = 0.0f;
+    for (long k = 0; k < INT8_BLOCK; k++) {
+        float a = fabsf(xb[k]);
+        top = a > top || a != a ? a : top;  /* a NaN wins, and reaches d_x */
+    }
+    float d = top / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (long k = 0; k < INT8_BLOCK; k++) {
+        float v = xb[k] * inv;
+        /* |v| rounds to 127 at most (the largest is 127 within a rounding), unless x
+         * holds a NaN or an infinity: those give 0, and d_x carries them to y */
+        q[k] = (int8_t)(fabsf(v) < 128.0f ? lrintf(v) : 0);
+    }
+    *dx = d;
+    *xsum = block_sum(xb);
+}
+
+static void round_rows_portable(const void *ctx, long lo, long hi) {
+    const Rounding *r = ctx;
+    for (long t = lo; t < hi; t++)
+        for (long b = 0; b < r->nb; b++)
+            round_block(r->x + t * r->xs + b * INT8_BLOCK, r->xq + t * r->K + b * INT8_BLOCK,
+                        r->dx + t * r->nb + b, r->xsum + t * r->nb + b);
+}
+
+#if NATIVE_X86
+/* The same rounding with AVX2: four vectors of eight a block (cvtps rounds to nearest even,
+ * as lrintf does in the default mode). A block holding a NaN takes the portable code, which
+ * says how its NaN reaches d_x. */
+AVX2 static void round_rows_avx2(const void *ctx, long lo, long hi) {
+    const Rounding *r = ctx;
+    const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(128.0f);
+    /* packs interleave the 128-bit halves: this puts the 32 bytes back in order */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (long t = lo; t < hi; t++)
+        for (long b = 0; b < r->nb; b++) {
+            const float *xb = r->x + t * r->xs + b * INT8_BLOCK;
+            int8_t *q = r->xq + t * r->K + b * INT8_BLOCK;
+            __m256 v[4], top = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[i]));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));
+            }
+            if (_mm256_movemask_ps(nan)) {
+                round_block(xb, q, r->dx + t * r->nb + b, r->xsum + t * r->nb + b);
+                continue;
+            }
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+            float d = _mm_cvtss_f32(m) / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            __m256i w[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 s = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
+                __m256 in = _mm256_cmp_ps(_mm256_andnot_ps(sign, s), limit, _CMP_LT_OQ);
+                w[i] = _mm256_and_si256(_mm256_cvtps_epi32(s), _mm256_castps_si256(in));
+            }
+            __m256i h = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]),
+                                           _mm256_packs_epi32(w[2], w[3]));
+            _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(h, order));
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), v[2]), v[3]);
+            r->dx[t * r->nb + b] = d;
+            r->xsum[t * r->nb + b] = hsum8(sum);
+        }
+}
+#endif
 
 INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, int q8, const float *bias,
                          float *y, long T, long K, long N) {
@@ -377,15 +445,20 @@ INTERNAL int linear_int8(const float *x, long xs, const uint8_t *w, int q8, cons
         return -1;
     }
     float *dx = scales, *xsum = scales + T * nb;
-    for (long t = 0; t < T; t++)
-        quantize_row(x + t * xs, nb, xq + t * K, dx + t * nb, xsum + t * nb);
-    Int8Product c = {w, xq, dx, xsum, y, T, nb, N};
+    Rounding rounding = {x, xs, nb, K, xq, dx, xsum};
+    RangeFn round = round_rows_portable;
     RangeFn fn = q8 ? q8_strips_portable : int8_strips_portable;
 #if NATIVE_X86
+    if (int8_path != INT8_PORTABLE) round = round_rows_avx2;
     if (int8_path == INT8_VNNI) fn = q8 ? q8_strips_vnni : int8_strips_vnni;
     else if (int8_path == INT8_AVX2) fn = q8 ? q8_strips_avx2 : int8_strips_avx2;
 #endif
-    int rc = parallel_for(fn, &c, N / STRIP, 1);
+    /* a prefill's rows are rounded by the threads too (a row's rounding is its own) */
+    int rc = parallel_for(round, &rounding, T, ROUND_ROWS);
+    if (rc == 0) {
+        Int8Product c = {w, xq, dx, xsum, y, T, nb, N};
+        rc = parallel_for(fn, &c, N / STRIP, 1);
+    }
     if (rc == 0 && bias)
         for (long t = 0; t < T; t++)
             for (long n = 0; n < N; n++) y[t * N + n] += bias[n];
