@@ -138,36 +138,65 @@ AVX2 static void weigh_values(const float *p, const Rows *r, long first, long n,
 
 /* One query per sequence over its paged keys and values: per query head, the scores in
  * float32, their exponentials less the largest (softmax_row), the weighted sum of the
- * values, divided by the exponentials' sum. scores holds the keys of the longest sequence,
- * rounded up to 8. */
+ * values, divided by the exponentials' sum. The (sequence, head) pairs are shared by the
+ * threads, each pair computed as on one thread; the caller's scores (the keys of the
+ * longest sequence, rounded up to 8) serve a job on one thread, and each part of a shared
+ * one takes its own. */
+typedef struct {
+    const float *q, *kc, *vc;
+    const int32_t *tables, *lens;
+    float *out, *scores;
+    long qs, width, Hq, group, D, BS, slot_stride, block_stride, window, max_keys, whole;
+    float scale;
+    atomic_int failed;
+} DecodeAttention;
+
+AVX2 static void decode_pairs(const void *ctx, long lo, long hi) {
+    DecodeAttention *c = (DecodeAttention *)ctx;
+    float *scores = c->scores;
+    if (hi - lo < c->whole) {  /* a part of a shared job */
+        scores = malloc(sizeof(float) * (size_t)c->max_keys + 1);
+        if (scores == NULL) {
+            atomic_store(&c->failed, 1);
+            return;
+        }
+    }
+    for (long u = lo; u < hi; u++) {
+        long b = u / c->Hq, h = u % c->Hq, len = c->lens[b];
+        float *oh = c->out + (b * c->Hq + h) * c->D;
+        if (len <= 0) {
+            zero_floats(oh, c->D);
+            continue;
+        }
+        const int32_t *table = c->tables + b * c->width;
+        long first = (c->window > 0 && len > c->window) ? len - c->window : 0;
+        long keys = len - first;
+        Rows k_rows = {c->kc, table, c->BS, c->block_stride, c->slot_stride, h / c->group, c->D};
+        Rows v_rows = {c->vc, table, c->BS, c->block_stride, c->slot_stride, h / c->group, c->D};
+        score_keys(c->q + b * c->qs + h * c->D, &k_rows, first, keys, c->scale, scores);
+        float total = softmax_row(scores, (keys + 7) / 8 * 8, first, first, len - 1, 1.0f);
+        weigh_values(scores, &v_rows, first, keys, oh);
+        for (long d = 0; d < c->D; d++) oh[d] /= total;
+    }
+    if (scores != c->scores) free(scores);
+}
+
 INTERNAL AVX2 int decode_attention(
     const float *q, long qs, const float *kc, const float *vc, const int32_t *tables,
     long width, const int32_t *lens, float *out, long B, long Hq, long Hk, long D,
     long BS, long NB, float scale, long window, float *scores, long max_keys) {
-    long group = Hq / Hk, slot_stride = Hk * D, block_stride = BS * slot_stride;
+    /* every sequence checked before any is computed */
     for (long b = 0; b < B; b++) {
         long len = lens[b];
-        float *ob = out + b * Hq * D;
-        if (len <= 0) {
-            zero_floats(ob, Hq * D);
-            continue;
-        }
+        if (len <= 0) continue;
         if ((len + 7) / 8 * 8 > max_keys) return -1;
-        const int32_t *table = tables + b * width;
-        int rc = check_blocks(table, len, width, BS, NB);
+        int rc = check_blocks(tables + b * width, len, width, BS, NB);
         if (rc) return rc;
-        long first = (window > 0 && len > window) ? len - window : 0, keys = len - first;
-        for (long h = 0; h < Hq; h++) {
-            Rows k_rows = {kc, table, BS, block_stride, slot_stride, h / group, D};
-            Rows v_rows = {vc, table, BS, block_stride, slot_stride, h / group, D};
-            float *oh = ob + h * D;
-            score_keys(q + b * qs + h * D, &k_rows, first, keys, scale, scores);
-            float total = softmax_row(scores, (keys + 7) / 8 * 8, first, first, len - 1, 1.0f);
-            weigh_values(scores, &v_rows, first, keys, oh);
-            for (long d = 0; d < D; d++) oh[d] /= total;
-        }
     }
-    return 0;
+    DecodeAttention c = {q, kc, vc, tables, lens, out, scores, qs, width, Hq, Hq / Hk, D, BS,
+                         Hk * D, BS * Hk * D, window, max_keys, B * Hq, scale, 0};
+    int rc = parallel_for(decode_pairs, &c, B * Hq, 1);
+    return rc ? rc : atomic_load(&c.failed) ? -1 : 0;
 }
 
 /* ---- prefill attention ------------------------------------------------------------ */

@@ -94,3 +94,23 @@ def test_the_read_probe_sums_every_word_at_any_thread_count() -> None:
             ops.read_words(buffer.to(torch.int32))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_decode_attention_shares_its_heads_and_gives_one_threads_bits(window: int | None) -> None:
+    """A batch's (sequence, head) pairs are parts of one job, each part with scores of its
+    own: at two threads bitwise what one thread gives, a sequence of no keys included."""
+    from test_quantized_kernels import torch_threads
+
+    attend = REGISTRY.select("paged_decode_attention", "cpu", "float32", force="native").fn
+    gen = torch.Generator().manual_seed(11)
+    caches = [torch.randn(40, 4, 2, 16, generator=gen) for _ in range(2)]
+    lens = torch.tensor([13, 0, 29, 1, 32, 7], dtype=torch.int32)
+    tables = torch.stack([torch.randperm(40, generator=gen)[:8] for _ in lens]).int()
+    q = torch.randn(len(lens), 6, 16, generator=gen)
+    outs = []
+    for threads in (1, 2):
+        with torch_threads(threads):
+            outs.append(attend(q, *caches, tables, lens, 0.25, window))
+    assert torch.equal(outs[0], outs[1])
+    assert not outs[0][1].any()  # no keys: zeros
