@@ -36,8 +36,6 @@ INTERNAL int int8_path = INT8_PORTABLE;
 #define INT8_RECORD 320    /* the scales, the offsets and 4 lines of 64 bytes */
 #define Q8_QUANTS 32       /* bytes of a Q8_0 record before its quants: 16 scales */
 #define Q8_RECORD 544      /* the scales and 32 lines of 16 bytes */
-/* Records ahead of the one read that the x86 paths prefetch (a decode streams them once). */
-#define AHEAD 2
 /* Rows of x a thread rounds at a time: fewer are not worth a second thread. */
 #define ROUND_ROWS 16
 
@@ -133,8 +131,6 @@ AVX2 static inline __attribute__((always_inline)) void int8_rows_avx2(
     for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
-        for (long l = 0; l < INT8_RECORD; l += 64)
-            _mm_prefetch((const char *)rec + AHEAD * INT8_RECORD + l, _MM_HINT_T0);
         __m256i a0[ROWS_AVX2], a1[ROWS_AVX2];
         for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm256_setzero_si256();
         for (long g = 0; g < 4; g++) {
@@ -194,8 +190,6 @@ AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(
     for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
-        for (long l = 0; l < Q8_RECORD; l += 64)
-            _mm_prefetch((const char *)rec + AHEAD * Q8_RECORD + l, _MM_HINT_T0);
         /* each row's x_q widened to 16 bits: word j is the pair (x_q[2 j], x_q[2 j + 1]) */
         int32_t pairs[ROWS_AVX2][INT8_BLOCK / 2];
         for (int r = 0; r < rows; r++) {
@@ -256,8 +250,6 @@ VNNI static inline __attribute__((always_inline)) void q8_rows_vnni(
     for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
-        for (long l = 0; l < Q8_RECORD; l += 64)
-            _mm_prefetch((const char *)rec + AHEAD * Q8_RECORD + l, _MM_HINT_T0);
         __m512i v[8], q = _mm512_setzero_si512();
         for (long g = 0; g < 8; g++) {
             v[g] = _mm512_permutexvar_epi8(
@@ -307,8 +299,6 @@ VNNI static inline __attribute__((always_inline)) void int8_rows_vnni(
     for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
-        for (long l = 0; l < INT8_RECORD; l += 64)
-            _mm_prefetch((const char *)rec + AHEAD * INT8_RECORD + l, _MM_HINT_T0);
         __m512i lo4[4], hi4[4];
         for (long g = 0; g < 4; g++) {
             __m512i v = _mm512_loadu_si512((const void *)(lines + 64 * g));
