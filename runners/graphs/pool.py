@@ -21,8 +21,9 @@ keeps its own, and the report says so.
 Each program moves into the buffer as soon as it is captured (``SharedBuffers.add``), so the
 capture holds the buffer and one program's activations at a time, not every program's
 (SmolLM2 at 16 sequences: a peak of ~80 MB above the loaded model before). The manager
-captures the largest key first, so the first program sizes the buffer; a later one that
-needs more gets a buffer of its own size, and the programs before it keep theirs.
+captures the largest key first, so the first program usually sizes the buffer; a later one
+that needs more (a piecewise program can outgrow a full one of the same size) gets a larger
+buffer, and the programs already in the old one move into it at the same offsets.
 """
 
 from __future__ import annotations
@@ -50,21 +51,18 @@ class Lifetime:
 
 @dataclass(frozen=True)
 class PoolReport:
-    """What sharing did: the buffers' sizes, what the programs' activations took before,
+    """What sharing did: the buffer's size, what the programs' activations took before,
     and each program that keeps its own (with why)."""
 
-    buffer_bytes: tuple[int, ...] = ()
+    shared_bytes: int = 0
     separate_bytes: int = 0
     programs: int = 0
     own: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
         """``activations: one buffer of 21.3 MB shared by 10 programs (80.4 MB apart)``."""
-        sizes = self.buffer_bytes
-        where = (f"one buffer of {sizes[0] / 1e6:.1f} MB" if len(sizes) == 1 else
-                 f"{len(sizes)} buffers of {' + '.join(f'{n / 1e6:.1f}' for n in sizes)} MB")
-        text = (f"activations: {where} shared by {self.programs} program(s) "
-                f"({self.separate_bytes / 1e6:.1f} MB apart)")
+        text = (f"activations: one buffer of {self.shared_bytes / 1e6:.1f} MB shared by "
+                f"{self.programs} program(s) ({self.separate_bytes / 1e6:.1f} MB apart)")
         return text + "".join(f"; {key} keeps its own: {why}" for key, why in self.own.items())
 
 
@@ -72,14 +70,14 @@ class SharedBuffers:
     """The buffer the native programs' activations move into, one program at a time."""
 
     def __init__(self) -> None:
-        self._buffers: list[torch.Tensor] = []
-        self._programs = 0
+        self._buffer: torch.Tensor | None = None
+        self._programs: list[SegmentedProgram] = []
         self._separate = 0
         self._own: dict[str, str] = {}
 
     def add(self, key: GraphKey, program: Program) -> None:
-        """Move ``program``'s activations into the newest buffer (a new one where it needs
-        more room), or record why it keeps its own."""
+        """Move ``program``'s activations into the buffer (grown first where it needs more
+        room), or record why it keeps its own."""
         why = _unshareable(program)
         if why is not None:
             self._own[key.label] = why
@@ -87,17 +85,27 @@ class SharedBuffers:
         assert isinstance(program, SegmentedProgram)
         lifetimes = _lifetimes(program)
         placed, size = _place(lifetimes)
-        if not self._buffers or size > self._buffers[-1].numel():
-            self._buffers.append(torch.empty(size, dtype=torch.uint8))
+        if self._buffer is None or size > self._buffer.numel():
+            self._grow(size)
+        assert self._buffer is not None
         _relocate(program, {life.start: (offset, life.nbytes)
                             for life, offset in zip(lifetimes, placed, strict=True)},
-                  self._buffers[-1])
-        self._programs += 1
+                  self._buffer)
+        self._programs.append(program)
         self._separate += sum(life.nbytes for life in lifetimes)
 
+    def _grow(self, size: int) -> None:
+        """A buffer of ``size`` bytes, the programs in the old one moved to the same offsets
+        (the old one is freed when the last of them lets go of it)."""
+        old, self._buffer = self._buffer, torch.empty(size, dtype=torch.uint8)
+        if old is not None:
+            whole = {old.data_ptr(): (0, old.numel())}
+            for program in self._programs:
+                _relocate(program, whole, self._buffer)
+
     def report(self) -> PoolReport:
-        return PoolReport(tuple(b.numel() for b in self._buffers), self._separate,
-                          self._programs, dict(self._own))
+        size = 0 if self._buffer is None else self._buffer.numel()
+        return PoolReport(size, self._separate, len(self._programs), dict(self._own))
 
 
 def _unshareable(program: Program) -> str | None:

@@ -11,6 +11,7 @@ from interlock.kernels.native import unavailable as native_unavailable
 from interlock.llm import LLM
 from interlock.runners.batching.sampling import SamplingParams
 from interlock.runners.contract import Decision
+from interlock.runners.graphs import pool
 from interlock.runners.graphs.pool import ALIGN, Lifetime, _place
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -65,5 +66,43 @@ def test_shared_buffers_give_the_tokens_of_an_eager_replay(llama_oracle, runner,
         # alone, then batched: each batch size replays its own program over the buffer
         tokens.append([llm.generate([p], params)[0].token_ids for p in prompts]
                       + [o.token_ids for o in llm.generate(prompts, [params] * 4)])
+        llm.close()
+    assert tokens[0] == tokens[1]
+
+
+@NATIVE
+def test_a_program_that_needs_more_grows_the_buffer_and_moves_the_others(
+        llama_oracle, monkeypatch):
+    """Captured largest first, a later program can still need more (a piecewise program
+    beside a full one, or storages the allocator laid out otherwise): the buffer grows and
+    the programs already in it move to the same offsets of the new one. Here every program
+    asks for more than the one before, so each capture after the first grows it."""
+    asked: list[int] = []
+
+    def growing(lifetimes: list[Lifetime]) -> tuple[list[int], int]:
+        offsets, size = _place(lifetimes)
+        asked.append(size + ALIGN * 1024 * len(asked))
+        return offsets, asked[-1]
+
+    decision = Decision("mrv2", "full_and_piecewise", capture_sizes=(1, 2, 4))
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [3, 4, 5, 6, 7, 8, 9], [12]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tokens = []
+    for debug in (False, True):
+        if not debug:
+            monkeypatch.setattr(pool, "_place", growing)
+        llm = LLM(str(llama_oracle.path), dtype="float32", block_size=4, num_blocks=32,
+                  max_model_len=32, max_num_seqs=4, decision=decision, debug_graphs=debug)
+        monkeypatch.undo()
+        graphs = llm.report().graphs
+        assert graphs is not None
+        if not debug:
+            programs = len(graphs.captured)
+            assert len(asked) == programs > 2 and asked == sorted(set(asked))
+            assert graphs.buffers.startswith(
+                f"activations: one buffer of {asked[-1] / 1e6:.1f} MB shared by {programs} "
+                "program(s)")
+        tokens.append([o.token_ids for o in llm.generate(prompts, [params] * 4)]
+                      + [llm.generate([p], params)[0].token_ids for p in prompts])
         llm.close()
     assert tokens[0] == tokens[1]
