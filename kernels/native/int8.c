@@ -118,8 +118,7 @@ static inline int32_t word_at(const int8_t *xb, long g) {
 /* Rows of x the x86 paths take through a block at once: its quants are loaded and
  * unpacked once for all of them (a prefill's or a batch's rows), the rest one at a time.
  * Each row's arithmetic is the one-row path's, in the same order, so tiling changes no bit. */
-#define ROWS_AVX2 4
-#define ROWS_VNNI 4
+#define ROWS 4
 
 /* Rows t .. t + rows - 1 of strip s with AVX2: each strip's 16 outputs as two halves of 8
  * lanes (bytes 0..31 of a line are outputs 0..7, bytes 32..63 outputs 8..15). */
@@ -127,11 +126,11 @@ AVX2 static inline __attribute__((always_inline)) void int8_rows_avx2(
         const Int8Product *c, long s, long t, const int rows) {
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
-    __m256 y0[ROWS_AVX2], y1[ROWS_AVX2];
+    __m256 y0[ROWS], y1[ROWS];
     for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
-        __m256i a0[ROWS_AVX2], a1[ROWS_AVX2];
+        __m256i a0[ROWS], a1[ROWS];
         for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm256_setzero_si256();
         for (long g = 0; g < 4; g++) {
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(lines + 64 * g));
@@ -175,7 +174,7 @@ AVX2 static void int8_strips_avx2(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
     for (long s = lo; s < hi; s++) {
         long t = 0;
-        for (; t + ROWS_AVX2 <= c->T; t += ROWS_AVX2) int8_rows_avx2(c, s, t, ROWS_AVX2);
+        for (; t + ROWS <= c->T; t += ROWS) int8_rows_avx2(c, s, t, ROWS);
         for (; t < c->T; t++) int8_rows_avx2(c, s, t, 1);
     }
 }
@@ -186,12 +185,12 @@ AVX2 static void int8_strips_avx2(const void *ctx, long lo, long hi) {
 AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(
         const Int8Product *c, long s, long t, const int rows) {
     const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
-    __m256 y0[ROWS_AVX2], y1[ROWS_AVX2];
+    __m256 y0[ROWS], y1[ROWS];
     for (int r = 0; r < rows; r++) y0[r] = y1[r] = _mm256_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
         /* each row's x_q widened to 16 bits: word j is the pair (x_q[2 j], x_q[2 j + 1]) */
-        int32_t pairs[ROWS_AVX2][INT8_BLOCK / 2];
+        int32_t pairs[ROWS][INT8_BLOCK / 2];
         for (int r = 0; r < rows; r++) {
             const int8_t *xb = c->xq + ((t + r) * c->nb + b) * INT8_BLOCK;
             _mm256_storeu_si256((__m256i *)pairs[r], _mm256_cvtepi8_epi16(
@@ -199,7 +198,7 @@ AVX2 static inline __attribute__((always_inline)) void q8_rows_avx2(
             _mm256_storeu_si256((__m256i *)pairs[r] + 1, _mm256_cvtepi8_epi16(
                 _mm_loadu_si128((const __m128i *)xb + 1)));
         }
-        __m256i a0[ROWS_AVX2], a1[ROWS_AVX2];
+        __m256i a0[ROWS], a1[ROWS];
         for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm256_setzero_si256();
         for (long k = 0; k < INT8_BLOCK; k += 2) {
             __m128i l0 = _mm_loadu_si128((const __m128i *)(lines + 16 * k));
@@ -233,7 +232,7 @@ AVX2 static void q8_strips_avx2(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
     for (long s = lo; s < hi; s++) {
         long t = 0;
-        for (; t + ROWS_AVX2 <= c->T; t += ROWS_AVX2) q8_rows_avx2(c, s, t, ROWS_AVX2);
+        for (; t + ROWS <= c->T; t += ROWS) q8_rows_avx2(c, s, t, ROWS);
         for (; t < c->T; t++) q8_rows_avx2(c, s, t, 1);
     }
 }
@@ -246,7 +245,7 @@ VNNI static inline __attribute__((always_inline)) void q8_rows_vnni(
         const Int8Product *c, long s, long t, const int rows, __m512i gather) {
     const __m512i ones = _mm512_set1_epi8(1), flip = _mm512_set1_epi32((int)0x80808080u);
     const uint8_t *ws = c->w + s * c->nb * Q8_RECORD;
-    __m512 y[ROWS_VNNI];
+    __m512 y[ROWS];
     for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * Q8_RECORD, *lines = rec + Q8_QUANTS;
@@ -283,7 +282,7 @@ VNNI static void q8_strips_vnni(const void *ctx, long lo, long hi) {
     const __m512i gather = _mm512_loadu_si512((const void *)order);
     for (long s = lo; s < hi; s++) {
         long t = 0;
-        for (; t + ROWS_VNNI <= c->T; t += ROWS_VNNI) q8_rows_vnni(c, s, t, ROWS_VNNI, gather);
+        for (; t + ROWS <= c->T; t += ROWS) q8_rows_vnni(c, s, t, ROWS, gather);
         for (; t < c->T; t++) q8_rows_vnni(c, s, t, 1, gather);
     }
 }
@@ -295,7 +294,7 @@ VNNI static inline __attribute__((always_inline)) void int8_rows_vnni(
         const Int8Product *c, long s, long t, const int rows) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const uint8_t *ws = c->w + s * c->nb * INT8_RECORD;
-    __m512 y[ROWS_VNNI];
+    __m512 y[ROWS];
     for (int r = 0; r < rows; r++) y[r] = _mm512_setzero_ps();
     for (long b = 0; b < c->nb; b++) {
         const uint8_t *rec = ws + b * INT8_RECORD, *lines = rec + INT8_QUANTS;
@@ -328,7 +327,7 @@ VNNI static void int8_strips_vnni(const void *ctx, long lo, long hi) {
     const Int8Product *c = ctx;
     for (long s = lo; s < hi; s++) {
         long t = 0;
-        for (; t + ROWS_VNNI <= c->T; t += ROWS_VNNI) int8_rows_vnni(c, s, t, ROWS_VNNI);
+        for (; t + ROWS <= c->T; t += ROWS) int8_rows_vnni(c, s, t, ROWS);
         for (; t < c->T; t++) int8_rows_vnni(c, s, t, 1);
     }
 }
